@@ -1,0 +1,91 @@
+// Recorder: what gradtrace-train (and any LibTorch program) calls to capture
+// gradients. The training thread only copies tensors (device to host on GPU)
+// into a bounded queue; encoding (shuffle, sketch, stats), zstd and file I/O
+// run on writer threads. A full queue blocks the producer (back-pressure), so
+// memory stays bounded by RecorderOptions::max_queue_bytes.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "slice_codec.h"
+#include "status.h"
+
+namespace gradtrace::capture {
+
+enum class OnCaptureError { kAbort, kDisable };
+
+struct RecorderOptions {
+  std::string path;                 // this rank's trace file, e.g. DIR/rank-00003.gtrace
+  CaptureMode mode;                 // full, sketch:K, stats
+  std::optional<std::set<int64_t>> steps;  // unset: every step
+  std::string param_regex;          // empty: every parameter (std::regex_search on the name)
+  int writer_threads = 1;
+  int64_t max_queue_bytes = 256ll << 20;
+  OnCaptureError on_error = OnCaptureError::kAbort;
+  int zstd_level = 3;
+};
+
+// One contiguous range of one parameter's flattened gradient.
+struct SliceRef {
+  int32_t param_id = 0;
+  int64_t offset = 0;   // element offset within the parameter
+  at::Tensor values;    // 1-D, `count` elements, any device; copied before Record* returns
+};
+
+struct BucketMeta {
+  int64_t step = 0;
+  int32_t micro_step = 0;
+  int32_t bucket_id = 0;
+  pb::Phase phase = pb::PRE_REDUCE;
+  std::string group;             // process-group name ("" for FINAL)
+  int64_t bucket_numel = 0;
+  int64_t partition_offset = 0;  // ZeRO-1/2 partition owned by this rank
+  int64_t partition_count = 0;
+  double divisor = 0;            // divisor applied by the scaling policy
+};
+
+class Recorder {
+ public:
+  // Opens the trace file and writes RunInfo. `run.params` must be filled
+  // (ids 0..n-1); the fingerprint is computed here if empty.
+  static Expected<std::unique_ptr<Recorder>> Open(const RecorderOptions& options, pb::RunInfo run);
+  ~Recorder();  // Close() if not yet closed
+
+  bool WantsStep(int64_t step) const;
+  bool WantsParam(int32_t param_id) const;
+  bool enabled() const;  // false after a write error with kDisable
+
+  // Both return a write error only with OnCaptureError::kAbort; with kDisable
+  // the first error is logged once to stderr and capture stops.
+  Status RecordStep(const pb::StepInfo& step);
+  // Slices of unwanted parameters are dropped; nothing is written when none remain.
+  Status RecordBucket(const BucketMeta& meta, const std::vector<SliceRef>& slices);
+
+  // Drains the queue, writes the index and closes the file.
+  Status Close();
+
+  struct Stats {
+    uint64_t frames = 0, raw_bytes = 0, file_bytes = 0;
+    double producer_wait_seconds = 0;  // time the training thread blocked on a full queue
+  };
+  Stats stats() const;
+
+ private:
+  Recorder() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// "rank-00003.gtrace"
+std::string RankFileName(int rank);
+
+}  // namespace gradtrace::capture

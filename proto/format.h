@@ -1,0 +1,50 @@
+// The gradtrace file layout. The prose spec is proto/FORMAT.md; this header is
+// its executable summary and the only place these numbers live.
+//
+// File   := FileHeader Frame* [IndexFrame Footer]
+// FileHeader (16 bytes):
+//   magic "GRDTRACE" (8) | major u16 | minor u16 | flags u32 (reserved, 0)
+// Frame header (16 bytes, little-endian), then `stored_len` payload bytes:
+//   stored_len u32 | raw_len u32 | crc32c u32 | type u8 | codec u8 | reserved u16
+//   crc32c is the masked CRC32C of header bytes [12,16) followed by the payload.
+//   raw_len is the payload's size after decompression (== stored_len for codec 0).
+// Footer (16 bytes): index_frame_offset u64 | magic "GTINDEX\0" (8)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradtrace::format {
+
+inline constexpr char kFileMagic[8] = {'G', 'R', 'D', 'T', 'R', 'A', 'C', 'E'};
+inline constexpr char kFooterMagic[8] = {'G', 'T', 'I', 'N', 'D', 'E', 'X', '\0'};
+// Minor version when adding fields or frame types; major when changing existing ones.
+inline constexpr uint16_t kMajorVersion = 1;
+inline constexpr uint16_t kMinorVersion = 0;
+
+inline constexpr size_t kFileHeaderSize = 16;
+inline constexpr size_t kFrameHeaderSize = 16;
+inline constexpr size_t kFooterSize = 16;
+
+// No frame payload, stored or decompressed, may exceed this: a reader refuses
+// larger declared sizes before allocating anything.
+inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // 64 MiB
+// Writers split full-mode slices so one frame's raw payload stays below this.
+inline constexpr uint32_t kChunkTarget = 48u << 20;
+// Bounds on counts read from a file (checked before use).
+inline constexpr int64_t kMaxParams = 1 << 20;
+inline constexpr int64_t kMaxIndexEntries = 1 << 26;
+
+enum class FrameType : uint8_t {
+  kRunInfo = 1,
+  kStepInfo = 2,
+  kBucketRecord = 3,
+  kIndex = 4,
+};
+
+enum class Codec : uint8_t {
+  kNone = 0,
+  kZstd = 1,
+};
+
+}  // namespace gradtrace::format

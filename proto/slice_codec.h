@@ -1,0 +1,53 @@
+// Building and decoding Slice payloads in the three capture modes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "status.h"
+
+namespace gradtrace {
+
+size_t DTypeSize(pb::DType dtype);  // 0 for unknown
+const char* DTypeName(pb::DType dtype);  // "fp32", ...
+bool ParseDType(const std::string& name, pb::DType* out);
+
+// Capture mode as on the command line: "full", "sketch:K" or "stats".
+struct CaptureMode {
+  enum class Kind { kFull, kSketch, kStats } kind = Kind::kFull;
+  int32_t k = 0;  // sketch size
+  std::string ToString() const;
+};
+Expected<CaptureMode> ParseCaptureMode(const std::string& text);
+
+// Byte-shuffle: for n elements of `width` bytes, output byte j*n + i is input
+// byte i*width + j (all first bytes, then all second bytes, ...).
+void ByteShuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out);
+void ByteUnshuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out);
+
+// The sketch positions of a parameter: the first min(k, numel) values of a
+// pseudo-random permutation of [0, numel) keyed by the parameter's name
+// (FORMAT.md, "Sketch positions"), sorted ascending. Independent of slicing.
+std::vector<int64_t> SketchPositions(const std::string& param_name, int64_t numel, int32_t k);
+
+// `data` holds `count` elements of `dtype` (little-endian), elements
+// [offset, offset+count) of parameter `param`.
+pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, pb::DType dtype, const void* data,
+                    const CaptureMode& mode);
+
+// Values of a full slice widened to double, in element order. Checks that the
+// payload size matches count * DTypeSize(dtype).
+Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice);
+// Raw little-endian element bytes of a full slice (unshuffled).
+Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
+
+// Exact widening of one element to double, and rounding a double to the dtype (round-to-nearest-even).
+double ElementToDouble(pb::DType dtype, const uint8_t* p);
+void DoubleToElement(pb::DType dtype, double v, uint8_t* p);
+
+// Hex digest over (name, shape, dtype) of every parameter, in order.
+std::string ModelFingerprint(const pb::RunInfo& run);
+
+}  // namespace gradtrace

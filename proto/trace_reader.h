@@ -1,0 +1,84 @@
+// TraceReader: reads one rank's trace file, never trusting it. Every declared
+// size is checked against format.h's limits before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "status.h"
+
+namespace gradtrace {
+
+struct Frame {
+  uint64_t offset = 0;       // file offset of the frame header
+  uint8_t type = 0;          // format::FrameType
+  uint32_t stored_len = 0;
+  uint32_t raw_len = 0;
+  // Exactly one is set, matching `type`; unknown types (newer minor versions) leave both unset.
+  std::unique_ptr<pb::StepInfo> step;
+  std::unique_ptr<pb::BucketRecord> bucket;
+};
+
+struct ReadOptions {
+  bool use_index = true;  // false: always scan frames from the start
+};
+
+class TraceReader {
+ public:
+  // Opens `path`, checks the file header and reads RunInfo (the first frame).
+  // Fails with a one-line message naming the file and offset.
+  static Expected<std::unique_ptr<TraceReader>> Open(const std::string& path, const ReadOptions& options = {});
+  ~TraceReader();
+
+  const pb::RunInfo& run_info() const { return run_; }
+  const std::string& path() const { return path_; }
+  uint64_t file_size() const { return file_size_; }
+  bool has_index() const { return has_index_; }
+  const pb::Index& index() const { return index_; }  // empty when !has_index()
+
+  // Reads the next StepInfo or BucketRecord frame (index frames are skipped).
+  // Returns true and fills *frame; returns false at the end of the frames,
+  // with status() ok for a clean end, Truncated for a file cut short (every
+  // complete frame before it was returned), Corruption for a bad frame.
+  bool Next(Frame* frame);
+  const Status& status() const { return status_; }
+  // Offset where reading stopped for a truncated or corrupt file.
+  uint64_t stop_offset() const { return stop_offset_; }
+
+  // Reads the frame at `offset` (e.g. from the index).
+  Status ReadAt(uint64_t offset, Frame* frame);
+
+  // Compressed and uncompressed payload bytes of all frames read so far.
+  uint64_t stored_bytes() const { return stored_bytes_; }
+  uint64_t raw_bytes() const { return raw_bytes_; }
+
+ private:
+  TraceReader() = default;
+  Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  uint64_t file_size_ = 0;
+  uint64_t pos_ = 0;
+  uint64_t end_of_frames_ = 0;  // footer/index start when indexed, else file size
+  pb::RunInfo run_;
+  pb::Index index_;
+  bool has_index_ = false;
+  Status status_;
+  uint64_t stop_offset_ = 0;
+  uint64_t stored_bytes_ = 0;
+  uint64_t raw_bytes_ = 0;
+  void* zstd_ctx_ = nullptr;  // ZSTD_DCtx*
+  bool done_ = false;
+};
+
+// Reads every frame of `path` and checks every CRC; Truncated/Corruption say
+// where. The inspection command's --verify.
+Status VerifyFile(const std::string& path);
+
+}  // namespace gradtrace

@@ -1,0 +1,52 @@
+// TraceWriter: appends frames to one rank's trace file. Each frame is flushed
+// as written, so a crash loses at most the frame in flight.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "status.h"
+
+namespace gradtrace {
+
+struct WriterOptions {
+  int zstd_level = 3;
+  bool write_index = true;  // index frame + footer at Close()
+};
+
+class TraceWriter {
+ public:
+  // Creates (truncating) `path` and writes the file header and the RunInfo frame.
+  static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path, const pb::RunInfo& run,
+                                                     const WriterOptions& options = {});
+  ~TraceWriter();  // closes without index if Close() was not called
+
+  Status WriteStep(const pb::StepInfo& step);
+  // Records larger than a frame are split by slice ranges into several frames
+  // (chunk/chunk_count set); readers see one BucketRecord per frame.
+  Status WriteBucket(const pb::BucketRecord& record);
+  // Writes the index frame and footer, flushes and closes. Idempotent.
+  Status Close();
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return offset_; }
+  uint64_t raw_bytes() const { return raw_bytes_; }  // serialized protobuf before zstd
+
+ private:
+  TraceWriter(std::string path, std::FILE* file, WriterOptions options);
+  Status WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry);
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  WriterOptions options_;
+  uint64_t offset_ = 0;
+  uint64_t raw_bytes_ = 0;
+  pb::Index index_;
+  bool closed_ = false;
+  void* zstd_ctx_ = nullptr;  // ZSTD_CCtx*, reused across frames
+};
+
+}  // namespace gradtrace
