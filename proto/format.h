@@ -3,12 +3,13 @@
 //
 // File   := FileHeader Frame* [IndexFrame Footer]
 // FileHeader (16 bytes):
-//   magic "GRDTRACE" (8) | major u16 | minor u16 | flags u32 (reserved, 0)
+//   magic "GRDTRACE" (8) | major u16 | minor u16 | flags u32 (bit 0: kFlagIndexed)
 // Frame header (16 bytes, little-endian), then `stored_len` payload bytes:
 //   stored_len u32 | raw_len u32 | crc32c u32 | type u8 | codec u8 | reserved u16
 //   crc32c is the masked CRC32C of header bytes [12,16) followed by the payload.
 //   raw_len is the payload's size after decompression (== stored_len for codec 0).
-// Footer (16 bytes): index_frame_offset u64 | magic "GTINDEX\0" (8)
+// IndexFrame := one or more frames of type kIndex, back to back.
+// Footer (16 bytes): index_frame_offset u64 (the first index frame) | magic "GTINDEX\0" (8)
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,14 @@ inline constexpr size_t kFileHeaderSize = 16;
 inline constexpr size_t kFrameHeaderSize = 16;
 inline constexpr size_t kFooterSize = 16;
 
+// FileHeader flags. kFlagIndexed: the writer meant to finish the file with
+// index frames and a footer, so a file without them was cut short (a crash or
+// a truncation) and readers report it as Truncated. Bits not defined by the
+// file's minor version must be zero; a reader refuses them unless the file's
+// minor version is newer than its own.
+inline constexpr uint32_t kFlagIndexed = 1u << 0;
+inline constexpr uint32_t kKnownFlags = kFlagIndexed;
+
 // No frame payload, stored or decompressed, may exceed this: a reader refuses
 // larger declared sizes before allocating anything.
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // 64 MiB
@@ -34,6 +43,9 @@ inline constexpr uint32_t kChunkTarget = 48u << 20;
 // Bounds on counts read from a file (checked before use).
 inline constexpr int64_t kMaxParams = 1 << 20;
 inline constexpr int64_t kMaxIndexEntries = 1 << 26;
+// Writers put at most this many entries in one index frame; an IndexEntry
+// serializes to at most 64 bytes, so an index frame stays below kChunkTarget.
+inline constexpr int64_t kIndexEntriesPerFrame = 1 << 19;
 
 enum class FrameType : uint8_t {
   kRunInfo = 1,

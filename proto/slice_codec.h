@@ -10,7 +10,7 @@
 
 namespace gradtrace {
 
-size_t DTypeSize(pb::DType dtype);  // 0 for unknown
+size_t DTypeSize(pb::DType dtype);       // 0 for unknown
 const char* DTypeName(pb::DType dtype);  // "fp32", ...
 bool ParseDType(const std::string& name, pb::DType* out);
 
@@ -33,7 +33,15 @@ void ByteUnshuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out);
 std::vector<int64_t> SketchPositions(const std::string& param_name, int64_t numel, int32_t k);
 
 // `data` holds `count` elements of `dtype` (little-endian), elements
-// [offset, offset+count) of parameter `param`.
+// [offset, offset+count) of parameter `param`. By mode:
+//  full:   the bytes, byte-shuffled (shuffled = true).
+//  sketch: the SketchPositions(param.name(), numel, k) inside the range, with
+//          their values widened exactly to double; numel is param.numel(), or
+//          the product of param.shape() when numel is 0.
+//  stats:  count and nonfinite (NaN/Inf) elements; sum, sum_sq and abs_max
+//          over the finite ones (compensated double sums, in element order).
+// The caller guarantees the sizes (a programmer error otherwise); the writer
+// re-checks records against RunInfo before writing them.
 pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, pb::DType dtype, const void* data,
                     const CaptureMode& mode);
 
@@ -47,7 +55,9 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 double ElementToDouble(pb::DType dtype, const uint8_t* p);
 void DoubleToElement(pb::DType dtype, double v, uint8_t* p);
 
-// Hex digest over (name, shape, dtype) of every parameter, in order.
+// Hex digest over (name, shape, dtype) of every parameter, in order: 16
+// lowercase hex digits of FNV-1a 64 over a length-prefixed encoding
+// (FORMAT.md, "Model fingerprint").
 std::string ModelFingerprint(const pb::RunInfo& run);
 
 }  // namespace gradtrace

@@ -37,14 +37,23 @@ class Status {
 template <typename T>
 class Expected {
  public:
-  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : value_(std::move(value)) {}                                  // NOLINT: implicit by design
   Expected(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() { return value(); }
@@ -54,10 +63,10 @@ class Expected {
   Status status_;
 };
 
-#define GT_RETURN_IF_ERROR(expr)          \
-  do {                                    \
-    ::gradtrace::Status _st = (expr);     \
-    if (!_st.ok()) return _st;            \
+#define GT_RETURN_IF_ERROR(expr)      \
+  do {                                \
+    ::gradtrace::Status _st = (expr); \
+    if (!_st.ok()) return _st;        \
   } while (0)
 
 }  // namespace gradtrace

@@ -15,8 +15,8 @@
 namespace gradtrace {
 
 struct Frame {
-  uint64_t offset = 0;       // file offset of the frame header
-  uint8_t type = 0;          // format::FrameType
+  uint64_t offset = 0;  // file offset of the frame header
+  uint8_t type = 0;     // format::FrameType
   uint32_t stored_len = 0;
   uint32_t raw_len = 0;
   // Exactly one is set, matching `type`; unknown types (newer minor versions) leave both unset.
@@ -50,7 +50,8 @@ class TraceReader {
   // Offset where reading stopped for a truncated or corrupt file.
   uint64_t stop_offset() const { return stop_offset_; }
 
-  // Reads the frame at `offset` (e.g. from the index).
+  // Reads the frame at `offset` (e.g. from the index) without moving Next().
+  // InvalidArgument for an offset outside the data frames; otherwise as Next().
   Status ReadAt(uint64_t offset, Frame* frame);
 
   // Compressed and uncompressed payload bytes of all frames read so far.
@@ -59,7 +60,19 @@ class TraceReader {
 
  private:
   TraceReader() = default;
+  // One frame, checked and decompressed, its payload not yet parsed.
+  struct RawFrame {
+    uint8_t type = 0;
+    uint32_t stored_len = 0;
+    uint32_t raw_len = 0;
+    std::string payload;  // raw_len bytes
+  };
+  // Reads and checks the frame at `offset`, which must end by `limit`.
+  Status ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
+  bool TryLoadIndex();
+  Status ScanEnd(uint64_t offset);
+  std::string Where(uint64_t offset) const;  // "<path>: offset <N>: "
 
   std::string path_;
   std::FILE* file_ = nullptr;
@@ -75,10 +88,16 @@ class TraceReader {
   uint64_t raw_bytes_ = 0;
   void* zstd_ctx_ = nullptr;  // ZSTD_DCtx*
   bool done_ = false;
+  bool newer_minor_ = false;        // file written by a newer minor version
+  bool indexed_flag_ = false;       // header says the file ends with an index
+  uint64_t first_data_offset_ = 0;  // just after RunInfo
+  uint64_t index_run_offset_ = 0;   // scan mode: first of the trailing index frames
+  bool last_was_index_ = false;     // scan mode: the previous frame was an index frame
 };
 
 // Reads every frame of `path` and checks every CRC; Truncated/Corruption say
-// where. The inspection command's --verify.
+// where. When the file has an index, also checks that it lists exactly the
+// data frames, in order. The inspection command's --verify.
 Status VerifyFile(const std::string& path);
 
 }  // namespace gradtrace

@@ -20,15 +20,22 @@ struct WriterOptions {
 class TraceWriter {
  public:
   // Creates (truncating) `path` and writes the file header and the RunInfo frame.
+  // Fills in what the caller may leave empty: ParamInfo.numel (from shape) and
+  // RunInfo.model_fingerprint; then checks RunInfo (validate.h) and refuses an
+  // invalid one with InvalidArgument. IoError names the path and errno text.
   static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path, const pb::RunInfo& run,
                                                      const WriterOptions& options = {});
   ~TraceWriter();  // closes without index if Close() was not called
 
+  // Each write appends and flushes whole frames. After an I/O error every later
+  // call returns that same error (the file then ends at the last good frame).
   Status WriteStep(const pb::StepInfo& step);
   // Records larger than a frame are split by slice ranges into several frames
-  // (chunk/chunk_count set); readers see one BucketRecord per frame.
+  // (chunk/chunk_count set, chunking.h); readers see one BucketRecord per frame.
+  // The record is checked against RunInfo first (InvalidArgument, nothing written).
   Status WriteBucket(const pb::BucketRecord& record);
-  // Writes the index frame and footer, flushes and closes. Idempotent.
+  // Writes the index frame and footer, flushes and closes. Idempotent: later
+  // calls return the first call's result.
   Status Close();
 
   const std::string& path() const { return path_; }
@@ -38,6 +45,8 @@ class TraceWriter {
  private:
   TraceWriter(std::string path, std::FILE* file, WriterOptions options);
   Status WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry);
+  Status WriteRaw(const void* data, size_t n);
+  Status Fail(Status s);  // makes `s` sticky
 
   std::string path_;
   std::FILE* file_ = nullptr;
@@ -46,6 +55,10 @@ class TraceWriter {
   uint64_t raw_bytes_ = 0;
   pb::Index index_;
   bool closed_ = false;
+  pb::RunInfo run_;
+  Status error_;              // first I/O error; sticky
+  Status close_status_;       // what Close() returned
+  std::string compressed_;    // reused compression buffer
   void* zstd_ctx_ = nullptr;  // ZSTD_CCtx*, reused across frames
 };
 

@@ -1,0 +1,273 @@
+#include "recorder.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "trace_writer.h"
+
+namespace gradtrace::capture {
+namespace {
+
+// A host copy of one slice, made on the training thread; encoded later.
+struct SliceCopy {
+  int32_t param_id = 0;
+  int64_t offset = 0;
+  int64_t count = 0;
+  pb::DType dtype = pb::FP32;
+  std::vector<uint8_t> bytes;
+};
+
+// One queued unit of work. Jobs carry a sequence number so that frames reach
+// the file in the order the training thread recorded them, whatever thread
+// encoded them.
+struct Job {
+  uint64_t seq = 0;
+  std::optional<pb::StepInfo> step;
+  BucketMeta meta;
+  std::vector<SliceCopy> slices;
+  int64_t bytes = 0;
+};
+
+Expected<pb::DType> DTypeOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return pb::FP32;
+    case at::kHalf:
+      return pb::FP16;
+    case at::kBFloat16:
+      return pb::BF16;
+    case at::kDouble:
+      return pb::FP64;
+    default:
+      return Status::InvalidArgument(std::string("unsupported gradient dtype ") + c10::toString(t.scalar_type()));
+  }
+}
+
+}  // namespace
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.gtrace", rank);
+  return buf;
+}
+
+struct Recorder::Impl {
+  RecorderOptions options;
+  pb::RunInfo run;
+  std::vector<bool> wanted_params;
+  std::unique_ptr<TraceWriter> writer;
+
+  std::mutex mu;
+  std::condition_variable queue_cv;  // producer -> writer threads: work or stop
+  std::condition_variable space_cv;  // writer threads -> producer: queue has room
+  std::condition_variable order_cv;  // writer threads: whose turn it is to write
+  std::deque<Job> queue;
+  int64_t queued_bytes = 0;
+  uint64_t next_seq = 0;    // next sequence number handed out
+  uint64_t next_write = 0;  // next sequence number allowed to write
+  bool stopping = false;
+  bool enabled = true;
+  bool closed = false;
+  Status error;  // first write error (kAbort: surfaced to the producer)
+  Stats stats;
+  std::vector<std::thread> threads;
+
+  void Fail(const Status& st) {  // mu held
+    if (!error.ok()) return;
+    error = st;
+    if (options.on_error == OnCaptureError::kDisable) {
+      std::fprintf(stderr, "gradtrace: capture disabled after write error: %s\n", st.message().c_str());
+      enabled = false;
+    }
+  }
+
+  void Encode(const Job& job, pb::BucketRecord* rec) const {
+    rec->set_step(job.meta.step);
+    rec->set_micro_step(job.meta.micro_step);
+    rec->set_bucket_id(job.meta.bucket_id);
+    rec->set_phase(job.meta.phase);
+    rec->set_group(job.meta.group);
+    rec->set_bucket_numel(job.meta.bucket_numel);
+    rec->set_partition_offset(job.meta.partition_offset);
+    rec->set_partition_count(job.meta.partition_count);
+    rec->set_divisor(job.meta.divisor);
+    for (const SliceCopy& s : job.slices) {
+      *rec->add_slices() = MakeSlice(run.params(s.param_id), s.offset, s.count, s.dtype, s.bytes.data(), options.mode);
+    }
+  }
+
+  void WriterLoop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      // Encoding (shuffle, sketch, stats) runs unlocked and in parallel.
+      pb::BucketRecord rec;
+      if (!job.step) Encode(job, &rec);
+      std::unique_lock<std::mutex> lock(mu);
+      order_cv.wait(lock, [&] { return next_write == job.seq; });
+      if (enabled && error.ok()) {
+        Status st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+        if (st.ok()) {
+          ++stats.frames;
+        } else {
+          Fail(st);
+        }
+      }
+      ++next_write;
+      queued_bytes -= job.bytes;
+      order_cv.notify_all();
+      space_cv.notify_all();
+    }
+  }
+
+  Status Enqueue(Job job) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!error.ok() && options.on_error == OnCaptureError::kAbort) return error;
+    if (!enabled) return Status::Ok();
+    // Back-pressure: wait for room, but always admit one job into an empty queue
+    // so a single job larger than the limit cannot deadlock.
+    auto t0 = std::chrono::steady_clock::now();
+    space_cv.wait(lock, [&] { return queued_bytes == 0 || queued_bytes + job.bytes <= options.max_queue_bytes; });
+    stats.producer_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    job.seq = next_seq++;
+    queued_bytes += job.bytes;
+    queue.push_back(std::move(job));
+    queue_cv.notify_one();
+    return Status::Ok();
+  }
+};
+
+Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& options, pb::RunInfo run) {
+  if (run.model_fingerprint().empty()) run.set_model_fingerprint(ModelFingerprint(run));
+  for (int i = 0; i < run.params_size(); ++i) {
+    if (run.params(i).id() != i) {
+      return Status::InvalidArgument("RunInfo.params[" + std::to_string(i) + "].id is " +
+                                     std::to_string(run.params(i).id()) + ", expected " + std::to_string(i));
+    }
+  }
+  std::unique_ptr<Recorder> rec(new Recorder());
+  rec->impl_ = std::make_unique<Impl>();
+  Impl& im = *rec->impl_;
+  im.options = options;
+  im.run = std::move(run);
+  std::regex re;
+  if (!options.param_regex.empty()) {
+    try {
+      re = std::regex(options.param_regex);
+    } catch (const std::regex_error& e) {
+      return Status::InvalidArgument("bad parameter regex '" + options.param_regex + "': " + e.what());
+    }
+  }
+  for (const pb::ParamInfo& p : im.run.params()) {
+    im.wanted_params.push_back(options.param_regex.empty() || std::regex_search(p.name(), re));
+  }
+  WriterOptions wopts;
+  wopts.zstd_level = options.zstd_level;
+  auto writer = TraceWriter::Open(options.path, im.run, wopts);
+  if (!writer.ok()) {
+    if (options.on_error == OnCaptureError::kAbort) return writer.status();
+    im.Fail(writer.status());
+    return rec;
+  }
+  im.writer = std::move(writer).value();
+  for (int i = 0; i < std::max(1, options.writer_threads); ++i) {
+    im.threads.emplace_back([&im] { im.WriterLoop(); });
+  }
+  return rec;
+}
+
+Recorder::~Recorder() {
+  if (impl_) Close();
+}
+
+bool Recorder::WantsStep(int64_t step) const { return !impl_->options.steps || impl_->options.steps->count(step) > 0; }
+
+bool Recorder::WantsParam(int32_t param_id) const {
+  return param_id >= 0 && param_id < static_cast<int32_t>(impl_->wanted_params.size()) &&
+         impl_->wanted_params[param_id];
+}
+
+bool Recorder::enabled() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->enabled;
+}
+
+Status Recorder::RecordStep(const pb::StepInfo& step) {
+  if (!WantsStep(step.step())) return Status::Ok();
+  Job job;
+  job.step = step;
+  return impl_->Enqueue(std::move(job));
+}
+
+Status Recorder::RecordBucket(const BucketMeta& meta, const std::vector<SliceRef>& slices) {
+  if (!WantsStep(meta.step)) return Status::Ok();
+  Job job;
+  job.meta = meta;
+  for (const SliceRef& ref : slices) {
+    if (!WantsParam(ref.param_id)) continue;
+    auto dtype = DTypeOf(ref.values);
+    if (!dtype.ok()) return dtype.status();
+    const pb::ParamInfo& p = impl_->run.params(ref.param_id);
+    const int64_t count = ref.values.numel();
+    if (ref.offset < 0 || ref.offset + count > p.numel()) {
+      return Status::InvalidArgument("slice [" + std::to_string(ref.offset) + ", " + std::to_string(ref.offset + count) +
+                                     ") is outside parameter " + p.name() + " of " + std::to_string(p.numel()) +
+                                     " elements");
+    }
+    // The only work on the training thread: one device-to-host copy.
+    at::Tensor host = ref.values.detach().reshape({-1}).to(at::kCPU).contiguous();
+    SliceCopy copy;
+    copy.param_id = ref.param_id;
+    copy.offset = ref.offset;
+    copy.count = count;
+    copy.dtype = *dtype;
+    copy.bytes.resize(host.nbytes());
+    std::memcpy(copy.bytes.data(), host.data_ptr(), host.nbytes());
+    job.bytes += static_cast<int64_t>(copy.bytes.size());
+    job.slices.push_back(std::move(copy));
+  }
+  if (job.slices.empty()) return Status::Ok();
+  return impl_->Enqueue(std::move(job));
+}
+
+Status Recorder::Close() {
+  Impl& im = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (im.closed) return im.options.on_error == OnCaptureError::kAbort ? im.error : Status::Ok();
+    im.closed = true;
+    im.stopping = true;
+  }
+  im.queue_cv.notify_all();
+  for (std::thread& t : im.threads) t.join();
+  im.threads.clear();
+  if (im.writer) {
+    Status st = im.writer->Close();
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (!st.ok()) im.Fail(st);
+    im.stats.raw_bytes = im.writer->raw_bytes();
+    im.stats.file_bytes = im.writer->bytes_written();
+  }
+  return im.options.on_error == OnCaptureError::kAbort ? im.error : Status::Ok();
+}
+
+Recorder::Stats Recorder::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace gradtrace::capture

@@ -1,0 +1,210 @@
+#include "gather.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "slice_codec.h"
+
+namespace gradtrace::diff {
+
+Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
+  v->numel = numel;
+  if (slice.offset() < 0 || slice.count() < 0 || slice.offset() > numel || slice.count() > numel - slice.offset()) {
+    return Status::Corruption("slice [" + std::to_string(slice.offset()) + ", +" + std::to_string(slice.count()) +
+                              ") outside parameter of " + std::to_string(numel) + " elements");
+  }
+  switch (slice.payload_case()) {
+    case pb::Slice::kFull: {
+      auto values = DecodeFullValues(slice);
+      if (!values.ok()) return values.status();
+      if (static_cast<int64_t>(values->size()) != slice.count()) {
+        return Status::Corruption("full slice holds " + std::to_string(values->size()) + " values, expected " +
+                                  std::to_string(slice.count()));
+      }
+      if (v->dense.empty()) {
+        v->dense.assign(numel, 0.0);
+        v->filled.assign(numel, 0);
+      }
+      for (int64_t i = 0; i < slice.count(); ++i) {
+        int64_t e = slice.offset() + i;
+        v->dense[e] += (*values)[i];
+        if (!v->filled[e]) {
+          v->filled[e] = 1;
+          ++v->covered;
+        }
+      }
+      return Status::Ok();
+    }
+    case pb::Slice::kSketch: {
+      const auto& sk = slice.sketch();
+      if (sk.positions_size() != sk.values_size()) {
+        return Status::Corruption("sketch has " + std::to_string(sk.positions_size()) + " positions but " +
+                                  std::to_string(sk.values_size()) + " values");
+      }
+      for (int i = 0; i < sk.positions_size(); ++i) {
+        int64_t pos = sk.positions(i);
+        if (pos < 0 || pos >= numel)
+          return Status::Corruption("sketch position " + std::to_string(pos) + " out of range");
+        v->sparse[pos] += sk.values(i);
+      }
+      return Status::Ok();
+    }
+    case pb::Slice::kStats: {
+      const auto& st = slice.stats();
+      // Two stats slices at one offset are micro-steps: their moments add only as sums.
+      if (!v->stats_offsets.insert(slice.offset()).second) v->stats_sums_only = true;
+      Moments m;
+      m.count = st.count();
+      m.sum = st.sum();
+      m.sum_sq = st.sum_sq();
+      m.abs_max = st.abs_max();
+      m.nonfinite = st.nonfinite();
+      v->moments.Merge(m);
+      v->has_stats = true;
+      return Status::Ok();
+    }
+    default:
+      return Status::Corruption("slice without payload");
+  }
+}
+
+void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideValues* side) {
+  side->numel = r.numel;
+  side->ranks += 1;
+  if (side->ranks == 1) {
+    // First contributor: take its values as they are.
+    int64_t n = r.numel;
+    *side = std::move(r);
+    side->numel = n;
+    side->ranks = 1;
+    (void)first_rank;
+    side->replica_rank = rank;
+    return;
+  }
+  if (r.has_full()) {
+    if (side->dense.empty()) {
+      side->dense.assign(r.numel, 0.0);
+      side->filled.assign(r.numel, 0);
+    }
+    double d2 = 0, ref2 = 0;
+    for (int64_t e = 0; e < r.numel; ++e) {
+      if (!r.filled[e]) continue;
+      if (!side->filled[e]) {
+        side->filled[e] = 1;
+        side->dense[e] = r.dense[e];
+        ++side->covered;
+      } else if (combine == Combine::kSum) {
+        side->dense[e] += r.dense[e];
+      } else {
+        double diff = r.dense[e] - side->dense[e];
+        d2 += diff * diff;
+        ref2 += side->dense[e] * side->dense[e];
+        side->replica_max_abs = std::max(side->replica_max_abs, std::fabs(diff));
+        ++side->replica_elems;
+      }
+    }
+    if (combine == Combine::kReplicas && ref2 + d2 > 0) {
+      side->replica_diff2 += d2;
+      side->replica_ref2 += ref2;
+      double rel = ref2 > 0 ? std::sqrt(d2 / ref2) : 1.0;
+      if (rel > side->replica_worst) {
+        side->replica_worst = rel;
+        side->replica_other = rank;
+      }
+    }
+  }
+  for (const auto& [pos, val] : r.sparse) {
+    auto [it, inserted] = side->sparse.emplace(pos, val);
+    if (inserted) continue;
+    if (combine == Combine::kSum) {
+      it->second += val;
+    } else {
+      double diff = val - it->second;
+      side->replica_diff2 += diff * diff;
+      side->replica_ref2 += it->second * it->second;
+      side->replica_max_abs = std::max(side->replica_max_abs, std::fabs(diff));
+      ++side->replica_elems;
+      double rel = it->second != 0 ? std::fabs(diff / it->second) : (diff != 0 ? 1.0 : 0.0);
+      if (rel > side->replica_worst) {
+        side->replica_worst = rel;
+        side->replica_other = rank;
+      }
+    }
+  }
+  if (r.has_stats) {
+    if (combine == Combine::kSum) {
+      side->moments.Merge(r.moments);
+      side->stats_sums_only = true;
+    } else if (!side->has_stats) {
+      side->moments = r.moments;
+    } else if (r.moments.count + side->moments.count <= r.numel) {
+      side->moments.Merge(r.moments);  // disjoint partitions of one gradient
+    }
+    // Overlapping stats replicas: keep the first; moments cannot locate the overlap.
+    side->has_stats = true;
+    side->stats_sums_only = side->stats_sums_only || r.stats_sums_only;
+  }
+}
+
+Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
+  auto key = std::make_pair(&set, rank);
+  auto it = readers_.find(key);
+  if (it != readers_.end()) return it->second.get();
+  const std::string& path = set.ranks()[rank].path;
+  auto opened = TraceReader::Open(path);
+  if (!opened.ok()) return Status::IoError(NameFile(path, opened.status().message()));
+  TraceReader* r = opened->get();
+  readers_.emplace(key, std::move(*opened));
+  return r;
+}
+
+std::vector<std::vector<const FrameRef*>> SelectFrames(const TraceSet& set, const Selection& sel) {
+  std::vector<std::vector<const FrameRef*>> out(set.world());
+  for (const FrameRef& f : set.frames()) {
+    if (f.step == sel.step && f.phase == sel.phase) out[f.rank].push_back(&f);
+  }
+  return out;
+}
+
+Status GatherParams(const TraceSet& set, const std::vector<std::vector<const FrameRef*>>& frames,
+                    const std::vector<int32_t>& ids, Combine combine, ReaderCache* readers,
+                    std::vector<SideValues>* out) {
+  out->assign(ids.size(), SideValues());
+  std::unordered_map<int32_t, size_t> slot;
+  for (size_t i = 0; i < ids.size(); ++i) slot[ids[i]] = i;
+  const auto& table = set.run().params();
+  for (int rank = 0; rank < set.world(); ++rank) {
+    std::vector<SideValues> mine(ids.size());
+    std::vector<uint8_t> touched(ids.size(), 0);
+    for (const FrameRef* f : frames[rank]) {
+      bool wanted = std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return slot.count(id); });
+      if (!wanted) continue;
+      auto reader = readers->Get(set, rank);
+      if (!reader.ok()) return reader.status();
+      Frame frame;
+      Status st = (*reader)->ReadAt(f->offset, &frame);
+      if (!st.ok()) return Status::Corruption(NameFile(set.ranks()[rank].path, st.message()));
+      if (!frame.bucket) {
+        return Status::Corruption(set.ranks()[rank].path + ": frame at offset " + std::to_string(f->offset) +
+                                  " is no longer a bucket record");
+      }
+      for (const pb::Slice& s : frame.bucket->slices()) {
+        auto it = slot.find(s.param_id());
+        if (it == slot.end()) continue;
+        Status added = AddSlice(s, table[s.param_id()].numel(), &mine[it->second]);
+        if (!added.ok()) {
+          return Status::Corruption(set.ranks()[rank].path + ": frame at offset " + std::to_string(f->offset) +
+                                    ", parameter '" + table[s.param_id()].name() + "': " + added.message());
+        }
+        touched[it->second] = 1;
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (touched[i]) MergeRank(rank, 0, std::move(mine[i]), combine, &(*out)[i]);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) (*out)[i].numel = table[ids[i]].numel();
+  return Status::Ok();
+}
+
+}  // namespace gradtrace::diff

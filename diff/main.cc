@@ -1,0 +1,102 @@
+// gradtrace-diff: compare two trace sets (or check one against itself).
+// Exit codes follow diff(1): 0 all match, 1 differences found, 2 bad input or
+// usage -- the last with exactly one line "gradtrace-diff: <file>: <what>" on stderr.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "atomic_file.h"
+#include "diff_engine.h"
+#include "report.h"
+#include "self_check.h"
+
+namespace {
+
+int Fail(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  std::fprintf(stderr, "gradtrace-diff: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gradtrace;
+  CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
+  std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path;
+  std::optional<int64_t> step;
+  std::optional<double> rtol;
+  std::vector<std::string> renames;
+  int threads = 0;
+  app.add_option("A", a_dir, "reference trace set (directory of rank-*.gtrace)");
+  app.add_option("B", b_dir, "trace set to compare against A");
+  app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
+  app.add_option("--phase", phase, "phase to compare: final, post or pre")
+      ->check(CLI::IsMember({"final", "post", "pre"}));
+  app.add_option("--step", step, "step to compare (default: first step both sets recorded)");
+  app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
+  app.add_option("--rename", renames, "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
+  app.add_option("--json", json_path, "write the JSON report to FILE");
+  app.add_option("--markdown", md_path, "write a Markdown report (for a GitHub issue) to FILE");
+  app.add_option("--html", html_path, "write a self-contained HTML report with an SVG chart to FILE");
+  app.add_option("--threads", threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail(e.what());
+  }
+
+  Expected<diff::Report> report = Status::InvalidArgument("");
+  if (!self_dir.empty()) {
+    if (!a_dir.empty() || !b_dir.empty()) return Fail("--self takes one trace set and no positional A B");
+    if (!noise.empty() || !renames.empty() || phase != "final") {
+      return Fail("--self does not take --noise, --rename or --phase");
+    }
+    diff::SelfOptions o;
+    o.step = step;
+    o.rtol = rtol;
+    o.threads = threads;
+    o.progress = true;
+    report = diff::RunSelfCheck(self_dir, o);
+  } else {
+    if (a_dir.empty() || b_dir.empty()) return Fail("usage: gradtrace-diff A B [options] | gradtrace-diff --self A");
+    diff::DiffOptions o;
+    o.phase = phase == "pre" ? pb::PRE_REDUCE : phase == "post" ? pb::POST_REDUCE : pb::FINAL;
+    o.step = step;
+    o.rtol = rtol;
+    o.noise_dir = noise;
+    o.renames = renames;
+    o.threads = threads;
+    o.progress = true;
+    report = diff::RunDiff(a_dir, b_dir, o);
+  }
+  if (!report.ok()) return Fail(report.status().message());
+
+  // Each file is complete or untouched; one failing does not undo the others.
+  struct Output {
+    const std::string& path;
+    std::string (*render)(const diff::Report&);
+  };
+  for (const Output& out : {Output{json_path, diff::RenderJson}, Output{md_path, diff::RenderMarkdown},
+                            Output{html_path, diff::RenderHtml}}) {
+    if (out.path.empty()) continue;
+    Status st = diff::WriteFileAtomic(out.path, out.render(*report));
+    if (!st.ok()) return Fail(st.message());
+  }
+  bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+  std::string text = diff::RenderText(*report, colour);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return report->ExitCode();
+}

@@ -1,0 +1,162 @@
+#include "metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace gradtrace::diff {
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kMatch:
+      return "match";
+    case Verdict::kScaled:
+      return "scaled";
+    case Verdict::kMismatch:
+      return "mismatch";
+    case Verdict::kMissing:
+      return "missing";
+    case Verdict::kNonfinite:
+      return "nonfinite";
+  }
+  return "?";
+}
+
+int Severity(Verdict v) {
+  switch (v) {
+    case Verdict::kMatch:
+      return 0;
+    case Verdict::kScaled:
+      return 1;
+    case Verdict::kMissing:
+      return 2;
+    case Verdict::kMismatch:
+      return 3;
+    case Verdict::kNonfinite:
+      return 4;
+  }
+  return 5;
+}
+
+const char* BasisName(Basis b) {
+  switch (b) {
+    case Basis::kFull:
+      return "full";
+    case Basis::kSketch:
+      return "sketch";
+    case Basis::kStats:
+      return "stats";
+    case Basis::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+void Moments::Add(double v) {
+  if (!std::isfinite(v)) {
+    ++nonfinite;
+    return;
+  }
+  ++count;
+  sum += v;
+  sum_sq += v * v;
+  abs_max = std::max(abs_max, std::fabs(v));
+}
+
+void Moments::Merge(const Moments& o) {
+  count += o.count;
+  sum += o.sum;
+  sum_sq += o.sum_sq;
+  abs_max = std::max(abs_max, o.abs_max);
+  nonfinite += o.nonfinite;
+}
+
+Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis) {
+  Metrics m;
+  m.basis = basis;
+  m.compared = n;
+  double aa = 0, ab = 0, bb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) ++m.nonfinite_a;
+    if (!std::isfinite(b[i])) ++m.nonfinite_b;
+    aa += a[i] * a[i];
+    ab += a[i] * b[i];
+    bb += b[i] * b[i];
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  m.norm_a = std::sqrt(aa);
+  m.norm_b = std::sqrt(bb);
+  m.scale = aa > 0 ? ab / aa : nan;
+  m.cosine = (aa > 0 && bb > 0) ? ab / (m.norm_a * m.norm_b) : nan;
+  double res2 = 0, err2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double r = b[i] - (aa > 0 ? m.scale : 0) * a[i];
+    double e = b[i] - a[i];
+    res2 += r * r;
+    err2 += e * e;
+    m.max_abs_error = std::max(m.max_abs_error, std::fabs(e));
+  }
+  if (bb > 0) {
+    m.residual = std::sqrt(res2) / m.norm_b;
+    m.rel_error = std::sqrt(err2) / m.norm_b;
+  } else {
+    // b is zero: any non-zero a is entirely error, relative to a.
+    m.residual = aa > 0 ? 1.0 : 0.0;
+    m.rel_error = aa > 0 ? 1.0 : 0.0;
+  }
+  return m;
+}
+
+Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
+  Metrics m;
+  m.basis = Basis::kStats;
+  m.sums_only = sums_only;
+  m.nonfinite_a = a.nonfinite;
+  m.nonfinite_b = b.nonfinite;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  m.cosine = nan;
+  auto rel = [](double x, double y) {
+    double d = std::max(std::fabs(x), std::fabs(y));
+    return d > 0 ? std::fabs(x - y) / d : 0.0;
+  };
+  if (sums_only) {
+    m.scale = a.sum != 0 ? b.sum / a.sum : nan;
+    m.residual = nan;
+    m.rel_error = rel(a.sum, b.sum);
+    m.max_abs_error = std::fabs(b.sum - a.sum);
+    return m;
+  }
+  m.norm_a = std::sqrt(a.sum_sq);
+  m.norm_b = std::sqrt(b.sum_sq);
+  if (a.sum_sq <= 0) {
+    m.scale = nan;
+    m.residual = b.sum_sq > 0 ? 1.0 : 0.0;
+    m.rel_error = m.residual;
+    return m;
+  }
+  double s_norm = std::sqrt(b.sum_sq / a.sum_sq);
+  double sign = (a.sum * b.sum < 0) ? -1.0 : 1.0;
+  m.scale = sign * s_norm;
+  // If B = s·A exactly, every moment scales consistently; their disagreement
+  // bounds how far B is from a multiple of A (it cannot prove equality).
+  double s_sum = a.sum != 0 ? b.sum / a.sum : m.scale;
+  double s_max = a.abs_max > 0 ? sign * b.abs_max / a.abs_max : m.scale;
+  m.residual = std::max(rel(s_sum, m.scale), rel(s_max, m.scale));
+  // Relative error of the norms and sums, the closest stats analogue of ||b-a||/||b||.
+  m.rel_error =
+      std::max({rel(m.norm_a, m.norm_b), rel(a.sum, b.sum) * (std::fabs(a.sum) > 0 ? 1 : 0), std::fabs(sign - 1) / 2});
+  m.max_abs_error = std::fabs(b.abs_max - a.abs_max);
+  return m;
+}
+
+Verdict Classify(const Metrics& m, double rtol) {
+  if (m.nonfinite_a > 0 || m.nonfinite_b > 0) return Verdict::kNonfinite;
+  if (m.basis == Basis::kNone) return Verdict::kMissing;
+  if (m.norm_a == 0 && m.norm_b == 0 && !m.sums_only) return Verdict::kMatch;
+  if (m.rel_error <= rtol) return Verdict::kMatch;
+  if (std::isfinite(m.scale) && std::isnan(m.residual) == false && m.residual <= rtol) return Verdict::kScaled;
+  if (m.sums_only && std::isfinite(m.scale)) return Verdict::kScaled;
+  return Verdict::kMismatch;
+}
+
+}  // namespace gradtrace::diff

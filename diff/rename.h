@@ -1,0 +1,27 @@
+// Rename rules ('REGEX=REPL'), applied in order to parameter names on both
+// sides before alignment, e.g. 'module\.=' strips the prefix DeepSpeed's
+// engine wrapper adds. REPL may use $1-style back-references (ECMAScript).
+#pragma once
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace gradtrace::diff {
+
+struct RenameRule {
+  std::string text;  // as given
+  std::regex pattern;
+  std::string replacement;
+};
+
+// Splits at the first '=' not preceded by a backslash ('\=' is a literal '=' in
+// the pattern). InvalidArgument for a missing '=' or a bad regex.
+Expected<RenameRule> ParseRenameRule(const std::string& text);
+
+// Every rule, in order, each replacing all matches.
+std::string ApplyRenames(const std::vector<RenameRule>& rules, const std::string& name);
+
+}  // namespace gradtrace::diff

@@ -1,0 +1,97 @@
+// The result of one gradtrace-diff run, independent of how it is rendered.
+// report_*.cc render it; REPORT_SCHEMA.md documents its JSON form.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "metrics.h"
+#include "tolerance.h"
+
+namespace gradtrace::diff {
+
+struct ParamResult {
+  std::string name;
+  int64_t numel = 0;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  Metrics metrics;
+  Verdict verdict = Verdict::kMissing;
+  double rtol = 0;   // the tolerance this parameter was judged with
+  std::string note;  // why missing, shape problem, coverage, replica disagreement
+};
+
+// Parameters sharing a scale factor (or a problem), and what explains it.
+struct Group {
+  std::string kind;             // "scale", "mismatch", "missing", "nonfinite"
+  std::optional<double> scale;  // kind == "scale" (diff) or the effective divisor (self)
+  int count = 0;
+  std::string expression;   // the configuration expression the factor equals, e.g. "sp(B)"
+  std::string explanation;  // one sentence for a user
+  std::vector<std::string> params;
+};
+
+// A problem that is not one parameter's verdict: truncated file, replicas disagreeing.
+struct Finding {
+  std::string kind;  // "truncated", "replica", "divisor", "note"
+  std::string message;
+};
+
+struct TraceSide {
+  std::string dir;
+  std::string producer;
+  std::string run_id;
+  int world = 0;
+  bool truncated = false;
+  pb::Config config;
+};
+
+// --self: effective divisor per parameter.
+struct SelfParam {
+  std::string name;
+  int64_t numel = 0;
+  std::string group;  // process group reduced over
+  int group_size = 0;
+  double divisor = 0;   // effective: sum(PRE over group) / POST
+  double residual = 0;  // ||POST - sum/divisor|| / ||POST||
+  double expected = 0;  // what the loss recipe needs (0 = unknown)
+  double declared = 0;  // BucketRecord.divisor as the producer stated it (0 = unknown)
+  std::vector<int32_t> buckets;
+  int64_t compared = 0;
+  std::string verdict;  // "ok", "wrong-divisor", "inconsistent", "missing"
+};
+
+struct Report {
+  std::string mode = "diff";  // "diff" or "self"
+  TraceSide a, b;             // b unused in self mode
+  int64_t step = 0;
+  std::string phase = "final";
+  Tolerance tolerance;
+  std::vector<ParamResult> params;  // worst first
+  std::vector<Group> groups;
+  std::vector<Finding> findings;
+  std::vector<SelfParam> self_params;
+  std::string verdict = "match";  // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
+  std::string summary;            // one line
+
+  // diff(1) convention: 0 no differences, 1 differences found.
+  int ExitCode() const { return (verdict == "match" || verdict == "ok") ? 0 : 1; }
+};
+
+// Renderers. Text may use ANSI colour; the others are files.
+std::string RenderText(const Report& r, bool colour);
+std::string RenderJson(const Report& r);
+std::string RenderMarkdown(const Report& r);
+std::string RenderHtml(const Report& r);
+
+// Shared formatting: "%.4g"-style number, "-" for NaN.
+std::string FormatNumber(double v, int digits = 4);
+// "world 4 (dp 2 x sp 2), ZeRO-2, scaling ds-4530, loss local-mean, gas 1, fp32".
+std::string ConfigSummary(const pb::Config& c);
+// Headline: "B is 2.000 x A for all 14 parameters (scaled)" or the self-check equivalent.
+std::string Headline(const Report& r);
+
+}  // namespace gradtrace::diff

@@ -1,0 +1,202 @@
+// --html: one self-contained page (inline CSS and SVG, no scripts, no external
+// assets). The chart has two panels sharing the x axis, one mark per
+// parameter in each: the scale factor B/A (the effective divisor in --self)
+// and the residual on a log axis with the tolerance drawn as a line.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "report.h"
+#include "slice_codec.h"
+
+namespace gradtrace::diff {
+namespace {
+
+std::string Esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
+    }
+  }
+  return o;
+}
+
+std::string F(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
+const char* VerdictColour(const std::string& v) {
+  if (v == "match" || v == "ok") return "#2e7d32";
+  if (v == "scaled" || v == "wrong-divisor" || v == "incomplete") return "#e65100";
+  if (v == "missing") return "#6a1b9a";
+  return "#c62828";
+}
+
+struct Point {
+  std::string name;
+  double scale;
+  double residual;
+  std::string verdict;
+};
+
+std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
+  const double W = 960, H = 520, left = 70, right = 20, top = 30, mid = 270, gap = 40, bottom = 40;
+  const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
+  size_t n = pts.size();
+  double lo = 0, hi = 1;
+  for (const auto& p : pts) {
+    if (std::isfinite(p.scale)) {
+      lo = std::min(lo, p.scale);
+      hi = std::max(hi, p.scale);
+    }
+  }
+  hi *= 1.1;
+  if (hi - lo <= 0) hi = lo + 1;
+  auto x = [&](size_t i) { return left + (W - left - right) * (n <= 1 ? 0.5 : (i + 0.5) / n); };
+  auto ys = [&](double s) { return top + ph1 * (1 - (s - lo) / (hi - lo)); };
+  const double rlo = -12, rhi = 0;
+  auto yr = [&](double r) {
+    double l = std::clamp(std::log10(std::max(r, 1e-300)), rlo, rhi);
+    return mid + gap + ph2 * (1 - (l - rlo) / (rhi - rlo));
+  };
+  std::string s;
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"chart\" width=\"" + F(W) + "\" height=\"" + F(H) +
+       "\" viewBox=\"0 0 " + F(W) + " " + F(H) + "\" role=\"img\" aria-label=\"" +
+       (self ? "effective divisor" : "scale factor") + " and residual per parameter\">\n";
+  s += "<rect x=\"0\" y=\"0\" width=\"" + F(W) + "\" height=\"" + F(H) + "\" fill=\"#ffffff\"/>\n";
+  // Axes and gridlines.
+  for (int k = 0; k <= 4; ++k) {
+    double v = lo + (hi - lo) * k / 4;
+    s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(v)) + "\" y2=\"" + F(ys(v)) +
+         "\" stroke=\"#e0e0e0\"/><text x=\"" + F(left - 6) + "\" y=\"" + F(ys(v) + 4) +
+         "\" text-anchor=\"end\" font-size=\"11\">" + FormatNumber(v, 3) + "</text>\n";
+  }
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(1)) + "\" y2=\"" + F(ys(1)) +
+       "\" stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n";
+  s += "<text x=\"" + F(left) + "\" y=\"" + F(top - 10) + "\" font-size=\"13\" font-weight=\"bold\">" +
+       std::string(self ? "effective divisor per parameter" : "scale factor B/A per parameter") + "</text>\n";
+  for (int e = static_cast<int>(rlo); e <= static_cast<int>(rhi); e += 3) {
+    s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(yr(std::pow(10.0, e))) + "\" y2=\"" +
+         F(yr(std::pow(10.0, e))) + "\" stroke=\"#e0e0e0\"/><text x=\"" + F(left - 6) + "\" y=\"" +
+         F(yr(std::pow(10.0, e)) + 4) + "\" text-anchor=\"end\" font-size=\"11\">1e" + std::to_string(e) + "</text>\n";
+  }
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(yr(rtol)) + "\" y2=\"" + F(yr(rtol)) +
+       "\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/><text x=\"" + F(W - right) + "\" y=\"" + F(yr(rtol) - 4) +
+       "\" text-anchor=\"end\" font-size=\"11\" fill=\"#c62828\">tolerance " + FormatNumber(rtol, 3) + "</text>\n";
+  s += "<text x=\"" + F(left) + "\" y=\"" + F(mid + gap - 10) +
+       "\" font-size=\"13\" font-weight=\"bold\">residual (log scale)</text>\n";
+  // One mark per parameter in each panel.
+  for (size_t i = 0; i < n; ++i) {
+    const Point& p = pts[i];
+    std::string title = "<title>" + Esc(p.name) + ": " + (self ? "divisor " : "scale ") + FormatNumber(p.scale, 6) +
+                        ", residual " + FormatNumber(p.residual, 3) + " (" + p.verdict + ")</title>";
+    const char* colour = VerdictColour(p.verdict);
+    if (std::isfinite(p.scale)) {
+      s += "<circle class=\"mark scale\" data-param=\"" + Esc(p.name) + "\" cx=\"" + F(x(i)) + "\" cy=\"" +
+           F(ys(p.scale)) + "\" r=\"5\" fill=\"" + colour + "\">" + title + "</circle>\n";
+    } else {
+      s += "<rect class=\"mark scale nan\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 4) + "\" y=\"" +
+           F(mid - 8) + "\" width=\"8\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    }
+    double r = std::isfinite(p.residual) ? p.residual : 1.0;
+    s += "<rect class=\"mark residual\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 3) + "\" y=\"" +
+         F(yr(r) - 3) + "\" width=\"6\" height=\"6\" fill=\"" + colour + "\">" + title + "</rect>\n";
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace
+
+std::string RenderHtml(const Report& r) {
+  bool self = r.mode == "self";
+  std::vector<Point> pts;
+  if (self) {
+    for (const auto& p : r.self_params) pts.push_back({p.name, p.divisor, p.residual, p.verdict});
+  } else {
+    // Model order reads better on a chart than worst-first.
+    for (const auto& p : r.params) {
+      bool none = p.metrics.basis == Basis::kNone;
+      pts.push_back({p.name, none ? NAN : p.metrics.scale, none ? NAN : p.metrics.residual, VerdictName(p.verdict)});
+    }
+    std::stable_sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.name < b.name; });
+  }
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>gradtrace-diff: " + Esc(r.verdict) +
+       "</title>\n<style>\nbody{font-family:system-ui,sans-serif;margin:24px;color:#212121;background:#fff}"
+       "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+       "td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f5f5f5}"
+       ".v{font-weight:bold}code{font-size:12px}.summary{font-size:16px;margin:12px 0}\n</style></head><body>\n";
+  h += "<h1>gradtrace-diff: <span class=\"v\" style=\"color:" + std::string(VerdictColour(r.verdict)) + "\">" +
+       Esc(r.verdict) + "</span></h1>\n";
+  if (!r.summary.empty()) h += "<p class=\"summary\">" + Esc(r.summary) + "</p>\n";
+  h += "<table><tr><th></th><th>" + std::string(self ? "trace" : "A (reference)") + "</th>" +
+       (self ? "" : "<th>B</th>") + "</tr>\n";
+  h += "<tr><th>trace</th><td><code>" + Esc(r.a.dir) + "</code></td>" +
+       (self ? "" : "<td><code>" + Esc(r.b.dir) + "</code></td>") + "</tr>\n";
+  h += "<tr><th>configuration</th><td>" + Esc(ConfigSummary(r.a.config)) + "</td>" +
+       (self ? "" : "<td>" + Esc(ConfigSummary(r.b.config)) + "</td>") + "</tr></table>\n";
+  h += "<p>Step " + std::to_string(r.step) + ", phase " + Esc(r.phase) + "; " + Esc(r.tolerance.bound) + ".</p>\n";
+  h += Chart(pts, r.tolerance.rtol, self);
+  if (!r.groups.empty()) {
+    h += "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
+         (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";
+    for (const auto& g : r.groups) {
+      h += "<tr><td class=\"n\">" + std::to_string(g.count) + "</td><td class=\"n\">" +
+           (g.scale ? FormatNumber(*g.scale, 5) : Esc(g.kind)) + "</td><td>" + Esc(g.explanation) + "</td></tr>\n";
+    }
+    h += "</table>\n";
+  }
+  h += "<h2>Parameters</h2><table>\n";
+  if (self) {
+    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th><th>divisor</th>"
+         "<th>expected</th><th>residual</th></tr>\n";
+    for (const auto& p : r.self_params) {
+      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(p.verdict)) + "\">" + p.verdict +
+           "</td><td><code>" + Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" +
+           Esc(p.group) + "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" +
+           FormatNumber(p.divisor, 5) + "</td><td class=\"n\">" + FormatNumber(p.expected, 5) +
+           "</td><td class=\"n\">" + FormatNumber(p.residual, 3) + "</td></tr>\n";
+    }
+  } else {
+    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>scale</th><th>residual</th><th>cosine</th>"
+         "<th>rel. error</th><th>max abs error</th><th>note</th></tr>\n";
+    for (const auto& p : r.params) {
+      const Metrics& m = p.metrics;
+      bool none = m.basis == Basis::kNone;
+      auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
+      std::string v = VerdictName(p.verdict);
+      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
+           num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
+           "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + num(m.max_abs_error, 3) +
+           "</td><td>" + Esc(p.note) + "</td></tr>\n";
+    }
+  }
+  h += "</table>\n";
+  if (!r.findings.empty()) {
+    h += "<h2>Findings</h2><ul>\n";
+    for (const auto& f : r.findings) h += "<li><b>" + Esc(f.kind) + "</b>: " + Esc(f.message) + "</li>\n";
+    h += "</ul>\n";
+  }
+  h += "<p><small>gradtrace-diff, exit code " + std::to_string(r.ExitCode()) + "</small></p>\n</body></html>\n";
+  return h;
+}
+
+}  // namespace gradtrace::diff

@@ -1,0 +1,347 @@
+#include "self_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "align.h"
+#include "explain.h"
+#include "gather.h"
+#include "progress.h"
+#include "thread_pool.h"
+#include "tolerance.h"
+
+namespace gradtrace::diff {
+namespace {
+
+// One reduction: a bucket of one micro-step, reduced over one group.
+struct ReductionKey {
+  int32_t micro = 0;
+  int32_t bucket = 0;
+  std::string group;
+  std::vector<int> members;
+  bool operator<(const ReductionKey& o) const {
+    return std::tie(micro, bucket, group, members) < std::tie(o.micro, o.bucket, o.group, o.members);
+  }
+};
+
+struct Reduction {
+  std::vector<const FrameRef*> post;  // members' POST frames
+};
+
+struct ParamAcc {
+  double ss = 0, sp = 0, pp = 0;
+  int64_t compared = 0;
+  std::set<int32_t> buckets;
+  std::string group;
+  int group_size = 0;
+  double declared = 0;
+  std::vector<std::string> problems;
+  void Merge(const ParamAcc& o) {
+    ss += o.ss;
+    sp += o.sp;
+    pp += o.pp;
+    compared += o.compared;
+    buckets.insert(o.buckets.begin(), o.buckets.end());
+    if (group.empty()) group = o.group;
+    group_size = std::max(group_size, o.group_size);
+    if (declared == 0) declared = o.declared;
+    problems.insert(problems.end(), o.problems.begin(), o.problems.end());
+  }
+};
+
+std::string Fixed(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
+}
+
+// Words for an effective divisor d of a reduction over `group_size` ranks.
+std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, const pb::Config& c, double ctol) {
+  auto near = [&](double x) { return x > 0 && std::fabs(d - x) <= ctol * x; };
+  std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
+                                     : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
+  std::string ctx = " (group '" + p.group + "' of " + std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() +
+                    "', loss '" + c.loss() + "', which needs " + Fixed(p.expected) + ")";
+  std::string expr, why;
+  int sp = std::max(1, c.sp()), dp = std::max(1, c.dp());
+  if (near(p.group_size)) {
+    expr = "group size";
+    why = "the reduction averages over the group";
+  } else if (sp > 1 && near(p.group_size / double(sp))) {
+    expr = "dp";
+    why = "the reduction divides by dp only (group size / sp, as DeepSpeed does since #4530)";
+  } else if (near(1)) {
+    expr = "1";
+    why = "the reduction sums without dividing";
+  } else if (near(dp * double(sp) * sp) || near(double(p.group_size) * sp)) {
+    expr = "group size x sp";
+    why = "the gradient is divided by sp once more than the group size (the division #4957 removed)";
+  } else if (near(sp)) {
+    expr = "sp";
+    why = "the reduction divides by the sequence-parallel degree only";
+  } else if (c.gas() > 1 && near(double(p.group_size) * c.gas())) {
+    expr = "group size x gas";
+    why = "the reduction also divides by the accumulation steps";
+  }
+  std::string s = "effective divisor " + Fixed(d) + (expr.empty() ? "" : " = " + expr) + " " + which + ctx + ": " +
+                  (expr.empty() ? "matches no expression of the configuration (group size, dp, sp, gas)" : why);
+  if (p.expected > 0 && !near(p.expected)) {
+    s += "; the optimizer sees " + Fixed(p.expected / d) + " times the gradient of the mean loss";
+  }
+  return s;
+}
+
+}  // namespace
+
+double ExpectedDivisor(const pb::Config& c, int group_size) {
+  int sp = std::max(1, c.sp());
+  const std::string& loss = c.loss();
+  bool divided_by_sp = loss == "local-mean-div-sp" || loss == "token-weighted" || loss == "full-sequence";
+  if (divided_by_sp && group_size % sp == 0) return group_size / double(sp);
+  return group_size;
+}
+
+Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
+  Report report;
+  report.mode = "self";
+  report.phase = "post";
+  report.a.dir = set.dir();
+  report.a.producer =
+      set.run().producer() + (set.run().producer_version().empty() ? "" : " " + set.run().producer_version());
+  report.a.run_id = set.run().run_id();
+  report.a.world = set.world();
+  report.a.truncated = set.truncated();
+  report.a.config = set.config();
+  report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
+  double rtol = report.tolerance.rtol;
+  double ctol = ClusterTolerance(rtol);
+
+  auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
+  auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
+  if (post_steps.empty() || pre_steps.empty()) {
+    return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
+                                   std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
+  }
+  int64_t step = options.step ? *options.step : post_steps.front();
+  if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
+    return Status::InvalidArgument(set.dir() + ": no POST_REDUCE records for step " + std::to_string(step));
+  }
+  report.step = step;
+
+  // Reductions and the PRE frames of each (rank, micro, bucket).
+  std::map<ReductionKey, Reduction> reductions;
+  std::map<std::tuple<int, int32_t, int32_t>, std::vector<const FrameRef*>> pre;
+  for (const FrameRef& f : set.frames()) {
+    if (f.step != step) continue;
+    if (f.phase == pb::PRE_REDUCE) pre[{f.rank, f.micro_step, f.bucket_id}].push_back(&f);
+    if (f.phase != pb::POST_REDUCE) continue;
+    ReductionKey key{f.micro_step, f.bucket_id, f.group, set.GroupMembers(f.rank, f.group)};
+    if (key.members.empty()) {
+      report.findings.push_back({"divisor", set.ranks()[f.rank].path + ": POST_REDUCE of bucket " +
+                                                std::to_string(f.bucket_id) + " names group '" + f.group +
+                                                "' which this rank's RunInfo does not list; skipped"});
+      continue;
+    }
+    reductions[key].post.push_back(&f);
+  }
+  std::vector<std::pair<ReductionKey, Reduction>> work(reductions.begin(), reductions.end());
+
+  int threads = ResolveThreads(options.threads);
+  std::vector<ReaderCache> caches(threads);
+  std::vector<std::map<int32_t, ParamAcc>> partial(work.size());
+  std::mutex mu;
+  Status first_error;
+  Progress progress("gradtrace-diff: self-check", options.progress && Progress::Wanted(set.total_bytes()));
+  std::atomic<size_t> done{0};
+  ParallelFor(work.size(), threads, [&](size_t w, int worker) {
+    const ReductionKey& key = work[w].first;
+    auto fail = [&](Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(st);
+    };
+    // Sum of PRE over the group's members.
+    std::vector<std::vector<const FrameRef*>> pre_frames(set.world());
+    std::set<int32_t> ids;
+    int missing_pre = -1;
+    for (int m : key.members) {
+      if (m < 0 || m >= set.world()) continue;
+      auto it = pre.find({m, key.micro, key.bucket});
+      if (it == pre.end()) {
+        missing_pre = m;
+        continue;
+      }
+      pre_frames[m] = it->second;
+      for (const FrameRef* f : it->second) ids.insert(f->param_ids.begin(), f->param_ids.end());
+    }
+    auto& acc = partial[w];
+    if (missing_pre >= 0) {
+      for (const FrameRef* f : work[w].second.post) {
+        for (int32_t id : f->param_ids) {
+          acc[id].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) + " from rank " +
+                                     std::to_string(missing_pre));
+        }
+      }
+      return;
+    }
+    std::vector<int32_t> id_list(ids.begin(), ids.end());
+    std::vector<SideValues> sums;
+    Status st = GatherParams(set, pre_frames, id_list, Combine::kSum, &caches[worker], &sums);
+    if (!st.ok()) return fail(st);
+    for (const FrameRef* post : work[w].second.post) {
+      std::vector<std::vector<const FrameRef*>> post_frames(set.world());
+      post_frames[post->rank] = {post};
+      std::vector<SideValues> held;
+      st = GatherParams(set, post_frames, id_list, Combine::kReplicas, &caches[worker], &held);
+      if (!st.ok()) return fail(st);
+      int64_t held_total = 0;
+      for (size_t k = 0; k < id_list.size(); ++k) {
+        const SideValues& s = sums[k];
+        const SideValues& p = held[k];
+        if (p.ranks == 0) continue;
+        ParamAcc& a = acc[id_list[k]];
+        a.buckets.insert(key.bucket);
+        a.group = key.group;
+        a.group_size = static_cast<int>(key.members.size());
+        if (post->divisor > 0) a.declared = post->divisor;
+        auto add = [&](double sv, double pv) {
+          a.ss += sv * sv;
+          a.sp += sv * pv;
+          a.pp += pv * pv;
+          ++a.compared;
+        };
+        if (p.has_full() && s.has_full()) {
+          for (int64_t e = 0; e < p.numel; ++e) {
+            if (!p.filled[e]) continue;
+            ++held_total;
+            if (s.filled[e]) add(s.dense[e], p.dense[e]);
+          }
+        } else if (!p.sparse.empty()) {
+          for (const auto& [pos, pv] : p.sparse) {
+            auto it = s.sparse.find(pos);
+            if (it != s.sparse.end())
+              add(it->second, pv);
+            else if (s.has_full() && s.filled[pos])
+              add(s.dense[pos], pv);
+          }
+        } else if (p.has_stats && s.has_stats) {
+          add(s.moments.sum, p.moments.sum);  // sums only: exact when POST covers what PRE summed
+        }
+      }
+      // ZeRO-1/2: the partition the record declares must be what its slices hold.
+      if (post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
+        std::lock_guard<std::mutex> lock(mu);
+        report.findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
+                                                  std::to_string(key.bucket) + " declares a partition of " +
+                                                  std::to_string(post->partition_count) + " elements but holds " +
+                                                  std::to_string(held_total)});
+      }
+    }
+    progress.Update(done.fetch_add(1) + 1, work.size());
+  });
+  progress.Finish();
+  if (!first_error.ok()) return first_error;
+
+  std::map<int32_t, ParamAcc> total;
+  for (auto& m : partial) {
+    for (auto& [id, acc] : m) total[id].Merge(acc);
+  }
+  const auto& table = set.run().params();
+  bool any_bad = false, any_missing = false;
+  for (const auto& [id, acc] : total) {
+    SelfParam p;
+    p.name = table[id].name();
+    p.numel = table[id].numel();
+    p.group = acc.group;
+    p.group_size = acc.group_size;
+    p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
+    p.compared = acc.compared;
+    p.declared = acc.declared;
+    p.expected = p.group_size > 0 ? ExpectedDivisor(set.config(), p.group_size) : 0;
+    if (acc.compared == 0 || acc.sp == 0) {
+      p.divisor = std::nan("");
+      p.residual = std::nan("");
+      p.verdict = "missing";
+      any_missing = true;
+    } else {
+      p.divisor = acc.ss / acc.sp;
+      double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
+      p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
+      if (p.residual > std::max(rtol, 1e-6)) {
+        p.verdict = "inconsistent";
+        any_bad = true;
+      } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
+        p.verdict = "wrong-divisor";
+        any_bad = true;
+      } else {
+        p.verdict = "ok";
+      }
+      if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * p.divisor) {
+        report.findings.push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
+                                                  " but the effective divisor is " + Fixed(p.divisor)});
+      }
+    }
+    for (const auto& pr : acc.problems) report.findings.push_back({"divisor", "'" + p.name + "': " + pr});
+    if (!acc.problems.empty() && p.verdict == "ok") p.verdict = "missing", any_missing = true;
+    report.self_params.push_back(std::move(p));
+  }
+  for (const RankFile& f : set.ranks()) {
+    if (f.truncated) {
+      report.findings.push_back(
+          {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
+    }
+  }
+
+  // Group by effective divisor.
+  std::vector<const SelfParam*> ok;
+  for (const auto& p : report.self_params) {
+    if (std::isfinite(p.divisor)) ok.push_back(&p);
+  }
+  std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });
+  int n = static_cast<int>(report.self_params.size());
+  for (size_t i = 0; i < ok.size();) {
+    size_t j = i;
+    while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * ok[i]->divisor &&
+           ok[j]->group_size == ok[i]->group_size)
+      ++j;
+    Group g;
+    g.kind = "divisor";
+    const SelfParam& mid = *ok[(i + j) / 2];
+    g.scale = mid.divisor;
+    g.count = static_cast<int>(j - i);
+    for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name);
+    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, set.config(), ctol);
+    report.groups.push_back(std::move(g));
+    i = j;
+  }
+  std::stable_sort(report.groups.begin(), report.groups.end(),
+                   [](const Group& x, const Group& y) { return x.count > y.count; });
+  std::stable_sort(report.self_params.begin(), report.self_params.end(), [](const SelfParam& x, const SelfParam& y) {
+    auto sev = [](const std::string& v) {
+      return v == "inconsistent" ? 3 : v == "wrong-divisor" ? 2 : v == "missing" ? 1 : 0;
+    };
+    return sev(x.verdict) > sev(y.verdict);
+  });
+  report.verdict = any_bad           ? (std::any_of(report.self_params.begin(), report.self_params.end(),
+                                                    [](const SelfParam& p) { return p.verdict == "inconsistent"; })
+                                            ? "inconsistent"
+                                            : "wrong-divisor")
+                   : any_missing     ? "missing"
+                   : set.truncated() ? "incomplete"
+                                     : "ok";
+  report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
+  return report;
+}
+
+Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options) {
+  LoadOptions lo;
+  lo.threads = options.threads;
+  auto set = TraceSet::Load(dir, lo);
+  if (!set.ok()) return set.status();
+  return SelfCheckSet(*set, options);
+}
+
+}  // namespace gradtrace::diff

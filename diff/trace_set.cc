@@ -1,0 +1,244 @@
+#include "trace_set.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "thread_pool.h"
+#include "trace_reader.h"
+
+namespace gradtrace::diff {
+namespace fs = std::filesystem;
+
+std::string NameFile(const std::string& path, const std::string& message) {
+  if (message.rfind(path, 0) == 0) return message;
+  std::string base = fs::path(path).filename().string();
+  if (!base.empty() && message.find(base) != std::string::npos) return message;
+  return path + ": " + message;
+}
+
+namespace {
+
+struct ScanResult {
+  Status status;
+  pb::RunInfo run;
+  RankFile file;
+  std::vector<FrameRef> frames;
+  std::vector<RankStep> steps;
+};
+
+void ScanFile(const std::string& path, std::atomic<uint64_t>* done, uint64_t total,
+              const std::function<void(uint64_t, uint64_t)>& progress, ScanResult* out) {
+  auto opened = TraceReader::Open(path, ReadOptions{.use_index = false});
+  if (!opened.ok()) {
+    out->status = Status::Corruption(NameFile(path, opened.status().message()));
+    return;
+  }
+  TraceReader& reader = **opened;
+  out->run = reader.run_info();
+  out->file.path = path;
+  out->file.file_size = reader.file_size();
+  out->file.rank = out->run.rank();
+  Frame frame;
+  uint64_t last = 0;
+  while (reader.Next(&frame)) {
+    if (frame.step) {
+      out->steps.push_back(RankStep{out->run.rank(), *frame.step});
+    } else if (frame.bucket) {
+      const pb::BucketRecord& b = *frame.bucket;
+      FrameRef ref;
+      ref.rank = out->run.rank();
+      ref.offset = frame.offset;
+      ref.step = b.step();
+      ref.micro_step = b.micro_step();
+      ref.phase = b.phase();
+      ref.bucket_id = b.bucket_id();
+      ref.group = b.group();
+      ref.raw_bytes = frame.raw_len;
+      ref.bucket_numel = b.bucket_numel();
+      ref.partition_offset = b.partition_offset();
+      ref.partition_count = b.partition_count();
+      ref.divisor = b.divisor();
+      for (const pb::Slice& s : b.slices()) ref.param_ids.push_back(s.param_id());
+      std::sort(ref.param_ids.begin(), ref.param_ids.end());
+      ref.param_ids.erase(std::unique(ref.param_ids.begin(), ref.param_ids.end()), ref.param_ids.end());
+      out->frames.push_back(std::move(ref));
+    }
+    frame = Frame();
+    if (progress) {
+      uint64_t pos = reader.stored_bytes();
+      if (pos - last > (8u << 20)) {
+        progress(done->fetch_add(pos - last) + (pos - last), total);
+        last = pos;
+      }
+    }
+  }
+  done->fetch_add(reader.stored_bytes() - last);
+  const Status& st = reader.status();
+  if (st.code() == Status::Code::kTruncated) {
+    out->file.truncated = true;
+    out->file.stop_offset = reader.stop_offset();
+    out->file.truncation = NameFile(path, st.message());
+  } else if (!st.ok()) {
+    out->status = Status::Corruption(NameFile(path, st.message()));
+  }
+}
+
+std::string ConfigLine(const pb::Config& c) {
+  return "world " + std::to_string(c.world()) + ", dp " + std::to_string(c.dp()) + ", sp " + std::to_string(c.sp());
+}
+
+}  // namespace
+
+bool TraceSet::truncated() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const RankFile& f) { return f.truncated; });
+}
+
+const std::vector<int>& TraceSet::GroupMembers(int rank, const std::string& group) const {
+  static const std::vector<int> kEmpty;
+  if (rank < 0 || rank >= static_cast<int>(groups_.size())) return kEmpty;
+  for (const auto& [name, members] : groups_[rank]) {
+    if (name == group) return members;
+  }
+  return kEmpty;
+}
+
+Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& options) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    if (fs::exists(dir, ec))
+      return Status::InvalidArgument(dir + ": not a directory (expected a trace set: a directory of rank-*.gtrace)");
+    return Status::IoError(dir + ": no such directory");
+  }
+  // rank number from the file name -> paths (a rank may appear under two spellings).
+  static const std::regex kName(R"(rank-(\d+)\.gtrace)");
+  std::map<int, std::vector<std::string>> by_rank;
+  std::vector<std::string> paths;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, kName)) continue;
+    if (m[1].length() > 9) return Status::InvalidArgument(entry.path().string() + ": rank number out of range");
+    by_rank[std::stoi(m[1])].push_back(entry.path().string());
+    paths.push_back(entry.path().string());
+  }
+  if (ec) return Status::IoError(dir + ": cannot list: " + ec.message());
+  if (paths.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  for (auto& [rank, ps] : by_rank) {
+    if (ps.size() > 1) {
+      std::sort(ps.begin(), ps.end());
+      return Status::InvalidArgument(ps[1] + ": duplicate rank " + std::to_string(rank) + " (also " + ps[0] + ")");
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+
+  uint64_t total = 0;
+  for (const auto& p : paths) total += fs::file_size(p, ec);
+  std::atomic<uint64_t> done{0};
+  std::vector<ScanResult> results(paths.size());
+  ParallelFor(paths.size(), ResolveThreads(options.threads),
+              [&](size_t i, int) { ScanFile(paths[i], &done, total, options.progress, &results[i]); });
+  if (options.progress) options.progress(total, total);
+  for (const auto& r : results) {
+    if (!r.status.ok()) return r.status;
+  }
+
+  TraceSet set;
+  set.dir_ = dir;
+  set.total_bytes_ = total;
+  // Duplicate ranks by content (two files claiming the same rank) and name/content disagreement.
+  std::map<int, size_t> seen;
+  for (size_t i = 0; i < results.size(); ++i) {
+    int claimed = results[i].run.rank();
+    int named = std::stoi(std::regex_replace(fs::path(paths[i]).filename().string(), kName, "$1"));
+    if (claimed != named) {
+      return Status::Mismatch(paths[i] + ": file name says rank " + std::to_string(named) + " but RunInfo says rank " +
+                              std::to_string(claimed));
+    }
+    auto [it, inserted] = seen.emplace(claimed, i);
+    if (!inserted) return Status::InvalidArgument(paths[i] + ": duplicate rank " + std::to_string(claimed));
+  }
+  const ScanResult& first = results[0];
+  const pb::RunInfo& run0 = first.run;
+  const std::string& path0 = paths[0];
+  using google::protobuf::util::MessageDifferencer;
+  for (size_t i = 1; i < results.size(); ++i) {
+    const pb::RunInfo& run = results[i].run;
+    if (run.run_id() != run0.run_id()) {
+      return Status::Mismatch(paths[i] + ": run_id '" + run.run_id() + "' differs from '" + run0.run_id() + "' of " +
+                              path0 + " (mixed runs in one directory)");
+    }
+    if (!MessageDifferencer::Equals(run.config(), run0.config())) {
+      return Status::Mismatch(paths[i] + ": configuration differs from " + path0 + " (" + ConfigLine(run.config()) +
+                              " vs " + ConfigLine(run0.config()) + ")");
+    }
+    if (run.model_fingerprint() != run0.model_fingerprint() || run.params_size() != run0.params_size()) {
+      return Status::Mismatch(paths[i] + ": model fingerprint " + run.model_fingerprint() + " differs from " +
+                              run0.model_fingerprint() + " of " + path0 + " (different models)");
+    }
+    for (int p = 0; p < run.params_size(); ++p) {
+      if (!MessageDifferencer::Equals(run.params(p), run0.params(p))) {
+        return Status::Mismatch(paths[i] + ": parameter table differs from " + path0 + " at id " + std::to_string(p) +
+                                " ('" + run.params(p).name() + "' vs '" + run0.params(p).name() + "')");
+      }
+    }
+  }
+  // Every rank of the world present.
+  int world = run0.config().world();
+  if (world <= 0) world = static_cast<int>(results.size());
+  if (run0.config().dp() > 0 && run0.config().sp() > 0 && run0.config().dp() * run0.config().sp() != world &&
+      run0.config().moe_experts() == 0) {
+    return Status::Mismatch(path0 + ": configuration says world " + std::to_string(world) +
+                            " but dp x sp = " + std::to_string(run0.config().dp() * run0.config().sp()));
+  }
+  for (int r = 0; r < world; ++r) {
+    if (!seen.count(r)) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
+      return Status::InvalidArgument((fs::path(dir) / name).string() + ": missing (rank " + std::to_string(r) +
+                                     " of world " + std::to_string(world) + ")");
+    }
+  }
+  for (const auto& [rank, i] : seen) {
+    if (rank >= world) {
+      return Status::InvalidArgument(paths[i] + ": rank " + std::to_string(rank) + " outside world " +
+                                     std::to_string(world));
+    }
+  }
+  // Param ids in slices must index the table (hostile or buggy producers).
+  for (size_t i = 0; i < results.size(); ++i) {
+    for (const FrameRef& f : results[i].frames) {
+      for (int32_t id : f.param_ids) {
+        if (id < 0 || id >= run0.params_size()) {
+          return Status::Corruption(paths[i] + ": frame at offset " + std::to_string(f.offset) +
+                                    " refers to parameter id " + std::to_string(id) + " (table has " +
+                                    std::to_string(run0.params_size()) + ")");
+        }
+      }
+    }
+  }
+
+  set.run0_ = run0;
+  set.ranks_.resize(world);
+  set.groups_.resize(world);
+  for (auto& r : results) {
+    int rank = r.run.rank();
+    set.ranks_[rank] = r.file;
+    for (const auto& g : r.run.groups()) {
+      set.groups_[rank].emplace_back(g.name(), std::vector<int>(g.ranks().begin(), g.ranks().end()));
+    }
+    for (auto& f : r.frames) set.frames_.push_back(std::move(f));
+    for (auto& s : r.steps) set.steps_.push_back(std::move(s));
+  }
+  std::sort(set.frames_.begin(), set.frames_.end(), [](const FrameRef& x, const FrameRef& y) {
+    return std::tie(x.rank, x.offset) < std::tie(y.rank, y.offset);
+  });
+  return set;
+}
+
+}  // namespace gradtrace::diff

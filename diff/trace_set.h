@@ -1,0 +1,91 @@
+// TraceSet: one run's directory of rank-NNNNN.gtrace files, checked for
+// completeness and consistency, with a catalogue of its frames.
+//
+// Loading is the first of two passes: every frame is read once (ranks in
+// parallel) to learn which step/micro-step/phase/bucket it holds and which
+// parameters its slices touch; payloads are dropped at once. The second pass
+// (gather.h) re-reads only the frames a comparison needs, by offset.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "status.h"
+
+namespace gradtrace::diff {
+
+struct RankFile {
+  int rank = 0;
+  std::string path;
+  uint64_t file_size = 0;
+  bool truncated = false;    // cut short: every complete frame before stop_offset is used
+  uint64_t stop_offset = 0;  // where reading stopped when truncated
+  std::string truncation;    // the reader's one-line message when truncated
+};
+
+// Where one BucketRecord frame lives and what it covers.
+struct FrameRef {
+  int rank = 0;
+  uint64_t offset = 0;
+  int64_t step = 0;
+  int32_t micro_step = 0;
+  pb::Phase phase = pb::PHASE_UNSPECIFIED;
+  int32_t bucket_id = 0;
+  std::string group;
+  std::vector<int32_t> param_ids;  // distinct, ascending
+  uint64_t raw_bytes = 0;
+  // Partition layout (ZeRO-1/2 POST_REDUCE) and the producer's declared divisor.
+  int64_t bucket_numel = 0;
+  int64_t partition_offset = 0;
+  int64_t partition_count = 0;
+  double divisor = 0;
+};
+
+struct RankStep {
+  int rank = 0;
+  pb::StepInfo info;
+};
+
+struct LoadOptions {
+  int threads = 0;  // 0 = all cores
+  // Called with (bytes scanned so far, total bytes) from any thread; may be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+class TraceSet {
+ public:
+  // Loads `dir`. Errors (one line, naming the file): no trace files, a file
+  // that cannot be opened or is corrupt, a missing or duplicated rank, ranks
+  // of different runs, inconsistent configuration or parameter table.
+  // A truncated file is not an error: it is recorded in RankFile.
+  static Expected<TraceSet> Load(const std::string& dir, const LoadOptions& options = {});
+
+  const std::string& dir() const { return dir_; }
+  const pb::RunInfo& run() const { return run0_; }  // rank 0's RunInfo
+  const pb::Config& config() const { return run0_.config(); }
+  int world() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<RankFile>& ranks() const { return ranks_; }
+  const std::vector<FrameRef>& frames() const { return frames_; }
+  const std::vector<RankStep>& steps() const { return steps_; }
+  // Group members of `group` as seen by `rank` (empty if the rank has no such group).
+  const std::vector<int>& GroupMembers(int rank, const std::string& group) const;
+  uint64_t total_bytes() const { return total_bytes_; }
+  bool truncated() const;
+
+ private:
+  std::string dir_;
+  pb::RunInfo run0_;
+  std::vector<RankFile> ranks_;
+  std::vector<FrameRef> frames_;  // ordered by (rank, offset)
+  std::vector<RankStep> steps_;
+  std::vector<std::vector<std::pair<std::string, std::vector<int>>>> groups_;  // per rank
+  uint64_t total_bytes_ = 0;
+};
+
+// Prefixes `path: ` to a codec message unless it already names the file.
+std::string NameFile(const std::string& path, const std::string& message);
+
+}  // namespace gradtrace::diff

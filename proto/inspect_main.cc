@@ -1,0 +1,202 @@
+// gradtrace-inspect PATH... [--verify] [--frames]
+// Summarises trace files (or trace-set directories of rank-*.gtrace): run
+// info, parameter table, steps, buckets per (step, micro, phase), bytes and
+// compression ratio. Exit 0 when every file reads cleanly; a bad file prints
+// one line "gradtrace-inspect: <path>: offset N: <what>" on stderr and the exit
+// code is 2 (after the other files are inspected).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "slice_codec.h"
+#include "trace_reader.h"
+
+namespace gradtrace {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* PhaseName(int phase) {
+  switch (phase) {
+    case pb::PRE_REDUCE:
+      return "PRE_REDUCE";
+    case pb::POST_REDUCE:
+      return "POST_REDUCE";
+    case pb::FINAL:
+      return "FINAL";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+std::string Shape(const pb::ParamInfo& p) {
+  std::string s = "[";
+  for (int i = 0; i < p.shape_size(); ++i) s += (i ? ", " : "") + std::to_string(p.shape(i));
+  return s + "]";
+}
+
+std::string Bytes(uint64_t n) {
+  char buf[64];
+  if (n < 10 * 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+  } else if (n < 10ull * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", n / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", n / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+void PrintRunInfo(const TraceReader& r) {
+  const pb::RunInfo& run = r.run_info();
+  std::printf("== %s\n", r.path().c_str());
+  std::printf("producer     %s %s\n", run.producer().c_str(), run.producer_version().c_str());
+  std::printf("run id       %s\n", run.run_id().c_str());
+  std::printf("rank         %d (dp_rank %d, sp_rank %d) on %s\n", run.rank(), run.dp_rank(), run.sp_rank(),
+              run.host().c_str());
+  std::printf("config       %s\n", run.config().ShortDebugString().c_str());
+  for (const pb::ProcessGroup& g : run.groups()) {
+    std::string ranks;
+    for (int i = 0; i < g.ranks_size(); ++i) ranks += (i ? ", " : "") + std::to_string(g.ranks(i));
+    std::printf("group        %-6s [%s]\n", g.name().c_str(), ranks.c_str());
+  }
+  std::printf("fingerprint  %s%s\n", run.model_fingerprint().c_str(),
+              run.model_fingerprint() == ModelFingerprint(run) ? "" : "  (does not match the parameter table!)");
+  std::printf("index        %s\n", r.has_index() ? "yes" : "no (scanned)");
+  std::printf("params       %d\n", run.params_size());
+  std::printf("  %5s  %-48s %-20s %-5s %12s\n", "id", "name", "shape", "dtype", "numel");
+  for (const pb::ParamInfo& p : run.params()) {
+    std::printf("  %5d  %-48s %-20s %-5s %12lld\n", p.id(), p.name().c_str(), Shape(p).c_str(), DTypeName(p.dtype()),
+                static_cast<long long>(p.numel()));
+  }
+}
+
+struct BucketTally {
+  int frames = 0;
+  int slices = 0;
+  int64_t elements = 0;
+  uint64_t stored = 0;
+  uint64_t raw = 0;
+};
+
+// Returns the reader's final status.
+Status InspectFile(const std::string& path, bool frames) {
+  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(path);
+  if (!opened.ok()) return opened.status();
+  TraceReader& r = **opened;
+  PrintRunInfo(r);
+  std::vector<pb::StepInfo> steps;
+  std::map<std::tuple<int64_t, int32_t, int>, BucketTally> buckets;
+  int count = 0;
+  Frame f;
+  if (frames) std::printf("frames\n  %10s %-8s %10s %10s  %s\n", "offset", "type", "stored", "raw", "contents");
+  while (r.Next(&f)) {
+    ++count;
+    if (f.step) steps.push_back(*f.step);
+    if (f.bucket) {
+      BucketTally& t = buckets[{f.bucket->step(), f.bucket->micro_step(), f.bucket->phase()}];
+      ++t.frames;
+      t.slices += f.bucket->slices_size();
+      for (const pb::Slice& s : f.bucket->slices()) t.elements += s.count();
+      t.stored += f.stored_len;
+      t.raw += f.raw_len;
+    }
+    if (!frames) continue;
+    std::string what;
+    const char* type = "unknown";
+    if (f.step) {
+      type = "step";
+      what = "step " + std::to_string(f.step->step()) + " micro " + std::to_string(f.step->micro_step());
+    } else if (f.bucket) {
+      type = "bucket";
+      what = "step " + std::to_string(f.bucket->step()) + " micro " + std::to_string(f.bucket->micro_step()) +
+             " bucket " + std::to_string(f.bucket->bucket_id()) + " " + PhaseName(f.bucket->phase()) + " slices " +
+             std::to_string(f.bucket->slices_size());
+      if (f.bucket->chunk_count() > 1) {
+        what += " chunk " + std::to_string(f.bucket->chunk() + 1) + "/" + std::to_string(f.bucket->chunk_count());
+      }
+    }
+    std::printf("  %10llu %-8s %10u %10u  %s\n", static_cast<unsigned long long>(f.offset), type, f.stored_len,
+                f.raw_len, what.c_str());
+  }
+  std::printf("steps        %zu\n", steps.size());
+  if (!steps.empty()) std::printf("  %6s %5s %14s %12s %12s\n", "step", "micro", "loss", "valid_tokens", "lr");
+  for (const pb::StepInfo& s : steps) {
+    std::printf("  %6lld %5d %14.8g %12lld %12.6g\n", static_cast<long long>(s.step()), s.micro_step(), s.loss(),
+                static_cast<long long>(s.valid_tokens()), s.lr());
+  }
+  std::printf("buckets\n  %6s %5s %-12s %7s %7s %12s %10s %10s\n", "step", "micro", "phase", "frames", "slices",
+              "elements", "stored", "raw");
+  for (const auto& [key, t] : buckets) {
+    std::printf("  %6lld %5d %-12s %7d %7d %12lld %10s %10s\n", static_cast<long long>(std::get<0>(key)),
+                std::get<1>(key), PhaseName(std::get<2>(key)), t.frames, t.slices, static_cast<long long>(t.elements),
+                Bytes(t.stored).c_str(), Bytes(t.raw).c_str());
+  }
+  const double ratio = r.stored_bytes() ? static_cast<double>(r.raw_bytes()) / r.stored_bytes() : 0.0;
+  std::printf("totals       %d frames; %s on disk; payload %s stored, %s raw; compression ratio %.3f\n", count,
+              Bytes(r.file_size()).c_str(), Bytes(r.stored_bytes()).c_str(), Bytes(r.raw_bytes()).c_str(), ratio);
+  return r.status();
+}
+
+// A file, or a trace-set directory: its rank-*.gtrace files in name order.
+std::vector<std::string> Expand(const std::string& path, Status* error) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return {path};
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && e.path().extension() == ".gtrace") out.push_back(e.path().string());
+  }
+  if (ec) *error = Status::IoError(path + ": cannot list directory: " + ec.message());
+  if (out.empty() && error->ok()) *error = Status::InvalidArgument(path + ": no rank-*.gtrace files in this directory");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"Summarise and verify gradtrace trace files (.gtrace) or trace-set directories."};
+  std::vector<std::string> paths;
+  bool verify = false;
+  bool frames = false;
+  app.add_option("PATH", paths, "trace file, or directory holding rank-*.gtrace")->required();
+  app.add_flag("--verify", verify, "check every frame's CRC, the index and the footer; report truncation");
+  app.add_flag("--frames", frames, "list every frame with its offset and sizes");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;  // usage errors share diff(1)'s "trouble" code
+  }
+  int rc = 0;
+  auto fail = [&rc](const Status& s) {
+    std::fprintf(stderr, "gradtrace-inspect: %s\n", s.message().c_str());
+    rc = 2;
+  };
+  for (const std::string& arg : paths) {
+    Status listed;
+    for (const std::string& path : Expand(arg, &listed)) {
+      std::fflush(stdout);
+      Status s = InspectFile(path, frames);
+      if (s.ok() && verify) {
+        s = VerifyFile(path);
+        if (s.ok()) std::printf("verify       ok: every frame checksum, the index and the footer are valid\n");
+      }
+      std::fflush(stdout);
+      if (!s.ok()) fail(s);
+    }
+    if (!listed.ok()) fail(listed);
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace gradtrace
+
+int main(int argc, char** argv) { return gradtrace::Main(argc, argv); }

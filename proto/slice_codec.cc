@@ -1,0 +1,191 @@
+// Capture modes, byte-shuffle, building Slices and decoding full payloads,
+// and the model fingerprint.
+#include "slice_codec.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "sketch.h"
+
+namespace gradtrace {
+
+std::string CaptureMode::ToString() const {
+  switch (kind) {
+    case Kind::kFull:
+      return "full";
+    case Kind::kSketch:
+      return "sketch:" + std::to_string(k);
+    case Kind::kStats:
+      return "stats";
+  }
+  return "full";
+}
+
+Expected<CaptureMode> ParseCaptureMode(const std::string& text) {
+  CaptureMode mode;
+  if (text == "full") return mode;
+  if (text == "stats") {
+    mode.kind = CaptureMode::Kind::kStats;
+    return mode;
+  }
+  static constexpr std::string_view kSketch = "sketch:";
+  if (text.compare(0, kSketch.size(), kSketch) == 0) {
+    const char* first = text.data() + kSketch.size();
+    const char* last = text.data() + text.size();
+    int64_t k = 0;
+    auto [ptr, ec] = std::from_chars(first, last, k);
+    if (first != last && *first != '+' && *first != '-' && ec == std::errc() && ptr == last && k > 0 &&
+        k <= std::numeric_limits<int32_t>::max()) {
+      mode.kind = CaptureMode::Kind::kSketch;
+      mode.k = static_cast<int32_t>(k);
+      return mode;
+    }
+    return Status::InvalidArgument("invalid capture mode '" + text + "': K in sketch:K must be an integer in [1, " +
+                                   std::to_string(std::numeric_limits<int32_t>::max()) + "]");
+  }
+  return Status::InvalidArgument("invalid capture mode '" + text + "': expected full, sketch:K (K > 0) or stats");
+}
+
+void ByteShuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
+  for (size_t j = 0; j < width; ++j) {
+    uint8_t* plane = out + j * n;
+    for (size_t i = 0; i < n; ++i) plane[i] = in[i * width + j];
+  }
+}
+
+void ByteUnshuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
+  for (size_t j = 0; j < width; ++j) {
+    const uint8_t* plane = in + j * n;
+    for (size_t i = 0; i < n; ++i) out[i * width + j] = plane[i];
+  }
+}
+
+namespace {
+
+int64_t ParamNumel(const pb::ParamInfo& param) {
+  if (param.numel() > 0) return param.numel();
+  int64_t n = 1;
+  for (int64_t d : param.shape()) n *= d;
+  return n;
+}
+
+void FillStats(pb::DType dtype, const uint8_t* p, int64_t count, pb::StatsPayload* stats) {
+  const size_t w = DTypeSize(dtype);
+  // Neumaier-compensated sums: deterministic, and accurate for 1e9 elements.
+  double sum = 0, sum_c = 0, sq = 0, sq_c = 0, abs_max = 0;
+  int64_t finite = 0, nonfinite = 0;
+  auto add = [](double& s, double& c, double x) {
+    const double t = s + x;
+    // Once the sum overflows, the correction term would be Inf - Inf = NaN and
+    // turn an honest Inf into NaN: stop correcting.
+    if (std::isfinite(t)) c += std::fabs(s) >= std::fabs(x) ? (s - t) + x : (x - t) + s;
+    s = t;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = ElementToDouble(dtype, p + i * w);
+    if (!std::isfinite(v)) {
+      ++nonfinite;
+      continue;
+    }
+    ++finite;
+    add(sum, sum_c, v);
+    add(sq, sq_c, v * v);
+    abs_max = std::fmax(abs_max, std::fabs(v));
+  }
+  stats->set_count(finite);
+  stats->set_sum(sum + sum_c);
+  stats->set_sum_sq(sq + sq_c);
+  stats->set_abs_max(abs_max);
+  stats->set_nonfinite(nonfinite);
+}
+
+}  // namespace
+
+pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, pb::DType dtype, const void* data,
+                    const CaptureMode& mode) {
+  pb::Slice s;
+  s.set_param_id(param.id());
+  s.set_offset(offset);
+  s.set_count(count);
+  s.set_dtype(dtype);
+  const size_t w = DTypeSize(dtype);
+  const auto* p = static_cast<const uint8_t*>(data);
+  switch (mode.kind) {
+    case CaptureMode::Kind::kFull: {
+      pb::FullPayload* full = s.mutable_full();
+      std::string* bytes = full->mutable_data();
+      bytes->resize(static_cast<size_t>(count) * w);
+      ByteShuffle(p, static_cast<size_t>(count), w, reinterpret_cast<uint8_t*>(bytes->data()));
+      full->set_shuffled(true);
+      break;
+    }
+    case CaptureMode::Kind::kSketch: {
+      pb::SketchPayload* sk = s.mutable_sketch();
+      sk->set_k(mode.k);
+      for (int64_t pos : SketchPositions(param.name(), ParamNumel(param), mode.k)) {
+        if (pos < offset || pos - offset >= count) continue;
+        sk->add_positions(pos);
+        sk->add_values(ElementToDouble(dtype, p + (pos - offset) * w));
+      }
+      break;
+    }
+    case CaptureMode::Kind::kStats:
+      FillStats(dtype, p, count, s.mutable_stats());
+      break;
+  }
+  return s;
+}
+
+Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
+  if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
+  const size_t w = DTypeSize(slice.dtype());
+  if (w == 0) return Status::Corruption("slice has unknown dtype " + std::to_string(slice.dtype()));
+  const std::string& data = slice.full().data();
+  const int64_t count = slice.count();
+  if (count < 0 || static_cast<uint64_t>(count) > data.size() / w || data.size() != static_cast<size_t>(count) * w) {
+    return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
+                              std::to_string(w) + " bytes, got " + std::to_string(data.size()) + ")");
+  }
+  if (!slice.full().shuffled()) return data;
+  std::string out(data.size(), '\0');
+  ByteUnshuffle(reinterpret_cast<const uint8_t*>(data.data()), static_cast<size_t>(count), w,
+                reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {
+  Expected<std::string> bytes = DecodeFullBytes(slice);
+  if (!bytes.ok()) return bytes.status();
+  const size_t w = DTypeSize(slice.dtype());
+  std::vector<double> out(bytes->size() / w);
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes->data());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ElementToDouble(slice.dtype(), p + i * w);
+  return out;
+}
+
+std::string ModelFingerprint(const pb::RunInfo& run) {
+  // FNV-1a 64 over a length-prefixed little-endian encoding (FORMAT.md,
+  // "Model fingerprint"), so that no two parameter lists share an encoding.
+  uint64_t h = sketch::kFnvOffset;
+  auto put = [&h](uint64_t v, int bytes) {
+    char buf[8];
+    for (int i = 0; i < bytes; ++i) buf[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+    h = sketch::Fnv1a64(std::string_view(buf, bytes), h);
+  };
+  put(static_cast<uint64_t>(run.params_size()), 4);
+  for (const pb::ParamInfo& p : run.params()) {
+    put(p.name().size(), 4);
+    h = sketch::Fnv1a64(p.name(), h);
+    put(static_cast<uint64_t>(p.shape_size()), 4);
+    for (int64_t d : p.shape()) put(static_cast<uint64_t>(d), 8);
+    put(static_cast<uint32_t>(p.dtype()), 4);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) out[i] = kHex[h & 0xf];
+  return out;
+}
+
+}  // namespace gradtrace

@@ -1,0 +1,381 @@
+// Reads a trace file without trusting it. Order of checks for every frame:
+// declared sizes against the limits (before any allocation), then against the
+// bytes left (truncation), then the CRC, then type/codec/reserved, then the
+// decompressed size, then the protobuf, then the record's contents.
+#include "trace_reader.h"
+
+#include <sys/stat.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "crc32c.h"
+#include "format.h"
+#include "frame_io.h"
+#include "validate.h"
+
+namespace gradtrace {
+namespace {
+
+ZSTD_DCtx* Dctx(void* p) { return static_cast<ZSTD_DCtx*>(p); }
+
+constexpr uint8_t kRunInfo = static_cast<uint8_t>(format::FrameType::kRunInfo);
+constexpr uint8_t kStepInfo = static_cast<uint8_t>(format::FrameType::kStepInfo);
+constexpr uint8_t kBucketRecord = static_cast<uint8_t>(format::FrameType::kBucketRecord);
+constexpr uint8_t kIndex = static_cast<uint8_t>(format::FrameType::kIndex);
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Reads exactly n bytes at `offset`; the caller has checked they exist.
+bool ReadExact(std::FILE* f, uint64_t offset, void* out, size_t n) {
+  if (fseeko(f, static_cast<off_t>(offset), SEEK_SET) != 0) return false;
+  return std::fread(out, 1, n, f) == n;
+}
+
+}  // namespace
+
+TraceReader::~TraceReader() {
+  if (file_ != nullptr) std::fclose(file_);
+  ZSTD_freeDCtx(Dctx(zstd_ctx_));
+}
+
+std::string TraceReader::Where(uint64_t offset) const { return path_ + ": offset " + std::to_string(offset) + ": "; }
+
+Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path, const ReadOptions& options) {
+  std::unique_ptr<TraceReader> r(new TraceReader());
+  r->path_ = path;
+  r->file_ = std::fopen(path.c_str(), "rb");
+  if (r->file_ == nullptr) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+  struct stat st;
+  if (fstat(fileno(r->file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Status::IoError(path + ": not a regular file");
+  r->file_size_ = static_cast<uint64_t>(st.st_size);
+  r->end_of_frames_ = r->file_size_;
+  r->zstd_ctx_ = ZSTD_createDCtx();
+  if (r->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
+
+  if (r->file_size_ < format::kFileHeaderSize) {
+    return Status::Truncated(r->Where(0) + (r->file_size_ == 0
+                                                ? std::string("empty file")
+                                                : "truncated file header: " + std::to_string(r->file_size_) + " of " +
+                                                      std::to_string(format::kFileHeaderSize) + " bytes"));
+  }
+  uint8_t h[format::kFileHeaderSize];
+  if (!ReadExact(r->file_, 0, h, sizeof h))
+    return Status::IoError(r->Where(0) + "read failed: " + std::strerror(errno));
+  if (std::memcmp(h, format::kFileMagic, 8) != 0)
+    return Status::Corruption(r->Where(0) + "bad magic: not a gradtrace file");
+  const uint16_t major = frame_io::GetU16(h + 8);
+  const uint16_t minor = frame_io::GetU16(h + 10);
+  const uint32_t flags = frame_io::GetU32(h + 12);
+  const std::string version = std::to_string(major) + "." + std::to_string(minor);
+  const std::string ours = std::to_string(format::kMajorVersion) + "." + std::to_string(format::kMinorVersion);
+  if (major > format::kMajorVersion) {
+    return Status::InvalidArgument(r->Where(8) + "format version " + version + " is newer than this reader's " + ours +
+                                   ": read it with a newer gradtrace");
+  }
+  if (major < format::kMajorVersion) {
+    return Status::InvalidArgument(r->Where(8) + "format version " + version + " is not supported (this reader reads " +
+                                   std::to_string(format::kMajorVersion) + ".x)");
+  }
+  r->newer_minor_ = minor > format::kMinorVersion;
+  if ((flags & ~format::kKnownFlags) != 0 && !r->newer_minor_) {
+    return Status::Corruption(r->Where(12) + "unknown header flags " + Hex(flags) + " in a version " + version +
+                              " file");
+  }
+  r->indexed_flag_ = (flags & format::kFlagIndexed) != 0;
+
+  RawFrame run;
+  uint64_t next = 0;
+  GT_RETURN_IF_ERROR(r->ReadRaw(format::kFileHeaderSize, r->file_size_, &run, &next));
+  const uint64_t at = format::kFileHeaderSize;
+  if (run.type != kRunInfo) {
+    return Status::Corruption(r->Where(at) + "first frame has type " + std::to_string(run.type) +
+                              ", expected RunInfo (" + std::to_string(kRunInfo) + ")");
+  }
+  if (!r->run_.ParseFromString(run.payload)) {
+    return Status::Corruption(r->Where(at) + "cannot parse RunInfo payload (" + std::to_string(run.raw_len) +
+                              " bytes)");
+  }
+  if (Status s = ValidateRunInfo(r->run_); !s.ok()) {
+    return s.code() == Status::Code::kLimitExceeded ? Status::LimitExceeded(r->Where(at) + s.message())
+                                                    : Status::Corruption(r->Where(at) + s.message());
+  }
+  r->stored_bytes_ += run.stored_len;
+  r->raw_bytes_ += run.raw_len;
+  r->first_data_offset_ = r->pos_ = next;
+  if (options.use_index) r->TryLoadIndex();
+  return r;
+}
+
+Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next) {
+  // Bytes past `limit` belong to the index when limit < file size: a frame
+  // running into them is corrupt, not cut short.
+  auto short_of = [&](const std::string& what) {
+    return limit < file_size_
+               ? Status::Corruption(Where(offset) + what + " before the index at offset " + std::to_string(limit))
+               : Status::Truncated(Where(offset) + "truncated " + what);
+  };
+  if (offset > limit || limit - offset < format::kFrameHeaderSize) {
+    return short_of("frame header: " + std::to_string(offset > limit ? 0 : limit - offset) + " of " +
+                    std::to_string(format::kFrameHeaderSize) + " bytes");
+  }
+  uint8_t hb[format::kFrameHeaderSize];
+  if (!ReadExact(file_, offset, hb, sizeof hb))
+    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  if (h.stored_len > format::kMaxFramePayload) {
+    return Status::LimitExceeded(Where(offset) + "declared stored_len " + std::to_string(h.stored_len) +
+                                 " exceeds the limit of " + std::to_string(format::kMaxFramePayload));
+  }
+  if (h.raw_len > format::kMaxFramePayload) {
+    return Status::LimitExceeded(Where(offset) + "declared raw_len " + std::to_string(h.raw_len) +
+                                 " exceeds the limit of " + std::to_string(format::kMaxFramePayload));
+  }
+  const uint64_t left = limit - offset - format::kFrameHeaderSize;
+  if (left < h.stored_len) {
+    return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
+  }
+  std::string stored(h.stored_len, '\0');
+  if (!ReadExact(file_, offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
+    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  }
+  uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
+                               format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
+  crc = crc32c::Extend(crc, stored.data(), stored.size());
+  if (crc32c::Mask(crc) != h.masked_crc) {
+    return Status::Corruption(Where(offset) + "checksum mismatch (stored " + Hex(h.masked_crc) + ", computed " +
+                              Hex(crc32c::Mask(crc)) + ")");
+  }
+  if (h.type == 0 || (h.type > kIndex && !newer_minor_)) {
+    return Status::Corruption(Where(offset) + "unknown frame type " + std::to_string(h.type));
+  }
+  if (h.reserved != 0 && !newer_minor_) {
+    return Status::Corruption(Where(offset) + "reserved frame header bits set (" + std::to_string(h.reserved) + ")");
+  }
+  out->type = h.type;
+  out->stored_len = h.stored_len;
+  out->raw_len = h.raw_len;
+  switch (static_cast<format::Codec>(h.codec)) {
+    case format::Codec::kNone:
+      if (h.raw_len != h.stored_len) {
+        return Status::Corruption(Where(offset) + "raw_len " + std::to_string(h.raw_len) + " != stored_len " +
+                                  std::to_string(h.stored_len) + " for an uncompressed frame");
+      }
+      out->payload = std::move(stored);
+      break;
+    case format::Codec::kZstd: {
+      // The zstd frame's own content size must agree with raw_len, so the
+      // output buffer (raw_len <= kMaxFramePayload) is the only allocation and
+      // decompression cannot write past it.
+      const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
+      if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content != h.raw_len) {
+        return Status::Corruption(Where(offset) + "zstd frame content size does not match raw_len " +
+                                  std::to_string(h.raw_len));
+      }
+      if (ZSTD_findFrameCompressedSize(stored.data(), stored.size()) != stored.size()) {
+        return Status::Corruption(Where(offset) + "payload is not exactly one zstd frame");
+      }
+      out->payload.resize(h.raw_len);
+      const size_t n =
+          ZSTD_decompressDCtx(Dctx(zstd_ctx_), out->payload.data(), out->payload.size(), stored.data(), stored.size());
+      if (ZSTD_isError(n)) return Status::Corruption(Where(offset) + "zstd: " + ZSTD_getErrorName(n));
+      if (n != h.raw_len) {
+        return Status::Corruption(Where(offset) + "decompressed " + std::to_string(n) + " bytes, raw_len says " +
+                                  std::to_string(h.raw_len));
+      }
+      break;
+    }
+    default:
+      return Status::Corruption(Where(offset) + "unknown codec " + std::to_string(h.codec));
+  }
+  *next = offset + format::kFrameHeaderSize + h.stored_len;
+  return Status::Ok();
+}
+
+Status TraceReader::ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next) {
+  RawFrame raw;
+  GT_RETURN_IF_ERROR(ReadRaw(offset, end_of_frames_, &raw, next));
+  frame->offset = offset;
+  frame->type = raw.type;
+  frame->stored_len = raw.stored_len;
+  frame->raw_len = raw.raw_len;
+  frame->step.reset();
+  frame->bucket.reset();
+  switch (raw.type) {
+    case kRunInfo:
+      return Status::Corruption(Where(offset) + "unexpected RunInfo frame (only the first frame may be RunInfo)");
+    case kStepInfo:
+      frame->step = std::make_unique<pb::StepInfo>();
+      if (!frame->step->ParseFromString(raw.payload)) {
+        frame->step.reset();
+        return Status::Corruption(Where(offset) + "cannot parse StepInfo payload (" + std::to_string(raw.raw_len) +
+                                  " bytes)");
+      }
+      return Status::Ok();
+    case kBucketRecord: {
+      auto rec = std::make_unique<pb::BucketRecord>();
+      if (!rec->ParseFromString(raw.payload)) {
+        return Status::Corruption(Where(offset) + "cannot parse BucketRecord payload (" + std::to_string(raw.raw_len) +
+                                  " bytes)");
+      }
+      if (Status s = ValidateBucketRecord(run_, *rec); !s.ok()) return Status::Corruption(Where(offset) + s.message());
+      frame->bucket = std::move(rec);
+      return Status::Ok();
+    }
+    default:  // kIndex, or a type from a newer minor version: nothing to parse here
+      return Status::Ok();
+  }
+}
+
+bool TraceReader::TryLoadIndex() {
+  // Any doubt about the index means scanning: the scan then reports what is
+  // wrong with the index frames or the footer at their offsets.
+  if (file_size_ < first_data_offset_ + format::kFrameHeaderSize + format::kFooterSize) return false;
+  const uint64_t footer = file_size_ - format::kFooterSize;
+  uint8_t fb[format::kFooterSize];
+  if (!ReadExact(file_, footer, fb, sizeof fb) || std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return false;
+  const uint64_t index_offset = frame_io::GetU64(fb);
+  if (index_offset < first_data_offset_ || index_offset > footer - format::kFrameHeaderSize) return false;
+  pb::Index merged;
+  uint64_t prev = 0;
+  for (uint64_t off = index_offset; off < footer;) {
+    RawFrame raw;
+    uint64_t next = 0;
+    if (!ReadRaw(off, footer, &raw, &next).ok() || raw.type != kIndex) return false;
+    pb::Index part;
+    if (!part.ParseFromString(raw.payload)) return false;
+    if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) return false;
+    for (const pb::IndexEntry& e : part.entries()) {
+      // Entries point at data frames, strictly ascending.
+      if (e.offset() < first_data_offset_ || e.offset() >= index_offset ||
+          (merged.entries_size() > 0 && e.offset() <= prev)) {
+        return false;
+      }
+      prev = e.offset();
+    }
+    merged.mutable_entries()->MergeFrom(part.entries());
+    off = next;
+  }
+  index_ = std::move(merged);
+  has_index_ = true;
+  end_of_frames_ = index_offset;
+  return true;
+}
+
+Status TraceReader::ScanEnd(uint64_t offset) {
+  const uint64_t left = file_size_ - offset;
+  if (left < format::kFooterSize) {
+    return Status::Truncated(Where(offset) + "truncated footer: " + std::to_string(left) + " of " +
+                             std::to_string(format::kFooterSize) + " bytes");
+  }
+  uint8_t fb[format::kFooterSize];
+  if (!ReadExact(file_, offset, fb, sizeof fb))
+    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  if (std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return Status::Corruption(Where(offset) + "bad footer magic");
+  if (frame_io::GetU64(fb) != index_run_offset_) {
+    return Status::Corruption(Where(offset) + "footer points at offset " + std::to_string(frame_io::GetU64(fb)) +
+                              ", but the index starts at offset " + std::to_string(index_run_offset_));
+  }
+  return Status::Ok();
+}
+
+bool TraceReader::Next(Frame* frame) {
+  while (!done_) {
+    if (pos_ >= end_of_frames_) {
+      // Clean end of an indexed file, or a scan that reached the end of the file.
+      if (!has_index_ && last_was_index_) {
+        status_ = Status::Truncated(Where(pos_) + "file ends after the index without its footer");
+      } else if (!has_index_ && indexed_flag_) {
+        status_ = Status::Truncated(Where(pos_) +
+                                    "file ends without index and footer: the writer did not finish (crash or cut)");
+      }
+      break;
+    }
+    if (!has_index_ && last_was_index_ && file_size_ - pos_ <= format::kFooterSize) {
+      status_ = ScanEnd(pos_);
+      break;
+    }
+    uint64_t next = 0;
+    if (Status s = ReadFrameAt(pos_, frame, &next); !s.ok()) {
+      status_ = s;
+      break;
+    }
+    stored_bytes_ += frame->stored_len;
+    raw_bytes_ += frame->raw_len;
+    const uint64_t at = pos_;
+    pos_ = next;
+    if (frame->type == kIndex) {
+      if (!last_was_index_) index_run_offset_ = at;
+      last_was_index_ = true;
+      continue;
+    }
+    if (last_was_index_) {
+      status_ = Status::Corruption(Where(at) + "data frame after the index");
+      pos_ = at;
+      break;
+    }
+    return true;
+  }
+  done_ = true;
+  stop_offset_ = pos_;
+  return false;
+}
+
+Status TraceReader::ReadAt(uint64_t offset, Frame* frame) {
+  if (offset < first_data_offset_ || offset >= end_of_frames_) {
+    return Status::InvalidArgument(Where(offset) + "not inside the data frames [" + std::to_string(first_data_offset_) +
+                                   ", " + std::to_string(end_of_frames_) + ")");
+  }
+  uint64_t next = 0;
+  return ReadFrameAt(offset, frame, &next);
+}
+
+Status VerifyFile(const std::string& path) {
+  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(path);
+  if (!opened.ok()) return opened.status();
+  TraceReader& r = **opened;
+  std::vector<pb::IndexEntry> seen;
+  Frame f;
+  while (r.Next(&f)) {
+    pb::IndexEntry e;
+    e.set_offset(f.offset);
+    e.set_type(f.type);
+    if (f.step) {
+      e.set_step(f.step->step());
+      e.set_micro_step(f.step->micro_step());
+    } else if (f.bucket) {
+      e.set_step(f.bucket->step());
+      e.set_micro_step(f.bucket->micro_step());
+      e.set_bucket_id(f.bucket->bucket_id());
+      e.set_phase(f.bucket->phase());
+    }
+    seen.push_back(std::move(e));
+  }
+  if (!r.status().ok()) return r.status();
+  if (!r.has_index()) return Status::Ok();
+  const auto& entries = r.index().entries();
+  for (size_t i = 0; i < seen.size() || i < static_cast<size_t>(entries.size()); ++i) {
+    if (i >= seen.size() || i >= static_cast<size_t>(entries.size())) {
+      return Status::Corruption(path + ": offset " + std::to_string(r.stop_offset()) + ": index lists " +
+                                std::to_string(entries.size()) + " frames, the file holds " +
+                                std::to_string(seen.size()));
+    }
+    const pb::IndexEntry& e = entries[static_cast<int>(i)];
+    const pb::IndexEntry& s = seen[i];
+    if (e.offset() != s.offset() || e.type() != s.type() || e.step() != s.step() || e.micro_step() != s.micro_step() ||
+        e.bucket_id() != s.bucket_id() || e.phase() != s.phase()) {
+      return Status::Corruption(path + ": offset " + std::to_string(s.offset()) + ": index entry " + std::to_string(i) +
+                                " (offset " + std::to_string(e.offset()) + ", type " + std::to_string(e.type()) +
+                                ", step " + std::to_string(e.step()) + ") does not match the frame there");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace gradtrace

@@ -1,0 +1,194 @@
+// Appends frames: header, masked CRC32C, zstd payload (format.h). Each frame
+// is written with one fwrite pair and flushed, so a crash leaves a file whose
+// complete frames all read back.
+#include "trace_writer.h"
+
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "chunking.h"
+#include "crc32c.h"
+#include "format.h"
+#include "frame_io.h"
+#include "slice_codec.h"
+#include "validate.h"
+
+namespace gradtrace {
+namespace {
+
+ZSTD_CCtx* Cctx(void* p) { return static_cast<ZSTD_CCtx*>(p); }
+
+}  // namespace
+
+TraceWriter::TraceWriter(std::string path, std::FILE* file, WriterOptions options)
+    : path_(std::move(path)), file_(file), options_(options) {}
+
+TraceWriter::~TraceWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  ZSTD_freeCCtx(Cctx(zstd_ctx_));
+}
+
+Expected<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, const pb::RunInfo& run,
+                                                         const WriterOptions& options) {
+  pb::RunInfo info = run;
+  for (pb::ParamInfo& p : *info.mutable_params()) {
+    if (p.numel() != 0) continue;
+    int64_t n = 1;
+    for (int64_t d : p.shape()) n *= d;
+    p.set_numel(n);
+  }
+  if (info.model_fingerprint().empty()) info.set_model_fingerprint(ModelFingerprint(info));
+  if (Status s = ValidateRunInfo(info); !s.ok())
+    return Status::InvalidArgument(path + ": invalid RunInfo: " + s.message());
+
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return Status::IoError(path + ": cannot create: " + std::strerror(errno));
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, f, options));
+  w->run_ = std::move(info);
+  w->zstd_ctx_ = ZSTD_createCCtx();
+  if (w->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
+  ZSTD_CCtx_setParameter(Cctx(w->zstd_ctx_), ZSTD_c_compressionLevel, options.zstd_level);
+  // Content size in every zstd frame header lets readers check it against raw_len.
+  ZSTD_CCtx_setParameter(Cctx(w->zstd_ctx_), ZSTD_c_contentSizeFlag, 1);
+
+  uint8_t header[format::kFileHeaderSize];
+  std::memcpy(header, format::kFileMagic, 8);
+  frame_io::PutU16(header + 8, format::kMajorVersion);
+  frame_io::PutU16(header + 10, format::kMinorVersion);
+  frame_io::PutU32(header + 12, options.write_index ? format::kFlagIndexed : 0);
+  GT_RETURN_IF_ERROR(w->WriteRaw(header, sizeof header));
+  w->offset_ = sizeof header;
+  std::string payload;
+  w->run_.SerializeToString(&payload);
+  GT_RETURN_IF_ERROR(w->WriteFrame(static_cast<uint8_t>(format::FrameType::kRunInfo), payload, nullptr));
+  return w;
+}
+
+Status TraceWriter::Fail(Status s) {
+  if (error_.ok()) error_ = s;
+  return error_;
+}
+
+Status TraceWriter::WriteRaw(const void* data, size_t n) {
+  if (n > 0 && std::fwrite(data, 1, n, file_) != n) {
+    return Fail(
+        Status::IoError(path_ + ": offset " + std::to_string(offset_) + ": write failed: " + std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry) {
+  if (!error_.ok()) return error_;
+  if (closed_ || file_ == nullptr) return Status::InvalidArgument(path_ + ": write after Close()");
+  if (payload.size() > format::kMaxFramePayload) {
+    return Status::LimitExceeded(path_ + ": frame payload of " + std::to_string(payload.size()) +
+                                 " bytes exceeds the limit of " + std::to_string(format::kMaxFramePayload));
+  }
+  // zstd when it saves space, else stored as is (codec 0): stored_len <= raw_len
+  // always, so the stored size obeys the same limit.
+  const std::string* stored = &payload;
+  uint8_t codec = static_cast<uint8_t>(format::Codec::kNone);
+  compressed_.resize(ZSTD_compressBound(payload.size()));
+  const size_t z =
+      ZSTD_compress2(Cctx(zstd_ctx_), compressed_.data(), compressed_.size(), payload.data(), payload.size());
+  if (!ZSTD_isError(z) && z < payload.size()) {
+    compressed_.resize(z);
+    stored = &compressed_;
+    codec = static_cast<uint8_t>(format::Codec::kZstd);
+  }
+  frame_io::FrameHeader h;
+  h.stored_len = static_cast<uint32_t>(stored->size());
+  h.raw_len = static_cast<uint32_t>(payload.size());
+  h.type = type;
+  h.codec = codec;
+  uint8_t hdr[format::kFrameHeaderSize];
+  h.Encode(hdr);
+  uint32_t crc = crc32c::Value(hdr + frame_io::kCrcCoveredHeaderOffset,
+                               format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
+  crc = crc32c::Extend(crc, stored->data(), stored->size());
+  frame_io::PutU32(hdr + 8, crc32c::Mask(crc));
+
+  const uint64_t frame_offset = offset_;
+  GT_RETURN_IF_ERROR(WriteRaw(hdr, sizeof hdr));
+  GT_RETURN_IF_ERROR(WriteRaw(stored->data(), stored->size()));
+  if (std::fflush(file_) != 0) {
+    return Fail(Status::IoError(path_ + ": offset " + std::to_string(frame_offset) +
+                                ": flush failed: " + std::strerror(errno)));
+  }
+  offset_ += sizeof hdr + stored->size();
+  raw_bytes_ += payload.size();
+  if (entry != nullptr) {
+    pb::IndexEntry* e = index_.add_entries();
+    *e = *entry;
+    e->set_offset(frame_offset);
+    e->set_type(type);
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::WriteStep(const pb::StepInfo& step) {
+  pb::IndexEntry e;
+  e.set_step(step.step());
+  e.set_micro_step(step.micro_step());
+  return WriteFrame(static_cast<uint8_t>(format::FrameType::kStepInfo), step.SerializeAsString(), &e);
+}
+
+Status TraceWriter::WriteBucket(const pb::BucketRecord& record) {
+  if (!error_.ok()) return error_;
+  if (Status s = ValidateBucketRecord(run_, record); !s.ok()) {
+    return Status::InvalidArgument(path_ + ": invalid bucket record (step " + std::to_string(record.step()) +
+                                   ", bucket " + std::to_string(record.bucket_id()) + "): " + s.message());
+  }
+  pb::IndexEntry e;
+  e.set_step(record.step());
+  e.set_micro_step(record.micro_step());
+  e.set_bucket_id(record.bucket_id());
+  e.set_phase(record.phase());
+  const auto type = static_cast<uint8_t>(format::FrameType::kBucketRecord);
+  if (record.ByteSizeLong() <= format::kChunkTarget) return WriteFrame(type, record.SerializeAsString(), &e);
+  Expected<std::vector<pb::BucketRecord>> chunks = SplitRecord(record, format::kChunkTarget);
+  if (!chunks.ok()) return Status::InvalidArgument(path_ + ": " + chunks.status().message());
+  for (const pb::BucketRecord& c : *chunks) GT_RETURN_IF_ERROR(WriteFrame(type, c.SerializeAsString(), &e));
+  return Status::Ok();
+}
+
+Status TraceWriter::Close() {
+  if (closed_) return close_status_;
+  Status s = error_;
+  if (s.ok() && options_.write_index) {
+    const uint64_t index_offset = offset_;
+    const auto type = static_cast<uint8_t>(format::FrameType::kIndex);
+    const int total = index_.entries_size();
+    // Always at least one index frame, so the footer has something to point at.
+    for (int begin = 0; s.ok() && (begin < total || begin == 0); begin += format::kIndexEntriesPerFrame) {
+      pb::Index part;
+      const int end = static_cast<int>(std::min<int64_t>(total, begin + format::kIndexEntriesPerFrame));
+      for (int i = begin; i < end; ++i) *part.add_entries() = index_.entries(i);
+      s = WriteFrame(type, part.SerializeAsString(), nullptr);
+      if (total == 0) break;
+    }
+    if (s.ok()) {
+      uint8_t footer[format::kFooterSize];
+      frame_io::PutU64(footer, index_offset);
+      std::memcpy(footer + 8, format::kFooterMagic, 8);
+      s = WriteRaw(footer, sizeof footer);
+      if (s.ok()) offset_ += sizeof footer;
+    }
+  }
+  if (file_ != nullptr) {
+    const bool flush_failed = std::fflush(file_) != 0;
+    const int err = errno;
+    const bool close_failed = std::fclose(file_) != 0;
+    file_ = nullptr;
+    if (s.ok() && (flush_failed || close_failed)) {
+      s = Status::IoError(path_ + ": close failed: " + std::strerror(flush_failed ? err : errno));
+    }
+  }
+  closed_ = true;
+  close_status_ = s;
+  return s;
+}
+
+}  // namespace gradtrace

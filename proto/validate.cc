@@ -1,0 +1,101 @@
+#include "validate.h"
+
+#include <limits>
+#include <string>
+
+#include "format.h"
+#include "slice_codec.h"
+
+namespace gradtrace {
+namespace {
+
+std::string SliceWhere(int i, const pb::Slice& s) {
+  return "slice " + std::to_string(i) + " (param " + std::to_string(s.param_id()) + ", elements [" +
+         std::to_string(s.offset()) + ", +" + std::to_string(s.count()) + "))";
+}
+
+Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s) {
+  auto bad = [&](const std::string& what) { return Status::Corruption(SliceWhere(i, s) + ": " + what); };
+  if (s.param_id() < 0 || s.param_id() >= run.params_size()) {
+    return bad("unknown param id (run has " + std::to_string(run.params_size()) + " params)");
+  }
+  const int64_t numel = run.params(s.param_id()).numel();
+  if (s.offset() < 0 || s.count() < 0 || s.offset() > numel || s.count() > numel - s.offset()) {
+    return bad("range outside the parameter's " + std::to_string(numel) + " elements");
+  }
+  const size_t w = DTypeSize(s.dtype());
+  if (w == 0) return bad("unknown dtype " + std::to_string(s.dtype()));
+  switch (s.payload_case()) {
+    case pb::Slice::kFull:
+      if (s.full().data().size() / w != static_cast<uint64_t>(s.count()) || s.full().data().size() % w != 0) {
+        return bad("full payload holds " + std::to_string(s.full().data().size()) + " bytes, expected " +
+                   std::to_string(s.count()) + " x " + std::to_string(w));
+      }
+      return Status::Ok();
+    case pb::Slice::kSketch: {
+      const pb::SketchPayload& sk = s.sketch();
+      if (sk.positions_size() != sk.values_size()) {
+        return bad("sketch has " + std::to_string(sk.positions_size()) + " positions but " +
+                   std::to_string(sk.values_size()) + " values");
+      }
+      if (sk.k() < 0 || sk.positions_size() > sk.k()) return bad("sketch holds more positions than k");
+      int64_t prev = s.offset() - 1;
+      for (int64_t p : sk.positions()) {
+        if (p <= prev || p - s.offset() >= s.count())
+          return bad("sketch position " + std::to_string(p) + " out of order or range");
+        prev = p;
+      }
+      return Status::Ok();
+    }
+    case pb::Slice::kStats: {
+      const pb::StatsPayload& st = s.stats();
+      if (st.count() < 0 || st.nonfinite() < 0 || st.count() > s.count() || st.nonfinite() != s.count() - st.count()) {
+        return bad("stats count " + std::to_string(st.count()) + " + nonfinite " + std::to_string(st.nonfinite()) +
+                   " != slice count");
+      }
+      return Status::Ok();
+    }
+    default:
+      return bad("no payload");
+  }
+}
+
+}  // namespace
+
+Status ValidateRunInfo(const pb::RunInfo& run) {
+  if (run.params_size() > format::kMaxParams) {
+    return Status::LimitExceeded("RunInfo lists " + std::to_string(run.params_size()) + " params (limit " +
+                                 std::to_string(format::kMaxParams) + ")");
+  }
+  for (int i = 0; i < run.params_size(); ++i) {
+    const pb::ParamInfo& p = run.params(i);
+    const std::string where = "param " + std::to_string(i) + " '" + p.name() + "'";
+    if (p.id() != i)
+      return Status::Corruption(where + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
+    if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where + ": unknown dtype " + std::to_string(p.dtype()));
+    int64_t n = 1;
+    for (int64_t d : p.shape()) {
+      if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
+        return Status::Corruption(where + ": invalid shape");
+      }
+      n *= d;
+    }
+    if (p.numel() != n) {
+      return Status::Corruption(where + ": numel " + std::to_string(p.numel()) + " != product of shape " +
+                                std::to_string(n));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record) {
+  for (int i = 0; i < record.slices_size(); ++i) GT_RETURN_IF_ERROR(CheckSlice(run, i, record.slices(i)));
+  if (record.chunk_count() < 0 || record.chunk() < 0 ||
+      (record.chunk_count() > 0 && record.chunk() >= record.chunk_count())) {
+    return Status::Corruption("chunk " + std::to_string(record.chunk()) + " of " +
+                              std::to_string(record.chunk_count()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace gradtrace

@@ -1,0 +1,222 @@
+// Recorder: what it writes must read back byte-exact through the codec, in
+// recording order, and write failures must follow --on-capture-error.
+#include "recorder.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "trace_reader.h"
+
+namespace gradtrace::capture {
+namespace {
+
+pb::RunInfo TinyRun() {
+  pb::RunInfo run;
+  run.set_producer("recorder_test");
+  run.set_run_id("r1");
+  const char* names[] = {"embed.weight", "block0.attn.qkv.weight", "head.weight"};
+  const int64_t numels[] = {64, 96, 40};
+  for (int i = 0; i < 3; ++i) {
+    pb::ParamInfo* p = run.add_params();
+    p->set_id(i);
+    p->set_name(names[i]);
+    p->add_shape(numels[i]);
+    p->set_numel(numels[i]);
+    p->set_dtype(pb::FP32);
+  }
+  return run;
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()) + ".gtrace")).string();
+}
+
+std::vector<pb::BucketRecord> ReadBuckets(const std::string& path) {
+  auto reader = TraceReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status().message();
+  std::vector<pb::BucketRecord> out;
+  if (!reader.ok()) return out;
+  Frame f;
+  while ((*reader)->Next(&f)) {
+    if (f.bucket) out.push_back(*f.bucket);
+  }
+  EXPECT_TRUE((*reader)->status().ok()) << (*reader)->status().message();
+  return out;
+}
+
+TEST(Recorder, FullModeRoundTripIsByteExactAndOrdered) {
+  const std::string path = TempPath("rec-full");
+  RecorderOptions opt;
+  opt.path = path;
+  opt.writer_threads = 4;  // encoding in parallel must not reorder frames
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  at::manual_seed(7);
+  std::vector<at::Tensor> sent;
+  for (int b = 0; b < 50; ++b) {
+    BucketMeta meta;
+    meta.step = 0;
+    meta.bucket_id = b;
+    meta.phase = (b % 2) ? pb::POST_REDUCE : pb::PRE_REDUCE;
+    at::Tensor v = at::randn({32}, at::kFloat);
+    sent.push_back(v.clone());
+    ASSERT_TRUE((*rec)->RecordBucket(meta, {SliceRef{1, 16, v}}).ok());
+    v.zero_();  // the recorder must have copied already
+  }
+  ASSERT_TRUE((*rec)->Close().ok());
+  auto buckets = ReadBuckets(path);
+  ASSERT_EQ(buckets.size(), 50u);
+  for (int b = 0; b < 50; ++b) {
+    EXPECT_EQ(buckets[b].bucket_id(), b);
+    ASSERT_EQ(buckets[b].slices_size(), 1);
+    const pb::Slice& s = buckets[b].slices(0);
+    EXPECT_EQ(s.param_id(), 1);
+    EXPECT_EQ(s.offset(), 16);
+    EXPECT_EQ(s.count(), 32);
+    auto bytes = DecodeFullBytes(s);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_EQ(bytes->size(), 32 * sizeof(float));
+    EXPECT_EQ(std::memcmp(bytes->data(), sent[b].data_ptr(), bytes->size()), 0) << "bucket " << b;
+  }
+  std::remove(path.c_str());
+}
+
+TEST(Recorder, Bf16AndFp64KeepTheirDtype) {
+  const std::string path = TempPath("rec-dtype");
+  RecorderOptions opt;
+  opt.path = path;
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  at::Tensor bf = at::arange(40, at::kFloat).to(at::kBFloat16);
+  at::Tensor f64 = at::arange(64, at::kDouble) / 3.0;
+  ASSERT_TRUE((*rec)->RecordBucket(BucketMeta{}, {SliceRef{2, 0, bf}, SliceRef{0, 0, f64}}).ok());
+  ASSERT_TRUE((*rec)->Close().ok());
+  auto buckets = ReadBuckets(path);
+  ASSERT_EQ(buckets.size(), 1u);
+  ASSERT_EQ(buckets[0].slices_size(), 2);
+  EXPECT_EQ(buckets[0].slices(0).dtype(), pb::BF16);
+  EXPECT_EQ(buckets[0].slices(1).dtype(), pb::FP64);
+  auto v = DecodeFullValues(buckets[0].slices(1));
+  ASSERT_TRUE(v.ok());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ((*v)[i], i / 3.0);
+  std::remove(path.c_str());
+}
+
+TEST(Recorder, StepAndParamSelection) {
+  const std::string path = TempPath("rec-select");
+  RecorderOptions opt;
+  opt.path = path;
+  opt.steps = std::set<int64_t>{1};
+  opt.param_regex = "attn|head";
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  EXPECT_FALSE((*rec)->WantsParam(0));
+  EXPECT_TRUE((*rec)->WantsParam(1));
+  EXPECT_TRUE((*rec)->WantsParam(2));
+  EXPECT_FALSE((*rec)->WantsParam(3));
+  for (int64_t step = 0; step < 3; ++step) {
+    BucketMeta meta;
+    meta.step = step;
+    std::vector<SliceRef> s = {SliceRef{0, 0, at::ones({64})}, SliceRef{1, 0, at::ones({96})},
+                               SliceRef{2, 0, at::ones({40})}};
+    ASSERT_TRUE((*rec)->RecordBucket(meta, s).ok());
+  }
+  ASSERT_TRUE((*rec)->Close().ok());
+  auto buckets = ReadBuckets(path);
+  ASSERT_EQ(buckets.size(), 1u);
+  EXPECT_EQ(buckets[0].step(), 1);
+  ASSERT_EQ(buckets[0].slices_size(), 2);
+  EXPECT_EQ(buckets[0].slices(0).param_id(), 1);
+  EXPECT_EQ(buckets[0].slices(1).param_id(), 2);
+  std::remove(path.c_str());
+}
+
+TEST(Recorder, SliceOutsideParameterIsRefused) {
+  const std::string path = TempPath("rec-range");
+  RecorderOptions opt;
+  opt.path = path;
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  Status st = (*rec)->RecordBucket(BucketMeta{}, {SliceRef{2, 30, at::ones({20})}});
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("head.weight"), std::string::npos) << st.message();
+  std::remove(path.c_str());
+}
+
+TEST(Recorder, BackPressureBoundsTheQueueAndLosesNothing) {
+  const std::string path = TempPath("rec-bp");
+  RecorderOptions opt;
+  opt.path = path;
+  opt.max_queue_bytes = 1024;  // smaller than 3 jobs: the producer must wait
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  for (int b = 0; b < 200; ++b) {
+    BucketMeta meta;
+    meta.bucket_id = b;
+    ASSERT_TRUE((*rec)->RecordBucket(meta, {SliceRef{1, 0, at::full({96}, float(b))}}).ok());
+  }
+  ASSERT_TRUE((*rec)->Close().ok());
+  EXPECT_EQ((*rec)->stats().frames, 200u);
+  auto buckets = ReadBuckets(path);
+  ASSERT_EQ(buckets.size(), 200u);
+  auto last = DecodeFullValues(buckets[199].slices(0));
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ((*last)[95], 199.0);
+  std::remove(path.c_str());
+}
+
+TEST(Recorder, UnwritableDirectoryAbortNamesThePath) {
+  RecorderOptions opt;
+  opt.path = "/nonexistent-dir/rank-00000.gtrace";
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_FALSE(rec.ok());
+  EXPECT_NE(rec.status().message().find("/nonexistent-dir/rank-00000.gtrace"), std::string::npos)
+      << rec.status().message();
+}
+
+TEST(Recorder, UnwritableDirectoryDisableKeepsTrainingGoing) {
+  RecorderOptions opt;
+  opt.path = "/nonexistent-dir/rank-00000.gtrace";
+  opt.on_error = OnCaptureError::kDisable;
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  EXPECT_FALSE((*rec)->enabled());
+  EXPECT_TRUE((*rec)->RecordBucket(BucketMeta{}, {SliceRef{0, 0, at::ones({64})}}).ok());
+  EXPECT_TRUE((*rec)->Close().ok());
+}
+
+// /dev/full accepts open() and fails every write with ENOSPC: a full disk.
+TEST(Recorder, DiskFullAbortSurfacesTheError) {
+  RecorderOptions opt;
+  opt.path = "/dev/full";
+  auto rec = Recorder::Open(opt, TinyRun());
+  if (!rec.ok()) {  // the header write itself may already fail
+    EXPECT_NE(rec.status().message().find("/dev/full"), std::string::npos) << rec.status().message();
+    return;
+  }
+  Status st;
+  for (int b = 0; b < 100 && st.ok(); ++b) st = (*rec)->RecordBucket(BucketMeta{}, {SliceRef{0, 0, at::ones({64})}});
+  if (st.ok()) st = (*rec)->Close();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("/dev/full"), std::string::npos) << st.message();
+}
+
+TEST(Recorder, DiskFullDisableStopsCaptureOnly) {
+  RecorderOptions opt;
+  opt.path = "/dev/full";
+  opt.on_error = OnCaptureError::kDisable;
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok());
+  for (int b = 0; b < 100; ++b) {
+    EXPECT_TRUE((*rec)->RecordBucket(BucketMeta{}, {SliceRef{0, 0, at::ones({64})}}).ok());
+  }
+  EXPECT_TRUE((*rec)->Close().ok());
+  EXPECT_FALSE((*rec)->enabled());
+}
+
+}  // namespace
+}  // namespace gradtrace::capture

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Command-line contract of gradtrace-diff: exit codes 0/1/2, one-line errors
+# naming the file, output files (JSON validated against its schema), outputs
+# never destroyed by a later error.
+# Usage: cli_test.sh GRADTRACE_DIFF GRADTRACE_SYNTH PYTHON SCHEMA
+set -uo pipefail
+diff_bin="$1" synth="$2" python="$3" schema="$4"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# expect CODE CMD...: runs CMD, keeps stdout/stderr in $work/out, $work/err.
+expect() {
+  local want="$1"; shift
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  [ "$got" = "$want" ] || fail "exit $got (want $want): $* -- $(head -c 400 "$work/err")"
+}
+expect_one_line_error() {  # NEEDLE: stderr is one line starting 'gradtrace-diff: ' and containing NEEDLE
+  local lines
+  lines=$(wc -l <"$work/err")
+  [ "$lines" = 1 ] || fail "stderr has $lines lines: $(cat "$work/err")"
+  grep -q '^gradtrace-diff: ' "$work/err" || fail "stderr lacks prefix: $(cat "$work/err")"
+  grep -qF -- "$1" "$work/err" || fail "stderr lacks '$1': $(cat "$work/err")"
+}
+
+"$synth" "$work/ref"
+"$synth" "$work/sp2" --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean
+"$synth" "$work/sp4" --dp 2 --sp 4 --zero-stage 2 --scaling ds-4530 --loss local-mean
+"$synth" "$work/divsp" --dp 2 --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean-div-sp
+"$synth" "$work/mean" --dp 2 --sp 2 --zero-stage 2 --scaling mean --loss local-mean
+"$synth" "$work/bad" --dp 2 --scramble head.weight
+"$synth" "$work/prefixed" --sp 2 --scaling ds-4530 --prefix module.
+"$synth" "$work/sketch" --sp 2 --zero-stage 2 --scaling ds-4530 --capture sketch:64
+
+# Differences and matches.
+expect 1 "$diff_bin" "$work/ref" "$work/sp2"
+grep -qF 'B/A = 2.000 = sp(B) for all 14 parameters: the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed ZeRO-1/2 since #4530)' "$work/out" \
+  || fail "sp2 explanation missing: $(tail -3 "$work/out")"
+grep -q $'\033' "$work/out" && fail "colour written to a pipe"
+expect 1 "$diff_bin" "$work/ref" "$work/sp4"
+grep -qF 'B/A = 4.000 = sp(B) for all 14 parameters' "$work/out" || fail "sp4 explanation missing"
+expect 0 "$diff_bin" "$work/ref" "$work/divsp"
+expect 0 "$diff_bin" "$work/ref" "$work/mean"
+expect 1 "$diff_bin" "$work/ref" "$work/bad"
+grep -q '^mismatch *head.weight' "$work/out" || fail "mismatch not listed first: $(sed -n 6,8p "$work/out")"
+expect 1 "$diff_bin" "$work/ref" "$work/sketch"
+grep -qF '= sp(B) for all 14 parameters' "$work/out" || fail "sketch scale"
+expect 1 "$diff_bin" "$work/ref" "$work/prefixed" --rename 'module\.='
+grep -qF '= sp(B) for all 14 parameters' "$work/out" || fail "rename"
+expect 1 "$diff_bin" "$work/ref" "$work/sp2" --phase post
+expect 0 "$diff_bin" "$work/ref" "$work/sp2" --rtol 1.5
+
+# --self.
+expect 1 "$diff_bin" --self "$work/sp4"
+grep -qF 'effective divisor 2.000 = dp' "$work/out" || fail "self ds-4530 divisor: $(tail -2 "$work/out")"
+expect 0 "$diff_bin" --self "$work/mean"
+grep -qF 'effective divisor 4.000 = group size' "$work/out" || fail "self mean divisor"
+
+# Outputs: JSON against the schema, Markdown, HTML.
+expect 1 "$diff_bin" "$work/ref" "$work/sp2" --json "$work/r.json" --markdown "$work/r.md" --html "$work/r.html"
+expect 1 "$diff_bin" --self "$work/sp4" --json "$work/self.json"
+for j in "$work/r.json" "$work/self.json"; do
+  if "$python" -c 'import jsonschema' 2>/dev/null; then
+    "$python" - "$schema" "$j" <<'PY' || fail "schema validation of $j"
+import json, sys, jsonschema
+schema = json.load(open(sys.argv[1]))
+jsonschema.Draft202012Validator.check_schema(schema)
+jsonschema.validate(json.load(open(sys.argv[2])), schema, cls=jsonschema.Draft202012Validator)
+PY
+  else
+    echo "note: jsonschema not installed in $python; structural check only" >&2
+    grep -q '"verdict": ' "$j" || fail "no verdict in $j"
+  fi
+done
+grep -q '^| scaled | `' "$work/r.md" || fail "markdown rows"
+[ "$(grep -o 'class="mark scale' "$work/r.html" | wc -l)" = 14 ] || fail "html marks"
+
+# Bad input and usage: exit 2, one line naming the file; outputs already there survive.
+echo 'previous report' >"$work/keep.json"
+expect 2 "$diff_bin" "$work/ref" "$work/nope" --json "$work/keep.json"
+expect_one_line_error "$work/nope: no such directory"
+grep -q 'previous report' "$work/keep.json" || fail "existing output destroyed"
+expect 2 "$diff_bin"
+expect_one_line_error "usage"
+expect 2 "$diff_bin" "$work/ref" "$work/sp2" --phase sideways
+expect_one_line_error "--phase"
+expect 2 "$diff_bin" "$work/ref" "$work/prefixed"
+expect_one_line_error "no parameter in common"
+expect 2 "$diff_bin" "$work/ref" "$work/sp2" --step 9
+expect_one_line_error "no final records for step 9"
+
+cp -r "$work/sp4" "$work/missing" && rm "$work/missing/rank-00005.gtrace"
+expect 2 "$diff_bin" "$work/ref" "$work/missing"
+expect_one_line_error "$work/missing/rank-00005.gtrace: missing (rank 5 of world 8)"
+
+cp -r "$work/divsp" "$work/mixed" && cp "$work/mean/rank-00003.gtrace" "$work/mixed/rank-00003.gtrace"
+expect 2 "$diff_bin" "$work/ref" "$work/mixed"
+expect_one_line_error "$work/mixed/rank-00003.gtrace"
+
+cp -r "$work/sp2" "$work/corrupt"
+f="$work/corrupt/rank-00001.gtrace"
+size=$(stat -c %s "$f")
+printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
+expect 2 "$diff_bin" "$work/ref" "$work/corrupt"
+expect_one_line_error "$f"
+
+cp -r "$work/sp2" "$work/trunc"
+truncate -s $(($(stat -c %s "$work/trunc/rank-00001.gtrace") - 200)) "$work/trunc/rank-00001.gtrace"
+expect 1 "$diff_bin" "$work/ref" "$work/trunc"
+grep -qF '[truncated]' "$work/out" || fail "truncation not reported"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "cli_test: all passed"

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The HTML report renders in headless Chromium and its chart is drawn: one
+# screenshot, then a pixel count of the verdict colours inside the chart.
+# Skips (exit 77) when chromium or numpy is unavailable.
+# Usage: html_screenshot_test.sh GRADTRACE_DIFF GRADTRACE_SYNTH PYTHON
+set -euo pipefail
+diff_bin="$1" synth="$2" python="$3"
+command -v chromium >/dev/null || { echo "chromium not installed: skipped"; exit 77; }
+"$python" -c 'import numpy' 2>/dev/null || { echo "numpy not available: skipped"; exit 77; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$synth" "$work/ref"
+"$synth" "$work/b" --sp 2 --scaling ds-4530 --scramble head.weight
+set +e
+"$diff_bin" "$work/ref" "$work/b" --html "$work/report.html" >/dev/null
+[ $? = 1 ] || { echo "FAIL: gradtrace-diff exit code"; exit 1; }
+set -e
+# HOME: chromium wants a writable profile; the timeout keeps a hung browser from hanging ctest.
+HOME="$work" timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1000 \
+  --user-data-dir="$work/profile" --screenshot="$work/shot.png" "file://$work/report.html" >/dev/null 2>&1 || true
+[ -s "$work/shot.png" ] || { echo "FAIL: no screenshot"; exit 1; }
+"$python" - "$work/shot.png" <<'PY'
+import struct, sys, zlib
+import numpy as np
+
+def read_png(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, w = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and ctype in (2, 6), (depth, ctype)
+            ch = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(h, 1 + w * ch)
+    out = np.zeros((h, w * ch), dtype=np.int32)
+    prev = np.zeros(w * ch, dtype=np.int32)
+    for y in range(h):
+        f, line = raw[y, 0], raw[y, 1:].astype(np.int32)
+        cur = np.zeros_like(line)
+        if f == 0:
+            cur = line
+        elif f == 2:
+            cur = (line + prev) & 255
+        else:
+            for x in range(w * ch):
+                a = cur[x - ch] if x >= ch else 0
+                b, c = prev[x], (prev[x - ch] if x >= ch else 0)
+                if f == 1:
+                    p = a
+                elif f == 3:
+                    p = (a + b) // 2
+                else:
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    p = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                cur[x] = (line[x] + p) & 255
+        out[y], prev = cur, cur
+    return out.reshape(h, w, ch)[:, :, :3]
+
+# The chart sits between the configuration table and the groups table at this
+# window size; text elsewhere uses the same verdict colours, so count inside it only.
+img = read_png(sys.argv[1])[250:800]
+def count(rgb, tol=40):
+    return int((np.abs(img - np.array(rgb)).sum(axis=2) < tol).sum())
+scaled = count((0xE6, 0x51, 0x00))  # orange: the 13 scaled parameters' marks
+mismatch = count((0xC6, 0x28, 0x28))  # red: the mismatching one (and the tolerance line)
+print(f"scaled-colour pixels {scaled}, mismatch-colour pixels {mismatch}")
+assert scaled > 13 * 40, "scaled marks not drawn"
+assert mismatch > 2 * 40, "mismatch marks not drawn"
+PY
+echo "html_screenshot_test: passed"

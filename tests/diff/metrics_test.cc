@@ -1,0 +1,101 @@
+#include "metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace gradtrace::diff {
+namespace {
+
+std::vector<double> Ramp(int n) {
+  std::vector<double> v(n);
+  for (int i = 0; i < n; ++i) v[i] = std::sin(0.37 * i + 0.1) * (1 + i % 5);
+  return v;
+}
+
+TEST(Metrics, ExactMultipleHasZeroResidual) {
+  auto a = Ramp(1000);
+  std::vector<double> b(a.size());
+  for (size_t i = 0; i < a.size(); ++i) b[i] = 3 * a[i];
+  Metrics m = CompareValues(a.data(), b.data(), 1000, Basis::kFull);
+  EXPECT_DOUBLE_EQ(m.scale, 3.0);
+  EXPECT_LT(m.residual, 1e-15);
+  EXPECT_NEAR(m.cosine, 1.0, 1e-15);
+  EXPECT_NEAR(m.rel_error, 2.0 / 3.0, 1e-15);  // ||3a - a|| / ||3a||
+  EXPECT_EQ(Classify(m, 1e-6), Verdict::kScaled);
+}
+
+TEST(Metrics, IdenticalMatches) {
+  auto a = Ramp(100);
+  Metrics m = CompareValues(a.data(), a.data(), 100, Basis::kFull);
+  EXPECT_EQ(m.rel_error, 0);
+  EXPECT_EQ(m.max_abs_error, 0);
+  EXPECT_EQ(Classify(m, 1e-6), Verdict::kMatch);
+}
+
+TEST(Metrics, TinyResidualIsMeasuredNotCancelled) {
+  // A one-pass formula (bb - ab^2/aa) loses everything below ~1e-8.
+  auto a = Ramp(1000);
+  std::vector<double> b(a.size());
+  for (size_t i = 0; i < a.size(); ++i) b[i] = 2 * a[i] + (i == 7 ? 1e-12 : 0);
+  Metrics m = CompareValues(a.data(), b.data(), 1000, Basis::kFull);
+  EXPECT_GT(m.residual, 1e-15);
+  EXPECT_LT(m.residual, 1e-12);
+}
+
+TEST(Metrics, OrthogonalIsMismatch) {
+  std::vector<double> a = {1, 0, 1, 0}, b = {0, 1, 0, 1};
+  Metrics m = CompareValues(a.data(), b.data(), 4, Basis::kFull);
+  EXPECT_EQ(m.scale, 0);
+  EXPECT_EQ(m.cosine, 0);
+  EXPECT_DOUBLE_EQ(m.residual, 1.0);
+  EXPECT_EQ(Classify(m, 1e-3), Verdict::kMismatch);
+}
+
+TEST(Metrics, NegativeScale) {
+  std::vector<double> a = {1, -2, 3}, b = {-1, 2, -3};
+  Metrics m = CompareValues(a.data(), b.data(), 3, Basis::kFull);
+  EXPECT_DOUBLE_EQ(m.scale, -1.0);
+  EXPECT_EQ(Classify(m, 1e-6), Verdict::kScaled);
+}
+
+TEST(Metrics, NonfiniteWins) {
+  std::vector<double> a = {1, 2, 3}, b = {1, NAN, 3};
+  Metrics m = CompareValues(a.data(), b.data(), 3, Basis::kFull);
+  EXPECT_EQ(m.nonfinite_b, 1);
+  EXPECT_EQ(Classify(m, 1), Verdict::kNonfinite);
+}
+
+TEST(Metrics, ZeroAgainstZeroMatchesZeroAgainstNonzeroDoesNot) {
+  std::vector<double> z = {0, 0}, o = {1, 0};
+  EXPECT_EQ(Classify(CompareValues(z.data(), z.data(), 2, Basis::kFull), 1e-6), Verdict::kMatch);
+  EXPECT_EQ(Classify(CompareValues(z.data(), o.data(), 2, Basis::kFull), 1e-6), Verdict::kMismatch);
+  EXPECT_EQ(Classify(CompareValues(o.data(), z.data(), 2, Basis::kFull), 1e-6), Verdict::kMismatch);
+}
+
+TEST(Metrics, MomentsGiveScaleFromNorms) {
+  Moments a, b;
+  for (double v : Ramp(500)) {
+    a.Add(v);
+    b.Add(4 * v);
+  }
+  Metrics m = CompareMoments(a, b, false);
+  EXPECT_NEAR(m.scale, 4.0, 1e-12);
+  EXPECT_LT(m.residual, 1e-12);
+  EXPECT_TRUE(std::isnan(m.cosine));
+  EXPECT_EQ(Classify(m, 1e-6), Verdict::kScaled);
+}
+
+TEST(Metrics, MomentsOfDifferentShapesDisagree) {
+  Moments a, b;
+  auto r = Ramp(500);
+  for (size_t i = 0; i < r.size(); ++i) {
+    a.Add(r[i]);
+    b.Add(i % 2 ? r[i] : -r[i]);
+  }
+  EXPECT_EQ(Classify(CompareMoments(a, b, false), 1e-6), Verdict::kMismatch);
+}
+
+}  // namespace
+}  // namespace gradtrace::diff

@@ -1,0 +1,97 @@
+#include "report.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "atomic_file.h"
+#include "diff_engine.h"
+#include "self_check.h"
+#include "test_dirs.h"
+
+namespace gradtrace::diff {
+namespace {
+using testing::Config;
+using testing::Reference;
+using testing::Synth;
+
+int Count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + needle.size())) ++n;
+  return n;
+}
+
+Report Sp2Report() {
+  auto r = RunDiff(Synth("ref", Reference()), Synth("sp2", Config(1, 2, 2, "ds-4530", "local-mean")), {});
+  EXPECT_TRUE(r.ok());
+  return std::move(*r);
+}
+
+TEST(Reports, TextIsPlainWithoutColourAndColouredWith) {
+  Report r = Sp2Report();
+  std::string plain = RenderText(r, false);
+  EXPECT_EQ(plain.find('\033'), std::string::npos);
+  EXPECT_NE(plain.find("B/A = 2.000 = sp(B) for all 14 parameters"), std::string::npos);
+  EXPECT_NE(plain.find("Verdict: scaled"), std::string::npos);
+  EXPECT_NE(RenderText(r, true).find("\033[33m"), std::string::npos);
+}
+
+TEST(Reports, JsonHasTheContractFields) {
+  Report r = Sp2Report();
+  std::string j = RenderJson(r);
+  for (const char* key : {"\"verdict\": \"scaled\"", "\"params\": [", "\"groups\": [", "\"config_a\": {",
+                          "\"config_b\": {", "\"step\": 0", "\"phase\": \"final\"", "\"explanation\": "}) {
+    EXPECT_NE(j.find(key), std::string::npos) << key;
+  }
+  EXPECT_EQ(Count(j, "\"max_abs_error\": "), 14);
+  EXPECT_EQ(Count(j, "\"cosine\": "), 14);
+}
+
+TEST(Reports, HtmlIsSelfContainedWithOneMarkPerParameter) {
+  Report r = Sp2Report();
+  std::string h = RenderHtml(r);
+  EXPECT_EQ(Count(h, "<svg"), 1);
+  EXPECT_EQ(Count(h, "class=\"mark scale"), 14);
+  EXPECT_EQ(Count(h, "class=\"mark residual\""), 14);
+  EXPECT_EQ(h.find("<script"), std::string::npos);
+  EXPECT_EQ(h.find("<link"), std::string::npos);
+  EXPECT_EQ(Count(h, "http"), 1);  // the SVG namespace only
+}
+
+TEST(Reports, MarkdownIsATableWithTheExplanation) {
+  Report r = Sp2Report();
+  std::string m = RenderMarkdown(r);
+  EXPECT_NE(m.find("| verdict | parameter | numel | scale | residual |"), std::string::npos);
+  EXPECT_NE(m.find("**B/A = 2.000 = sp(B) for all 14 parameters"), std::string::npos);
+  EXPECT_EQ(Count(m, "| scaled | `"), 14);
+}
+
+TEST(Reports, SelfCheckRendersToo) {
+  auto r = RunSelfCheck(Synth("b", Config(2, 2, 2, "ds-4530", "local-mean")), {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Count(RenderHtml(*r), "class=\"mark scale"), 14);
+  EXPECT_NE(RenderText(*r, false).find("wrong-divisor"), std::string::npos);
+  EXPECT_NE(RenderJson(*r).find("\"self_params\": [{"), std::string::npos);
+  EXPECT_NE(RenderMarkdown(*r).find("| divisor |"), std::string::npos);
+}
+
+TEST(AtomicFile, ReplacesWholeOrLeavesUntouched) {
+  std::string dir = testing::FreshDir("out");
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/report.json";
+  ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
+  ASSERT_TRUE(WriteFileAtomic(path, "second").ok());
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), "second");
+  Status st = WriteFileAtomic(dir + "/no/such/dir/x.json", "x");
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind(dir + "/no/such/dir/x.json: ", 0), 0u) << st.message();
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // no temp files left
+}
+
+}  // namespace
+}  // namespace gradtrace::diff

@@ -1,0 +1,300 @@
+#include "synth_trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "slice_codec.h"
+#include "trace_writer.h"
+
+namespace gradtrace::testing {
+namespace fs = std::filesystem;
+
+std::vector<SynthParam> DefaultParams() {
+  return {
+      {"embed.weight", {64, 16}},
+      {"layers.0.attn.qkv.weight", {48, 16}},
+      {"layers.0.attn.qkv.bias", {48}},
+      {"layers.0.attn.out.weight", {16, 16}},
+      {"layers.0.mlp.fc1.weight", {64, 16}},
+      {"layers.0.mlp.fc2.weight", {16, 64}},
+      {"layers.0.norm.weight", {16}},
+      {"layers.1.attn.qkv.weight", {48, 16}},
+      {"layers.1.attn.qkv.bias", {48}},
+      {"layers.1.attn.out.weight", {16, 16}},
+      {"layers.1.mlp.fc1.weight", {64, 16}},
+      {"layers.1.mlp.fc2.weight", {16, 64}},
+      {"layers.1.norm.weight", {16}},
+      {"head.weight", {64, 16}},
+  };
+}
+
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t HashName(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+double Unit(uint64_t h) { return (Mix(h) >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+
+float RoundFp32(double v) { return static_cast<float>(v); }
+
+int64_t Numel(const SynthParam& p) {
+  int64_t n = 1;
+  for (int64_t d : p.shape) n *= d;
+  return n;
+}
+
+double Divisor(const SynthSpec& s, int group) {
+  if (s.scaling == "mean") return group;
+  if (s.scaling == "sum") return 1;
+  if (s.scaling == "ds-4530") return double(group) / s.sp;
+  if (s.scaling == "ds-pre-4957") return double(group) * s.sp;
+  return group;
+}
+
+double LossShare(const SynthSpec& s) {
+  int world = s.dp * s.sp;
+  if (s.loss == "local-mean") return world;
+  return s.dp;  // local-mean-div-sp, token-weighted, full-sequence
+}
+
+struct Layout {
+  int64_t bucket_numel = 0;
+  std::vector<std::pair<int, int64_t>> members;  // (param index, offset of the param in the flat bucket)
+};
+
+}  // namespace
+
+double ReferenceGradient(const std::string& name, int64_t index, int64_t step) {
+  uint64_t h = HashName(name) ^ Mix(static_cast<uint64_t>(index) * 2654435761ull + step);
+  // Values of mixed sign and magnitude, never exactly zero.
+  return (Unit(h) - 0.5) * 0.02 + (index % 7 == 0 ? 1e-3 : -2e-4) * (1 + step);
+}
+
+Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IoError(dir + ": " + ec.message());
+  const int world = spec.dp * spec.sp;
+  auto mode = ParseCaptureMode(spec.capture);
+  if (!mode.ok()) return mode.status();
+
+  pb::RunInfo run;
+  run.set_producer("gradtrace-synth");
+  run.set_producer_version("test");
+  run.set_run_id(!spec.run_id.empty() ? spec.run_id
+                                      : "synth-dp" + std::to_string(spec.dp) + "-sp" + std::to_string(spec.sp) + "-" +
+                                            spec.scaling + "-" + spec.loss + "-" + spec.capture);
+  pb::Config* c = run.mutable_config();
+  c->set_world(world);
+  c->set_dp(spec.dp);
+  c->set_sp(spec.sp);
+  c->set_zero_stage(spec.zero_stage);
+  c->set_scaling(spec.scaling);
+  c->set_loss(spec.loss);
+  c->set_gas(spec.gas);
+  c->set_reduce_bucket_size(spec.bucket_elems);
+  c->set_dtype(pb::FP32);
+  c->set_seed(1);
+  c->set_backend("gloo");
+  c->set_capture_mode(spec.capture);
+  c->set_seq_len(64);
+  c->set_batch(8);
+  c->set_steps(spec.steps);
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    pb::ParamInfo* p = run.add_params();
+    p->set_id(static_cast<int>(i));
+    p->set_name(spec.name_prefix + spec.params[i].name);
+    for (int64_t d : spec.params[i].shape) p->add_shape(d);
+    p->set_dtype(pb::FP32);
+    p->set_numel(Numel(spec.params[i]));
+  }
+  run.set_model_fingerprint(ModelFingerprint(run));
+
+  // Buckets: parameters in order, packed up to bucket_elems.
+  std::vector<Layout> buckets;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    int64_t n = Numel(spec.params[i]);
+    if (buckets.empty() || (buckets.back().bucket_numel > 0 && buckets.back().bucket_numel + n > spec.bucket_elems)) {
+      buckets.emplace_back();
+    }
+    buckets.back().members.emplace_back(static_cast<int>(i), buckets.back().bucket_numel);
+    buckets.back().bucket_numel += n;
+  }
+
+  std::vector<std::unique_ptr<TraceWriter>> writers;
+  for (int r = 0; r < world; ++r) {
+    pb::RunInfo rr = run;
+    rr.set_rank(r);
+    rr.set_dp_rank(r / spec.sp);
+    rr.set_sp_rank(r % spec.sp);
+    rr.set_host("localhost");
+    auto* sdp = rr.add_groups();
+    sdp->set_name("sdp");
+    for (int k = 0; k < world; ++k) sdp->add_ranks(k);
+    auto* spg = rr.add_groups();
+    spg->set_name("sp");
+    for (int k = 0; k < spec.sp; ++k) spg->add_ranks((r / spec.sp) * spec.sp + k);
+    auto* dpg = rr.add_groups();
+    dpg->set_name("dp");
+    for (int k = 0; k < spec.dp; ++k) dpg->add_ranks(k * spec.sp + r % spec.sp);
+    char name[32];
+    std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
+    auto w = TraceWriter::Open((fs::path(dir) / name).string(), rr);
+    if (!w.ok()) return w.status();
+    writers.push_back(std::move(*w));
+  }
+
+  const double share = LossShare(spec);
+  const double divisor = Divisor(spec, world);
+  const int cells = world * spec.gas;
+  for (int64_t step = 0; step < spec.steps; ++step) {
+    for (int r = 0; r < world; ++r) {
+      for (int m = 0; m < spec.gas; ++m) {
+        pb::StepInfo si;
+        si.set_step(step);
+        si.set_micro_step(m);
+        si.set_loss(2.5 + 0.01 * r);
+        si.set_valid_tokens(64 * 8 / cells);
+        GT_RETURN_IF_ERROR(writers[r]->WriteStep(si));
+      }
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const Layout& L = buckets[b];
+      // final[e] over the flat bucket, accumulated over micro-steps.
+      std::vector<float> final_flat(L.bucket_numel, 0.0f);
+      for (int m = 0; m < spec.gas; ++m) {
+        std::vector<std::vector<float>> pre(world, std::vector<float>(L.bucket_numel));
+        for (const auto& [pi, base] : L.members) {
+          const SynthParam& P = spec.params[pi];
+          int64_t n = Numel(P);
+          for (int64_t i = 0; i < n; ++i) {
+            double g = ReferenceGradient(P.name, i, step);
+            if (spec.scramble.count(P.name)) g = ReferenceGradient(P.name + "#scrambled", i, step);
+            // Shares of the world x gas cells: positive weights summing to 1.
+            double wsum = 0;
+            std::vector<double> wts(cells);
+            for (int k = 0; k < cells; ++k) {
+              wts[k] = 0.5 + Unit(spec.split_seed * 1000003 + HashName(P.name) + i * 131 + k);
+              wsum += wts[k];
+            }
+            for (int r = 0; r < world; ++r) {
+              pre[r][base + i] = RoundFp32(share * g * wts[r * spec.gas + m] / wsum);
+            }
+          }
+        }
+        // Reduction in fp32, in rank order, then the policy's division.
+        std::vector<float> post_flat(L.bucket_numel);
+        for (int64_t e = 0; e < L.bucket_numel; ++e) {
+          float sum = 0;
+          for (int r = 0; r < world; ++r) sum += pre[r][e];
+          post_flat[e] = RoundFp32(sum / divisor);
+        }
+        for (const auto& [pi, base] : L.members) {
+          auto it = spec.extra_factor.find(spec.params[pi].name);
+          if (it == spec.extra_factor.end()) continue;
+          for (int64_t i = 0; i < Numel(spec.params[pi]); ++i) post_flat[base + i] *= static_cast<float>(it->second);
+        }
+        for (int64_t e = 0; e < L.bucket_numel; ++e) final_flat[e] += post_flat[e];
+        if (!spec.write_pre_post) continue;
+        int64_t part = (L.bucket_numel + world - 1) / world;
+        for (int r = 0; r < world; ++r) {
+          pb::BucketRecord rec;
+          rec.set_step(step);
+          rec.set_micro_step(m);
+          rec.set_bucket_id(static_cast<int>(b));
+          rec.set_phase(pb::PRE_REDUCE);
+          rec.set_group("sdp");
+          rec.set_bucket_numel(L.bucket_numel);
+          for (const auto& [pi, base] : L.members) {
+            *rec.add_slices() =
+                MakeSlice(run.params(pi), 0, Numel(spec.params[pi]), pb::FP32, pre[r].data() + base, *mode);
+          }
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(rec));
+          // POST_REDUCE: the whole bucket (stage 0) or this rank's partition (ZeRO-1/2).
+          int64_t lo = 0, hi = L.bucket_numel;
+          if (spec.zero_stage > 0) {
+            lo = std::min(L.bucket_numel, r * part);
+            hi = std::min(L.bucket_numel, lo + part);
+          }
+          pb::BucketRecord post;
+          post.set_step(step);
+          post.set_micro_step(m);
+          post.set_bucket_id(static_cast<int>(b));
+          post.set_phase(pb::POST_REDUCE);
+          post.set_group("sdp");
+          post.set_bucket_numel(L.bucket_numel);
+          post.set_partition_offset(lo);
+          post.set_partition_count(hi - lo);
+          if (spec.declare_divisor) post.set_divisor(divisor);
+          for (const auto& [pi, base] : L.members) {
+            int64_t n = Numel(spec.params[pi]);
+            int64_t a = std::max(lo, base), z = std::min(hi, base + n);
+            if (a >= z) continue;
+            *post.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, post_flat.data() + a, *mode);
+          }
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(post));
+        }
+      }
+      // FINAL: every rank holds the full gradient (stage 0) or its partition (ZeRO-1/2).
+      int64_t part = (L.bucket_numel + world - 1) / world;
+      for (int r = 0; r < world; ++r) {
+        std::vector<float> mine = final_flat;
+        if (r == spec.disagree_rank) {
+          for (auto& v : mine) v *= 1.01f;
+        }
+        int64_t lo = 0, hi = L.bucket_numel;
+        if (spec.zero_stage > 0) {
+          lo = std::min(L.bucket_numel, r * part);
+          hi = std::min(L.bucket_numel, lo + part);
+        }
+        pb::BucketRecord fin;
+        fin.set_step(step);
+        fin.set_micro_step(spec.gas - 1);
+        fin.set_bucket_id(static_cast<int>(b));
+        fin.set_phase(pb::FINAL);
+        for (const auto& [pi, base] : L.members) {
+          int64_t n = Numel(spec.params[pi]);
+          int64_t a = std::max(lo, base), z = std::min(hi, base + n);
+          if (a >= z) continue;
+          *fin.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, mine.data() + a, *mode);
+        }
+        if (fin.slices_size() > 0) GT_RETURN_IF_ERROR(writers[r]->WriteBucket(fin));
+      }
+    }
+  }
+  for (auto& w : writers) GT_RETURN_IF_ERROR(w->Close());
+  return Status::Ok();
+}
+
+Status TruncateFile(const std::string& path, uint64_t new_size) {
+  std::error_code ec;
+  fs::resize_file(path, new_size, ec);
+  if (ec) return Status::IoError(path + ": " + ec.message());
+  return Status::Ok();
+}
+
+Status FlipByte(const std::string& path, uint64_t offset) {
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  if (f == nullptr) return Status::IoError(path + ": cannot open");
+  std::fseek(f, static_cast<long>(offset), SEEK_SET);
+  int c = std::fgetc(f);
+  std::fseek(f, static_cast<long>(offset), SEEK_SET);
+  std::fputc((c ^ 0x5a) & 0xff, f);
+  std::fclose(f);
+  return Status::Ok();
+}
+
+}  // namespace gradtrace::testing

@@ -1,0 +1,66 @@
+// Synthetic trace sets written through the real codec (TraceWriter), with
+// gradients known in closed form, so gradtrace-diff's answers can be asserted
+// exactly without gradtrace-train.
+//
+// Model: every configuration sees the same reference gradient g (a function of
+// the parameter name, element and step only). Each rank's local gradient is a
+// share of it: with a local-mean loss the shares of all world x gas cells sum
+// to world * g (each rank's loss is a mean over 1/world of the tokens); with
+// local-mean-div-sp / token-weighted / full-sequence they sum to dp * g. The
+// reduction adds the group's PRE_REDUCE values in fp32 and divides by the
+// policy's divisor: mean -> group size, ds-4530 -> group size / sp, sum -> 1,
+// ds-pre-4957 -> group size * sp. So FINAL = g for mean+local-mean and
+// ds-4530+local-mean-div-sp, and sp * g for ds-4530+local-mean (#5248).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+#include "status.h"
+
+namespace gradtrace::testing {
+
+struct SynthParam {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// 14 parameters of a two-layer transformer-like model (the #5248 example size).
+std::vector<SynthParam> DefaultParams();
+
+struct SynthSpec {
+  int dp = 1;
+  int sp = 1;
+  int zero_stage = 0;
+  std::string scaling = "mean";
+  std::string loss = "local-mean";
+  int gas = 1;
+  int steps = 1;
+  std::string run_id;            // default: derived from the configuration
+  std::string capture = "full";  // "full", "sketch:K", "stats"
+  std::string name_prefix;       // e.g. "module." as DeepSpeed's wrapper adds
+  std::vector<SynthParam> params = DefaultParams();
+  int64_t bucket_elems = 3000;  // parameters packed into buckets of about this many elements
+  bool write_pre_post = true;
+  uint64_t split_seed = 7;                     // how the gradient is shared across ranks (changes rounding only)
+  std::map<std::string, double> extra_factor;  // FINAL/POST of these parameters multiplied
+  std::set<std::string> scramble;              // these parameters get unrelated gradients
+  int disagree_rank = -1;                      // this rank's FINAL differs from the other replicas
+  bool declare_divisor = true;                 // set BucketRecord.divisor on POST_REDUCE
+};
+
+// Writes rank-NNNNN.gtrace files for `spec` into `dir` (created if needed).
+Status WriteSynthSet(const std::string& dir, const SynthSpec& spec);
+
+// The reference gradient element (what FINAL of a correct run holds).
+double ReferenceGradient(const std::string& name, int64_t index, int64_t step);
+
+// Byte surgery for failure tests.
+Status TruncateFile(const std::string& path, uint64_t new_size);
+Status FlipByte(const std::string& path, uint64_t offset);
+
+}  // namespace gradtrace::testing

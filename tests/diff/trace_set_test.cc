@@ -1,0 +1,101 @@
+#include "trace_set.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_dirs.h"
+
+namespace gradtrace::diff {
+namespace {
+namespace fs = std::filesystem;
+using testing::Config;
+using testing::Synth;
+
+std::string RankPath(const std::string& dir, int r) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
+  return (fs::path(dir) / name).string();
+}
+
+TEST(TraceSet, LoadsCompleteSet) {
+  std::string dir = Synth("b", Config(2, 2, 2, "ds-4530", "local-mean"));
+  auto set = TraceSet::Load(dir);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->world(), 4);
+  EXPECT_FALSE(set->truncated());
+  EXPECT_EQ(set->config().sp(), 2);
+  EXPECT_FALSE(set->frames().empty());
+  EXPECT_EQ(set->GroupMembers(3, "sdp"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(set->GroupMembers(3, "sp"), (std::vector<int>{2, 3}));
+}
+
+TEST(TraceSet, MissingRankNamesTheFile) {
+  std::string dir = Synth("b", Config(2, 2, 0, "mean", "local-mean"));
+  fs::remove(RankPath(dir, 2));
+  auto set = TraceSet::Load(dir);
+  ASSERT_FALSE(set.ok());
+  EXPECT_NE(set.status().message().find("rank-00002.gtrace: missing (rank 2 of world 4)"), std::string::npos)
+      << set.status().message();
+}
+
+TEST(TraceSet, DuplicateRank) {
+  std::string dir = Synth("b", Config(2, 1, 0, "mean", "local-mean"));
+  fs::copy_file(RankPath(dir, 1), fs::path(dir) / "rank-1.gtrace");
+  auto set = TraceSet::Load(dir);
+  ASSERT_FALSE(set.ok());
+  EXPECT_NE(set.status().message().find("duplicate rank 1"), std::string::npos) << set.status().message();
+}
+
+TEST(TraceSet, MixedRunsAreRefused) {
+  auto spec = Config(2, 1, 0, "mean", "local-mean");
+  spec.run_id = "run-x";
+  std::string x = Synth("x", spec);
+  spec.run_id = "run-y";
+  std::string y = Synth("y", spec);
+  fs::copy_file(RankPath(y, 1), RankPath(x, 1), fs::copy_options::overwrite_existing);
+  auto set = TraceSet::Load(x);
+  ASSERT_FALSE(set.ok());
+  const std::string& m = set.status().message();
+  EXPECT_EQ(m.rfind(RankPath(x, 1), 0), 0u) << m;
+  EXPECT_NE(m.find("mixed runs"), std::string::npos) << m;
+}
+
+TEST(TraceSet, CorruptFrameIsAnErrorNamingTheFile) {
+  std::string dir = Synth("b", Config(2, 1, 0, "mean", "local-mean"));
+  std::string victim = RankPath(dir, 1);
+  ASSERT_TRUE(testing::FlipByte(victim, fs::file_size(victim) / 2).ok());
+  auto set = TraceSet::Load(dir);
+  ASSERT_FALSE(set.ok());
+  EXPECT_NE(set.status().message().find(victim), std::string::npos) << set.status().message();
+  EXPECT_EQ(set.status().message().find('\n'), std::string::npos);
+}
+
+TEST(TraceSet, TruncatedFileKeepsCompleteFrames) {
+  std::string dir = Synth("b", Config(2, 1, 0, "mean", "local-mean"));
+  std::string victim = RankPath(dir, 1);
+  auto full = TraceSet::Load(dir);
+  ASSERT_TRUE(full.ok());
+  size_t frames_before = full->frames().size();
+  ASSERT_TRUE(testing::TruncateFile(victim, fs::file_size(victim) * 6 / 10).ok());
+  auto set = TraceSet::Load(dir);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_TRUE(set->truncated());
+  EXPECT_TRUE(set->ranks()[1].truncated);
+  EXPECT_LT(set->frames().size(), frames_before);
+  EXPECT_GT(set->frames().size(), frames_before / 2);
+}
+
+TEST(TraceSet, EmptyDirectoryAndNonDirectory) {
+  std::string dir = testing::FreshDir("empty");
+  fs::create_directories(dir);
+  auto set = TraceSet::Load(dir);
+  ASSERT_FALSE(set.ok());
+  EXPECT_EQ(set.status().message(), dir + ": no rank-*.gtrace files");
+  auto none = TraceSet::Load(dir + "/nope");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(), dir + "/nope: no such directory");
+}
+
+}  // namespace
+}  // namespace gradtrace::diff

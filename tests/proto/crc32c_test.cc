@@ -1,0 +1,43 @@
+#include "crc32c.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+namespace gradtrace::crc32c {
+namespace {
+
+// Vectors from RFC 3720 (iSCSI) B.4, as in LevelDB's crc32c_test.
+TEST(Crc32c, StandardResults) {
+  char buf[32];
+  std::memset(buf, 0, sizeof buf);
+  EXPECT_EQ(0x8a9136aau, Value(buf, sizeof buf));
+  std::memset(buf, 0xff, sizeof buf);
+  EXPECT_EQ(0x62a8ab43u, Value(buf, sizeof buf));
+  for (int i = 0; i < 32; i++) buf[i] = static_cast<char>(i);
+  EXPECT_EQ(0x46dd794eu, Value(buf, sizeof buf));
+  for (int i = 0; i < 32; i++) buf[i] = static_cast<char>(31 - i);
+  EXPECT_EQ(0x113fdb5cu, Value(buf, sizeof buf));
+  EXPECT_EQ(0xe3069283u, Value("123456789", 9));
+}
+
+TEST(Crc32c, ExtendEqualsWholeAtEverySplit) {
+  std::string s;
+  for (int i = 0; i < 100; ++i) s.push_back(static_cast<char>(i * 37 + 11));
+  const uint32_t whole = Value(s.data(), s.size());
+  for (size_t cut = 0; cut <= s.size(); ++cut) {
+    EXPECT_EQ(whole, Extend(Value(s.data(), cut), s.data() + cut, s.size() - cut)) << cut;
+  }
+}
+
+TEST(Crc32c, Mask) {
+  const uint32_t crc = Value("foo", 3);
+  EXPECT_NE(crc, Mask(crc));
+  EXPECT_NE(crc, Mask(Mask(crc)));
+  EXPECT_EQ(crc, Unmask(Mask(crc)));
+  EXPECT_EQ(crc, Unmask(Unmask(Mask(Mask(crc)))));
+}
+
+}  // namespace
+}  // namespace gradtrace::crc32c

@@ -1,0 +1,602 @@
+// _gtcodec: the Python binding of the one C++ trace codec (proto/). The
+// pure-Python package gradtrace/ wraps it; nothing here knows the wire format,
+// it only converts between protobuf messages and Python objects.
+//
+// Conventions at this boundary:
+// - A Status from reading or writing a file becomes gradtrace.TraceError (its
+//   one-line message, plus a `code` attribute); InvalidArgument becomes
+//   ValueError, since it means the caller passed something wrong.
+// - RunInfo crosses as proto JSON (proto field names, enums by name, defaults
+//   printed) so the package needs no Python protobuf. StepInfo and
+//   BucketRecord are converted field by field here, with slice payloads as
+//   numpy arrays.
+// - File I/O, compression and encoding run with the GIL released.
+#include <google/protobuf/util/json_util.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <bit>
+#include <cctype>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chunking.h"
+#include "format.h"
+#include "gradtrace.pb.h"
+#include "slice_codec.h"
+#include "status.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
+
+namespace py = pybind11;
+
+namespace gradtrace {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "numpy arrays are filled with the file's little-endian bytes");
+
+// Carries a non-ok Status out of the binding; translated to TraceError.
+class CodecError : public std::exception {
+ public:
+  explicit CodecError(Status status) : status_(std::move(status)) {}
+  const char* what() const noexcept override { return status_.message().c_str(); }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+PyObject* g_trace_error = nullptr;  // created once at import, owned by the module
+
+const char* CodeName(Status::Code code) {
+  switch (code) {
+    case Status::Code::kOk:
+      return "ok";
+    case Status::Code::kIoError:
+      return "io_error";
+    case Status::Code::kCorruption:
+      return "corruption";
+    case Status::Code::kTruncated:
+      return "truncated";
+    case Status::Code::kLimitExceeded:
+      return "limit_exceeded";
+    case Status::Code::kInvalidArgument:
+      return "invalid_argument";
+    case Status::Code::kMismatch:
+      return "mismatch";
+  }
+  return "unknown";
+}
+
+// For calls whose arguments come from the caller: InvalidArgument means the
+// caller passed something wrong (ValueError); anything else is the file's
+// problem (TraceError).
+void ThrowIfError(const Status& status) {
+  if (status.ok()) return;
+  if (status.code() == Status::Code::kInvalidArgument) throw py::value_error(status.message());
+  throw CodecError(status);
+}
+
+// For statuses about a file being read: even InvalidArgument (e.g. a newer
+// major version) is about the file, not the caller.
+void ThrowIfFileError(const Status& status) {
+  if (!status.ok()) throw CodecError(status);
+}
+
+// --- RunInfo <-> JSON -------------------------------------------------------
+
+std::string RunInfoToJson(const pb::RunInfo& run) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  const auto st = google::protobuf::util::MessageToJsonString(run, &out, options);
+  // Printing a valid message cannot fail; if it does, it is our bug.
+  if (!st.ok()) throw std::runtime_error("RunInfo to JSON failed: " + std::string(st.message()));
+  return out;
+}
+
+pb::RunInfo RunInfoFromJson(const std::string& json) {
+  pb::RunInfo run;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // a misspelt key is an error, not a silent default
+  const auto st = google::protobuf::util::JsonStringToMessage(json, &run, options);
+  if (!st.ok()) throw py::value_error("invalid run_info: " + std::string(st.message()));
+  return run;
+}
+
+// Dotted paths of the 64-bit integer fields reachable from `desc` (proto JSON
+// prints those as strings; the package turns them back into ints). Repeated
+// message fields are descended into; map fields are skipped (RunInfo's maps
+// are string -> string).
+void CollectInt64Paths(const google::protobuf::Descriptor* desc, const std::string& prefix, int depth,
+                       std::vector<std::string>* out) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (depth > 8) return;  // the schema is not recursive; this only bounds a future mistake
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FD* f = desc->field(i);
+    const std::string path = prefix.empty() ? f->name() : prefix + "." + f->name();
+    if (f->is_map()) continue;
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_INT64:
+      case FD::CPPTYPE_UINT64:
+        out->push_back(path);
+        break;
+      case FD::CPPTYPE_MESSAGE:
+        CollectInt64Paths(f->message_type(), path, depth + 1, out);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// --- Frames -> Python ---------------------------------------------------------
+
+std::string PhaseName(pb::Phase phase) { return pb::Phase_Name(phase); }
+
+py::str DTypeKey(pb::DType dtype) { return py::str(pb::DType_Name(dtype)); }
+
+// numpy dtype holding `dtype`'s elements; bf16 has none, so its raw bits.
+py::dtype NumpyDType(pb::DType dtype) {
+  switch (dtype) {
+    case pb::FP32:
+      return py::dtype("<f4");
+    case pb::FP16:
+      return py::dtype("<f2");
+    case pb::BF16:
+      return py::dtype("<u2");
+    case pb::FP64:
+      return py::dtype("<f8");
+    default:
+      throw std::runtime_error("unvalidated dtype reached the binding");
+  }
+}
+
+template <typename T>
+py::array_t<T> ToArray(const google::protobuf::RepeatedField<T>& values) {
+  py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
+  if (values.size() > 0) std::memcpy(out.mutable_data(), values.data(), sizeof(T) * values.size());
+  return out;
+}
+
+py::dict SliceToDict(const pb::Slice& s, const std::string& where) {
+  py::dict d;
+  d["param_id"] = s.param_id();
+  d["offset"] = s.offset();
+  d["count"] = s.count();
+  d["dtype"] = DTypeKey(s.dtype());
+  switch (s.payload_case()) {
+    case pb::Slice::kFull: {
+      Expected<std::string> bytes = DecodeFullBytes(s);
+      if (!bytes.ok()) throw CodecError(Status::Corruption(where + ": " + bytes.status().message()));
+      py::array values(NumpyDType(s.dtype()), py::array::ShapeContainer{static_cast<py::ssize_t>(s.count())});
+      if (!bytes->empty()) std::memcpy(values.mutable_data(), bytes->data(), bytes->size());
+      d["mode"] = "full";
+      d["values"] = std::move(values);
+      break;
+    }
+    case pb::Slice::kSketch:
+      d["mode"] = "sketch";
+      d["k"] = s.sketch().k();
+      d["positions"] = ToArray(s.sketch().positions());
+      d["values"] = ToArray(s.sketch().values());
+      break;
+    case pb::Slice::kStats: {
+      py::dict st;
+      st["count"] = s.stats().count();
+      st["sum"] = s.stats().sum();
+      st["sum_sq"] = s.stats().sum_sq();
+      st["abs_max"] = s.stats().abs_max();
+      st["nonfinite"] = s.stats().nonfinite();
+      d["mode"] = "stats";
+      d["stats"] = std::move(st);
+      break;
+    }
+    case pb::Slice::PAYLOAD_NOT_SET:
+      // The reader validates records; an empty payload never gets here.
+      throw CodecError(Status::Corruption(where + ": slice without payload"));
+  }
+  return d;
+}
+
+py::dict StepToDict(const pb::StepInfo& s, uint64_t offset) {
+  py::dict d;
+  d["type"] = "step";
+  d["offset"] = offset;
+  d["step"] = s.step();
+  d["micro_step"] = s.micro_step();
+  d["loss"] = s.loss();
+  d["valid_tokens"] = s.valid_tokens();
+  d["lr"] = s.lr();
+  return d;
+}
+
+py::dict BucketToDict(const pb::BucketRecord& b, uint64_t offset, const std::string& path) {
+  py::dict d;
+  d["type"] = "bucket";
+  d["offset"] = offset;
+  d["step"] = b.step();
+  d["micro_step"] = b.micro_step();
+  d["bucket_id"] = b.bucket_id();
+  d["phase"] = PhaseName(b.phase());
+  d["group"] = b.group();
+  d["bucket_numel"] = b.bucket_numel();
+  d["partition_offset"] = b.partition_offset();
+  d["partition_count"] = b.partition_count();
+  d["divisor"] = b.divisor();
+  d["chunk"] = b.chunk();
+  d["chunk_count"] = b.chunk_count();
+  d["last_slice_continues"] = b.last_slice_continues();
+  const std::string where = path + ": frame at offset " + std::to_string(offset);
+  py::list slices;
+  for (const pb::Slice& s : b.slices()) slices.append(SliceToDict(s, where));
+  d["slices"] = std::move(slices);
+  return d;
+}
+
+py::object FrameToObject(const Frame& f, const std::string& path) {
+  if (f.step) return StepToDict(*f.step, f.offset);
+  if (f.bucket) return BucketToDict(*f.bucket, f.offset, path);
+  return py::none();  // a frame type from a newer minor version
+}
+
+// --- Reader -----------------------------------------------------------------
+
+class PyReader {
+ public:
+  PyReader(const std::string& path, bool use_index) {
+    ReadOptions options;
+    options.use_index = use_index;
+    Expected<std::unique_ptr<TraceReader>> r = [&] {
+      py::gil_scoped_release release;
+      return TraceReader::Open(path, options);
+    }();
+    ThrowIfFileError(r.status());
+    reader_ = std::move(r.value());
+  }
+
+  std::string run_info_json() const { return RunInfoToJson(reader_->run_info()); }
+
+  // The next StepInfo/BucketRecord as a dict, None for a frame of unknown
+  // type; raises StopIteration at the end (clean, truncated or corrupt: the
+  // caller reads the status to tell which). With `merge`, the chunks of a
+  // record the writer split (consecutive frames) come back as one record; a
+  // record cut short by the end of a truncated file is dropped, like any
+  // frame in flight, and the status says Truncated.
+  py::object next(bool merge) {
+    Frame frame;
+    bool got;
+    Status merge_status;
+    std::optional<pb::BucketRecord> merged;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      got = reader_->Next(&frame);
+      if (got && merge && frame.bucket && frame.bucket->chunk_count() > 1) {
+        merge_status = ReadChunks(&frame, &merged);
+        got = merge_status.ok() && merged.has_value();
+      }
+    }
+    if (!merge_status.ok()) throw CodecError(merge_status);
+    if (!got) throw py::stop_iteration();
+    if (merged) return BucketToDict(*merged, frame.offset, reader_->path());
+    return FrameToObject(frame, reader_->path());
+  }
+
+  py::object frame_at(uint64_t offset) {
+    Frame frame;
+    Status st;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      st = reader_->ReadAt(offset, &frame);
+    }
+    ThrowIfError(st);
+    return FrameToObject(frame, reader_->path());
+  }
+
+  py::list index() const {
+    py::list out;
+    for (const pb::IndexEntry& e : reader_->index().entries()) {
+      py::dict d;
+      d["offset"] = e.offset();
+      d["type"] = e.type() == static_cast<uint32_t>(format::FrameType::kStepInfo)       ? py::str("step")
+                  : e.type() == static_cast<uint32_t>(format::FrameType::kBucketRecord) ? py::str("bucket")
+                                                                                        : py::str("unknown");
+      d["step"] = e.step();
+      d["micro_step"] = e.micro_step();
+      d["bucket_id"] = e.bucket_id();
+      d["phase"] = PhaseName(e.phase());
+      out.append(std::move(d));
+    }
+    return out;
+  }
+
+  const TraceReader& reader() const { return *reader_; }
+
+ private:
+  // `first` is chunk 0 of a split record; reads the other chunks and merges.
+  // Leaves *out empty when the frames end first (the reader's status says why).
+  Status ReadChunks(Frame* first, std::optional<pb::BucketRecord>* out) {
+    const std::string where = reader_->path() + ": record at offset " + std::to_string(first->offset) + ": ";
+    const int32_t n = first->bucket->chunk_count();
+    std::vector<pb::BucketRecord> chunks;
+    chunks.push_back(std::move(*first->bucket));
+    while (static_cast<int32_t>(chunks.size()) < n) {
+      Frame f;
+      if (!reader_->Next(&f)) return Status::Ok();
+      if (!f.bucket) {
+        return Status::Corruption(where + "chunk " + std::to_string(chunks.size()) + " of " + std::to_string(n) +
+                                  " expected at offset " + std::to_string(f.offset) + ", found another frame type");
+      }
+      chunks.push_back(std::move(*f.bucket));
+    }
+    Expected<pb::BucketRecord> m = MergeChunks(std::move(chunks));
+    if (!m.ok()) return Status::Corruption(where + m.status().message());
+    *out = std::move(m.value());
+    return Status::Ok();
+  }
+
+  std::unique_ptr<TraceReader> reader_;
+  std::mutex mu_;  // Next/ReadAt run without the GIL; two Python threads must not interleave them
+};
+
+// --- Writer -----------------------------------------------------------------
+
+template <typename T>
+T DictGet(const py::dict& d, const char* key, T fallback) {
+  if (!d.contains(key)) return fallback;
+  return d[key].cast<T>();
+}
+
+pb::Phase ParsePhase(const py::handle& h) {
+  if (py::isinstance<py::int_>(h)) {
+    const int v = h.cast<int>();
+    if (!pb::Phase_IsValid(v)) throw py::value_error("invalid phase " + std::to_string(v));
+    return static_cast<pb::Phase>(v);
+  }
+  std::string name = h.cast<std::string>();
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  pb::Phase phase;
+  if (!pb::Phase_Parse(name, &phase) || phase == pb::PHASE_UNSPECIFIED) {
+    throw py::value_error("invalid phase '" + h.cast<std::string>() + "': expected PRE_REDUCE, POST_REDUCE or FINAL");
+  }
+  return phase;
+}
+
+class PyWriter {
+ public:
+  PyWriter(const std::string& path, const std::string& run_info_json, int zstd_level, bool write_index) {
+    pb::RunInfo run = RunInfoFromJson(run_info_json);
+    if (run.model_fingerprint().empty()) run.set_model_fingerprint(ModelFingerprint(run));
+    WriterOptions options;
+    options.zstd_level = zstd_level;
+    options.write_index = write_index;
+    Expected<std::unique_ptr<TraceWriter>> w = [&] {
+      py::gil_scoped_release release;
+      return TraceWriter::Open(path, run, options);
+    }();
+    ThrowIfError(w.status());
+    writer_ = std::move(w.value());
+    run_ = std::move(run);
+  }
+
+  std::string run_info_json() const { return RunInfoToJson(run_); }
+
+  void write_step(const py::dict& d) {
+    pb::StepInfo step;
+    step.set_step(DictGet<int64_t>(d, "step", 0));
+    step.set_micro_step(DictGet<int32_t>(d, "micro_step", 0));
+    step.set_loss(DictGet<double>(d, "loss", 0.0));
+    step.set_valid_tokens(DictGet<int64_t>(d, "valid_tokens", 0));
+    step.set_lr(DictGet<double>(d, "lr", 0.0));
+    CheckOpen();
+    Status st;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      st = writer_->WriteStep(step);
+    }
+    ThrowIfError(st);
+  }
+
+  // `header`: the BucketRecord's scalar fields. `slices`: (param_id, offset,
+  // dtype name, contiguous buffer, capture mode) tuples; the package builds
+  // them from the user's dicts.
+  void write_bucket(const py::dict& header, const py::list& slices) {
+    pb::BucketRecord record;
+    record.set_step(DictGet<int64_t>(header, "step", 0));
+    record.set_micro_step(DictGet<int32_t>(header, "micro_step", 0));
+    record.set_bucket_id(DictGet<int32_t>(header, "bucket_id", 0));
+    if (!header.contains("phase")) throw py::value_error("bucket record needs a phase");
+    record.set_phase(ParsePhase(header["phase"]));
+    record.set_group(DictGet<std::string>(header, "group", ""));
+    record.set_bucket_numel(DictGet<int64_t>(header, "bucket_numel", 0));
+    record.set_partition_offset(DictGet<int64_t>(header, "partition_offset", 0));
+    record.set_partition_count(DictGet<int64_t>(header, "partition_count", 0));
+    record.set_divisor(DictGet<double>(header, "divisor", 0.0));
+
+    struct Pending {
+      const pb::ParamInfo* param;
+      int64_t offset;
+      int64_t count;
+      pb::DType dtype;
+      py::buffer_info buf;
+      CaptureMode mode;
+    };
+    std::vector<Pending> pending;
+    pending.reserve(slices.size());
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const auto t = slices[i].cast<py::tuple>();
+      if (t.size() != 5) throw py::value_error("slice tuple must have 5 items");
+      const std::string at = "slice " + std::to_string(i);
+      const auto param_id = t[0].cast<int64_t>();
+      if (param_id < 0 || param_id >= run_.params_size()) {
+        throw py::value_error(at + ": param_id " + std::to_string(param_id) + " out of range [0, " +
+                              std::to_string(run_.params_size()) + ")");
+      }
+      const pb::ParamInfo& param = run_.params(static_cast<int>(param_id));
+      const auto offset = t[1].cast<int64_t>();
+      pb::DType dtype;
+      const auto dtype_name = t[2].cast<std::string>();
+      if (!ParseDType(dtype_name, &dtype)) throw py::value_error(at + ": unknown dtype '" + dtype_name + "'");
+      py::buffer_info buf = t[3].cast<py::buffer>().request();
+      if (static_cast<size_t>(buf.itemsize) != DTypeSize(dtype)) {
+        throw py::value_error(at + ": buffer item size " + std::to_string(buf.itemsize) + " does not match dtype " +
+                              dtype_name);
+      }
+      if (buf.ndim != 1 || (buf.size > 1 && buf.strides[0] != buf.itemsize)) {
+        throw py::value_error(at + ": values must be a contiguous 1-D buffer");
+      }
+      const int64_t count = buf.size;
+      if (offset < 0 || offset > param.numel() || count > param.numel() - offset) {
+        throw py::value_error(at + ": elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                              ") outside parameter '" + param.name() + "' of " + std::to_string(param.numel()) +
+                              " elements (expected offset + count <= numel)");
+      }
+      Expected<CaptureMode> mode = ParseCaptureMode(t[4].cast<std::string>());
+      if (!mode.ok()) throw py::value_error(at + ": " + mode.status().message());
+      pending.push_back({&param, offset, count, dtype, std::move(buf), *mode});
+    }
+    CheckOpen();
+    Status st;
+    {
+      // The buffers stay alive (and their views held) in `pending`.
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Pending& p : pending) {
+        *record.add_slices() = MakeSlice(*p.param, p.offset, p.count, p.dtype, p.buf.ptr, p.mode);
+      }
+      st = writer_->WriteBucket(record);
+    }
+    ThrowIfError(st);
+  }
+
+  void close() {
+    if (closed_) return;
+    Status st;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      st = writer_->Close();
+    }
+    closed_ = true;
+    ThrowIfError(st);
+  }
+
+  const TraceWriter& writer() const { return *writer_; }
+
+ private:
+  void CheckOpen() const {
+    if (closed_) throw py::value_error("write to a closed TraceWriter");
+  }
+
+  std::unique_ptr<TraceWriter> writer_;
+  pb::RunInfo run_;
+  bool closed_ = false;
+  std::mutex mu_;
+};
+
+}  // namespace
+}  // namespace gradtrace
+
+PYBIND11_MODULE(_gtcodec, m) {
+  using namespace gradtrace;
+  m.doc() = "Binding of the gradtrace C++ trace codec; use the `gradtrace` package, not this module.";
+
+  g_trace_error = PyErr_NewExceptionWithDoc(
+      "gradtrace.TraceError",
+      "A trace file could not be opened, read or written. str(e) is the codec's one-line message naming the "
+      "file and offset; e.code is one of io_error, corruption, truncated, limit_exceeded, mismatch.",
+      PyExc_Exception, nullptr);
+  if (g_trace_error == nullptr) throw py::error_already_set();
+  // add_object takes its own reference; ours keeps the type alive for the translator below.
+  m.add_object("TraceError", py::handle(g_trace_error));
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CodecError& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(g_trace_error)(e.status().message());
+      exc.attr("code") = CodeName(e.status().code());
+      PyErr_SetObject(g_trace_error, exc.ptr());
+    }
+  });
+
+  py::class_<PyReader>(m, "Reader")
+      .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("use_index") = true)
+      .def("run_info_json", &PyReader::run_info_json)
+      .def("next", &PyReader::next, py::arg("merge_chunks") = true)
+      .def("frame_at", &PyReader::frame_at, py::arg("offset"))
+      .def("index", &PyReader::index)
+      .def_property_readonly("path", [](const PyReader& r) { return r.reader().path(); })
+      .def_property_readonly("file_size", [](const PyReader& r) { return r.reader().file_size(); })
+      .def_property_readonly("has_index", [](const PyReader& r) { return r.reader().has_index(); })
+      .def_property_readonly("status_code", [](const PyReader& r) { return CodeName(r.reader().status().code()); })
+      .def_property_readonly("status_message", [](const PyReader& r) { return r.reader().status().message(); })
+      .def_property_readonly("stop_offset", [](const PyReader& r) { return r.reader().stop_offset(); })
+      .def_property_readonly("stored_bytes", [](const PyReader& r) { return r.reader().stored_bytes(); })
+      .def_property_readonly("raw_bytes", [](const PyReader& r) { return r.reader().raw_bytes(); });
+
+  py::class_<PyWriter>(m, "Writer")
+      .def(py::init<const std::string&, const std::string&, int, bool>(), py::arg("path"), py::arg("run_info_json"),
+           py::arg("zstd_level") = 3, py::arg("write_index") = true)
+      .def("run_info_json", &PyWriter::run_info_json)
+      .def("write_step", &PyWriter::write_step, py::arg("step"))
+      .def("write_bucket", &PyWriter::write_bucket, py::arg("header"), py::arg("slices"))
+      .def("close", &PyWriter::close)
+      .def_property_readonly("path", [](const PyWriter& w) { return w.writer().path(); })
+      .def_property_readonly("bytes_written", [](const PyWriter& w) { return w.writer().bytes_written(); })
+      .def_property_readonly("raw_bytes", [](const PyWriter& w) { return w.writer().raw_bytes(); });
+
+  m.def(
+      "sketch_positions",
+      [](const std::string& name, int64_t numel, int64_t k) {
+        if (numel < 0) throw py::value_error("numel must be >= 0");
+        if (k < 1 || k > std::numeric_limits<int32_t>::max()) throw py::value_error("k must be in [1, 2^31)");
+        std::vector<int64_t> pos = SketchPositions(name, numel, static_cast<int32_t>(k));
+        py::array_t<int64_t> out(static_cast<py::ssize_t>(pos.size()));
+        if (!pos.empty()) std::memcpy(out.mutable_data(), pos.data(), pos.size() * sizeof(int64_t));
+        return out;
+      },
+      py::arg("name"), py::arg("numel"), py::arg("k"));
+  m.def(
+      "model_fingerprint", [](const std::string& json) { return ModelFingerprint(RunInfoFromJson(json)); },
+      py::arg("run_info_json"));
+  m.def(
+      "verify",
+      [](const std::string& path) {
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = VerifyFile(path);
+        }
+        ThrowIfFileError(st);
+      },
+      py::arg("path"));
+  m.def(
+      "parse_capture_mode",
+      [](const std::string& text) {
+        Expected<CaptureMode> mode = ParseCaptureMode(text);
+        ThrowIfError(mode.status());
+        return mode->ToString();
+      },
+      py::arg("text"));
+  m.def("int64_paths", [] {
+    std::vector<std::string> out;
+    CollectInt64Paths(pb::RunInfo::descriptor(), "", 0, &out);
+    return out;
+  });
+  m.attr("FORMAT_VERSION") = py::make_tuple(format::kMajorVersion, format::kMinorVersion);
+}
