@@ -1,0 +1,476 @@
+"""Capture a real DeepSpeed run into a gradtrace trace set, with one call.
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg, mpu=mpu)
+    cap = gradtrace.deepspeed_adapter.attach(engine, "traces/run", mpu=mpu, loss_recipe="local-mean")
+    for batch in data:
+        loss = engine(**batch)
+        engine.backward(loss)
+        cap.record_step(loss, valid_tokens)      # StepInfo of this micro-step
+        engine.step()                            # FINAL is captured here, before the optimizer runs
+    cap.close()
+
+Nothing in DeepSpeed's files changes: the adapter replaces methods on the engine and on its ZeRO
+optimizer *instance* (instance attributes shadow the class methods, and DeepSpeed calls them as
+``self.method(...)``), and ``detach()`` puts them back.
+
+Hook points, by the path a gradient takes (names as in DeepSpeed 0.19.8; a method that a version
+lacks is reported, see ``DeepSpeedCapture.unrecordable``):
+
+- ZeRO-1/2, ``contiguous_gradients: true`` (the CPU-runnable path):
+  ``DeepSpeedZeroOptimizer.average_tensor(tensor, comm_dtype)`` receives the flat IPG bucket; the
+  parameters in it, in bucket order, are ``ipg_buckets[comm_dtype].params`` (0.19.x) or
+  ``params_in_ipg_bucket`` (older). It scales and reduce-scatters in place, so the bucket is cloned
+  on entry (PRE_REDUCE) and the rank's own partition is read back on return (POST_REDUCE).
+- ZeRO-1/2, ``contiguous_gradients: false``: ``buffered_reduce_fallback`` and
+  ``_buffered_reduce_fallback_preserving_fp32`` receive the list of gradients (all-reduced in place).
+- Stage 0: ``DeepSpeedEngine.allreduce_and_copy(small_bucket, dp_group, ...)`` receives a list of
+  ``param.grad`` tensors, all-reduces a flattened copy and copies it back.
+- FINAL: ``deepspeed.utils.safe_get_full_grad(param)`` for every parameter (a collective for ZeRO-1/2:
+  every rank calls it for every parameter in the same order) inside a wrapper of ``engine.step``,
+  at gradient-accumulation boundaries, before the optimizer step consumes the gradients.
+
+POST_REDUCE records carry, per ZeRO partition, only the elements this rank owns; their slices'
+offsets are parameter offsets, and ``partition_count`` is the number of elements held.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from .trace import TraceWriter
+
+log = logging.getLogger("gradtrace.deepspeed_adapter")
+
+__all__ = ["attach", "DeepSpeedCapture", "LOSS_RECIPES"]
+
+# CLI spellings of the #5248 loss recipes -> the names gradtrace-train and gradtrace-diff use.
+LOSS_RECIPES = {
+    "loss": "local-mean",
+    "local-mean": "local-mean",
+    "loss-div-sp": "local-mean-div-sp",
+    "local-mean-div-sp": "local-mean-div-sp",
+    "token-weighted": "token-weighted",
+    "full-sequence": "full-sequence",
+}
+
+_DTYPES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16", torch.float64: "FP64"}
+
+
+def _group_ranks(group) -> list[int]:
+    import torch.distributed as tdist
+    if group is None:
+        return list(range(tdist.get_world_size()))
+    try:
+        return [int(r) for r in tdist.get_process_group_ranks(group)]
+    except Exception:  # a DeepSpeed wrapper of a group
+        from deepspeed import comm as dist
+        return [int(r) for r in dist.get_all_ranks_from_group(group)]
+
+
+def _call(obj, name, default=None):
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return default
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+class DeepSpeedCapture:
+    """The object ``attach`` returns. Not thread-safe; one per rank."""
+
+    def __init__(self, engine, out_dir, mode: str = "full", mpu=None, *, loss_recipe: str = "",
+                 config: dict | None = None, extra: dict | None = None, run_id: str | None = None,
+                 phases=("PRE_REDUCE", "POST_REDUCE", "FINAL")):
+        import deepspeed
+        import torch.distributed as tdist
+
+        self.engine = engine
+        self.mpu = mpu
+        self.mode = mode
+        self.wanted = set(phases)
+        self.step = 0
+        self.micro = 0
+        self._bucket_id = 0
+        self._restore: list[tuple[Any, str, Any]] = []  # (object, attribute, previous value or _ABSENT)
+        self.recorded: dict[str, int] = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
+        self.unrecordable: dict[str, str] = {}  # phase -> why this DeepSpeed version cannot record it
+        self.rank = tdist.get_rank() if tdist.is_initialized() else 0
+        self.world = tdist.get_world_size() if tdist.is_initialized() else 1
+
+        self.names: dict[int, str] = {}
+        self.param_ids: dict[int, int] = {}  # id(Parameter) -> param table id
+        self.params: list[torch.nn.Parameter] = []
+        table = []
+        for name, p in engine.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            self.param_ids[id(p)] = len(self.params)
+            self.names[id(p)] = name
+            self.params.append(p)
+            table.append({"name": name, "shape": list(p.shape), "dtype": _DTYPES.get(p.dtype, "FP32")})
+
+        stage = int(_call(engine, "zero_optimization_stage", 0) or 0)
+        self.zero_stage = stage
+        self._install_hooks(stage)
+
+        # Process groups and coordinates. sdp = the group gradients are reduced over.
+        sdp = getattr(engine, "seq_data_parallel_group", None)
+        sdp_ranks = _group_ranks(sdp)
+        sp_ranks, dp_ranks = [self.rank], sdp_ranks
+        if mpu is not None and hasattr(mpu, "get_sequence_parallel_group"):
+            sp_ranks = _group_ranks(mpu.get_sequence_parallel_group())
+        if mpu is not None and hasattr(mpu, "get_data_parallel_group") and \
+                not hasattr(mpu, "initialize_sequence_parallel"):
+            dp_ranks = _group_ranks(mpu.get_data_parallel_group())
+        elif len(sp_ranks) > 1:
+            dp_ranks = [r for r in sdp_ranks if (r - self.rank) % len(sp_ranks) == 0]
+        sp, dp = len(sp_ranks), len(dp_ranks)
+        ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
+        dtype = table[0]["dtype"] if table else "FP32"
+        gas = int(_call(engine, "gradient_accumulation_steps", 1) or 1)
+        if stage > 0:
+            bucket = int(getattr(engine.optimizer, "reduce_bucket_size", 0) or _call(engine, "zero_reduce_bucket_size", 0))
+        else:  # stage 0: DeepSpeedEngine.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
+            import deepspeed.runtime.engine as ds_engine
+            bucket = int(getattr(ds_engine, "MEMORY_OPT_ALLREDUCE_SIZE", 0))
+        backend = tdist.get_backend() if tdist.is_initialized() else ""
+        cfg = {"world": self.world, "dp": dp, "sp": sp, "zero_stage": stage, "gas": gas,
+               "reduce_bucket_size": bucket, "dtype": dtype, "backend": str(backend),
+               "scaling": f"deepspeed@{ds_version}", "capture_mode": mode,
+               "loss": LOSS_RECIPES.get(loss_recipe, loss_recipe)}
+        cfg.update(config or {})
+        ds_config = getattr(getattr(engine, "_config", None), "_param_dict", None)
+        run_extra = {
+            "ds_config": json.dumps(ds_config, sort_keys=True, default=str) if ds_config is not None else "",
+            "deepspeed_version": ds_version,
+            "torch_version": torch.__version__,
+            "adapter_hooks": json.dumps(self.hooks),
+            "adapter_unrecordable_phases": json.dumps(self.unrecordable),
+        }
+        run_extra.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (extra or {}).items()})
+        if run_id is None:
+            run_id = os.environ.get("GRADTRACE_RUN_ID") or uuid.uuid4().hex  # pass one to share it across ranks
+        run_info = {
+            "producer": "deepspeed via adapter",
+            "producer_version": f"deepspeed {ds_version} / torch {torch_version}",
+            "run_id": run_id,
+            "config": cfg,
+            "rank": self.rank,
+            "dp_rank": dp_ranks.index(self.rank) if self.rank in dp_ranks else 0,
+            "sp_rank": sp_ranks.index(self.rank) if self.rank in sp_ranks else 0,
+            "host": socket.gethostname(),
+            "groups": [{"name": "sp", "ranks": sp_ranks}, {"name": "dp", "ranks": dp_ranks},
+                       {"name": "sdp", "ranks": sdp_ranks}],
+            "params": table,
+            "created_unix_ns": time.time_ns(),
+            "extra": run_extra,
+        }
+        os.makedirs(out_dir, exist_ok=True)
+        self.path = os.path.join(os.fspath(out_dir), f"rank-{self.rank:05d}.gtrace")
+        self.writer = TraceWriter(self.path, run_info, mode=mode)
+        for phase, why in self.unrecordable.items():
+            log.warning("gradtrace: DeepSpeed %s: cannot record %s: %s", ds_version, phase, why)
+
+    # ---- hook installation ---------------------------------------------------------------------
+
+    def _patch(self, obj, attr, make):
+        """Shadow obj.attr with make(original) as an instance attribute; undone by detach()."""
+        original = getattr(obj, attr)
+        prev = obj.__dict__.get(attr, _ABSENT) if hasattr(obj, "__dict__") else _ABSENT
+        setattr(obj, attr, make(original))
+        self._restore.append((obj, attr, prev))
+
+    def _install_hooks(self, stage):
+        self.hooks: list[str] = []
+        eng, opt = self.engine, self.engine.optimizer
+        if stage in (1, 2):
+            zero = opt
+            found = False
+            if hasattr(zero, "average_tensor"):
+                self._patch(zero, "average_tensor", self._wrap_average_tensor)
+                self.hooks.append(type(zero).__name__ + ".average_tensor")
+                found = True
+            for name in ("buffered_reduce_fallback", "_buffered_reduce_fallback_preserving_fp32"):
+                if hasattr(zero, name):
+                    self._patch(zero, name, lambda orig, n=name: self._wrap_fallback(n, orig))
+                    self.hooks.append(type(zero).__name__ + "." + name)
+                    found = True
+            if not found:
+                why = f"{type(zero).__name__} has neither average_tensor nor buffered_reduce_fallback"
+                self.unrecordable["PRE_REDUCE"] = why
+                self.unrecordable["POST_REDUCE"] = why
+        elif stage == 0:
+            if hasattr(eng, "allreduce_and_copy"):
+                self._patch(eng, "allreduce_and_copy", self._wrap_engine_allreduce_and_copy)
+                self.hooks.append(type(eng).__name__ + ".allreduce_and_copy")
+            else:
+                why = f"{type(eng).__name__} has no allreduce_and_copy"
+                self.unrecordable["PRE_REDUCE"] = why
+                self.unrecordable["POST_REDUCE"] = why
+        else:
+            why = f"ZeRO stage {stage}: reduce-scatter of partitioned parameters is not hooked"
+            self.unrecordable["PRE_REDUCE"] = why
+            self.unrecordable["POST_REDUCE"] = why
+        try:
+            from deepspeed.utils import safe_get_full_grad  # noqa: F401
+            self._patch(eng, "step", self._wrap_step)
+            self.hooks.append(type(eng).__name__ + ".step")
+        except ImportError:
+            self.unrecordable["FINAL"] = "deepspeed.utils.safe_get_full_grad does not exist"
+            self._patch(eng, "step", self._wrap_step)
+
+    # ---- ZeRO-1/2 ------------------------------------------------------------------------------
+
+    def _bucket_layout(self, zero, comm_dtype):
+        """[(param, group index, param_id)] of the IPG bucket being reduced, in bucket order."""
+        entries = None
+        buckets = getattr(zero, "ipg_buckets", None)
+        if isinstance(buckets, dict) and comm_dtype in buckets:
+            entries = buckets[comm_dtype].params
+        elif hasattr(zero, "params_in_ipg_bucket"):
+            entries = zero.params_in_ipg_bucket
+        if entries is None:
+            return None
+        out = []
+        for i, p_or_idx, pid in entries:
+            # (group, param, param_id) up to 0.14-ish; (group, index in group, param_id) later.
+            p = p_or_idx if isinstance(p_or_idx, torch.Tensor) else zero.bit16_groups[i][p_or_idx]
+            out.append((p, i, pid))
+        return out
+
+    def _owned_range(self, zero, i, pid, numel):
+        """[start, end) of the parameter that this rank's ZeRO partition owns, or None."""
+        import torch.distributed as tdist
+        group = zero.real_dp_process_group[i]
+        me = tdist.get_rank(group=group)
+        parts = zero.param_to_partition_ids[i].get(pid, [])
+        if me not in parts:
+            return None
+        offsets = sorted((zero.grad_start_offset[i][p][pid], p) for p in parts)
+        for k, (off, p) in enumerate(offsets):
+            if p == me:
+                end = offsets[k + 1][0] if k + 1 < len(offsets) else numel
+                return int(off), int(end)
+        return None
+
+    def _write_bucket_pair(self, layout, pre_flat, post_flat, bucket_id, group="sdp"):
+        """PRE_REDUCE (every parameter of the bucket) and POST_REDUCE (this rank's partition)."""
+        zero = self.engine.optimizer
+        if "PRE_REDUCE" in self.wanted and pre_flat is not None:
+            slices, off = [], 0
+            for p, _, _ in layout:
+                n = p.numel()
+                slices.append({"param_id": self.param_ids[id(p)], "offset": 0, "values": pre_flat[off:off + n]})
+                off += n
+            self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": bucket_id,
+                                      "phase": "PRE_REDUCE", "group": group, "bucket_numel": off, "slices": slices})
+            self.recorded["PRE_REDUCE"] += 1
+        if "POST_REDUCE" in self.wanted and post_flat is not None:
+            slices, off, first, held = [], 0, None, 0
+            for p, i, pid in layout:
+                n = p.numel()
+                rng = self._owned_range(zero, i, pid, n)
+                if rng is not None and rng[1] > rng[0]:
+                    a, b = rng
+                    slices.append({"param_id": self.param_ids[id(p)], "offset": a, "values": post_flat[off + a:off + b]})
+                    first = off + a if first is None else first
+                    held += b - a
+                off += n
+            self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": bucket_id,
+                                      "phase": "POST_REDUCE", "group": group, "bucket_numel": off,
+                                      "partition_offset": first or 0, "partition_count": held, "slices": slices})
+            self.recorded["POST_REDUCE"] += 1
+
+    def _wrap_average_tensor(self, original):
+        def average_tensor(tensor, *args, **kwargs):
+            comm_dtype = args[0] if args else kwargs.get("communication_data_type", tensor.dtype)
+            layout = self._bucket_layout(self.engine.optimizer, comm_dtype)
+            ok = layout is not None and sum(p.numel() for p, _, _ in layout) == tensor.numel() \
+                and all(id(p) in self.param_ids for p, _, _ in layout)
+            if not ok:
+                self._note_unmapped("average_tensor", tensor.numel())
+                return original(tensor, *args, **kwargs)
+            pre = tensor.detach().reshape(-1).clone()
+            result = original(tensor, *args, **kwargs)
+            self._write_bucket_pair(layout, pre, tensor.detach().reshape(-1), self._next_bucket())
+            return result
+        return average_tensor
+
+    def _wrap_fallback(self, name, original):
+        def fallback(*args, **kwargs):
+            zero = self.engine.optimizer
+            # buffered_reduce_fallback(rank, grads, comm_dtype, ...);
+            # _buffered_reduce_fallback_preserving_fp32(grads, grad_params, comm_dtype, ...)
+            if name == "buffered_reduce_fallback":
+                grads = args[1] if len(args) > 1 else kwargs["grads"]
+                comm_dtype = args[2] if len(args) > 2 else kwargs.get("communication_data_type")
+                layout = self._bucket_layout(zero, comm_dtype)
+            else:
+                grads = args[0] if args else kwargs["grads"]
+                entries = args[1] if len(args) > 1 else kwargs["grad_params"]
+                layout = [(p if isinstance(p, torch.Tensor) else zero.bit16_groups[i][p], i, pid)
+                          for i, p, pid in entries]
+            ok = layout is not None and len(layout) == len(grads) and \
+                all(g.numel() == p.numel() and id(p) in self.param_ids for g, (p, _, _) in zip(grads, layout))
+            if not ok:
+                self._note_unmapped(name, sum(g.numel() for g in grads))
+                return original(*args, **kwargs)
+            pre = torch.cat([g.detach().reshape(-1) for g in grads]) if grads else None
+            result = original(*args, **kwargs)
+            post = torch.cat([g.detach().reshape(-1) for g in grads]) if grads else None
+            if grads:
+                self._write_bucket_pair(layout, pre, post, self._next_bucket())
+            return result
+        return fallback
+
+    # ---- stage 0 -------------------------------------------------------------------------------
+
+    def _wrap_engine_allreduce_and_copy(self, original):
+        def allreduce_and_copy(small_bucket, *args, **kwargs):
+            by_ptr = {}
+            for p in self.params:
+                if p.grad is not None:
+                    by_ptr[p.grad.data_ptr()] = p
+            layout = [by_ptr.get(t.data_ptr()) for t in small_bucket]
+            if any(p is None or p.numel() != t.numel() for p, t in zip(layout, small_bucket)):
+                self._note_unmapped("allreduce_and_copy", sum(t.numel() for t in small_bucket))
+                return original(small_bucket, *args, **kwargs)
+            pre = torch.cat([t.detach().reshape(-1).clone() for t in small_bucket])
+            result = original(small_bucket, *args, **kwargs)
+            post = torch.cat([t.detach().reshape(-1) for t in small_bucket])
+            bucket_id = self._next_bucket()
+            for phase, flat in (("PRE_REDUCE", pre), ("POST_REDUCE", post)):
+                if phase not in self.wanted:
+                    continue
+                slices, off = [], 0
+                for p in layout:
+                    n = p.numel()
+                    slices.append({"param_id": self.param_ids[id(p)], "offset": 0, "values": flat[off:off + n]})
+                    off += n
+                self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": bucket_id,
+                                          "phase": phase, "group": "sdp", "bucket_numel": off, "slices": slices})
+                self.recorded[phase] += 1
+            return result
+        return allreduce_and_copy
+
+    # ---- FINAL and step bookkeeping ------------------------------------------------------------
+
+    def _capture_final(self):
+        from deepspeed.utils import safe_get_full_grad
+        import torch.distributed as tdist
+        # safe_get_full_grad is a collective for ZeRO-1/2 parameters without .grad. A parameter that
+        # holds .grad on some ranks and not on others would make the ranks call different
+        # collectives, so agree on it first (one small all-reduce) and skip such parameters.
+        has = torch.tensor([1 if p.grad is not None else 0 for p in self.params], dtype=torch.int32)
+        lo, hi = has.clone(), has.clone()
+        if tdist.is_initialized() and self.world > 1:
+            tdist.all_reduce(lo, op=tdist.ReduceOp.MIN)
+            tdist.all_reduce(hi, op=tdist.ReduceOp.MAX)
+        slices, skipped = [], []
+        for k, p in enumerate(self.params):
+            if int(lo[k]) != int(hi[k]):
+                skipped.append(self.names[id(p)])
+                continue
+            g = safe_get_full_grad(p)
+            if g is None:
+                skipped.append(self.names[id(p)])
+                continue
+            slices.append({"param_id": k, "offset": 0, "values": g.detach().float().reshape(-1).cpu()})
+        if skipped:
+            log.warning("gradtrace: FINAL of step %d lacks %d parameters (no full gradient): %s", self.step,
+                        len(skipped), ", ".join(skipped[:5]))
+        if slices:
+            self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": 0,
+                                      "phase": "FINAL", "group": "", "slices": slices})
+            self.recorded["FINAL"] += 1
+
+    def _wrap_step(self, original):
+        def step(*args, **kwargs):
+            boundary = bool(_call(self.engine, "is_gradient_accumulation_boundary", True))
+            if boundary and "FINAL" in self.wanted and "FINAL" not in self.unrecordable:
+                self._capture_final()
+            result = original(*args, **kwargs)
+            if boundary:
+                self.step += 1
+                self.micro = 0
+            else:
+                self.micro += 1
+            self._bucket_id = 0
+            return result
+        return step
+
+    def _next_bucket(self):
+        b = self._bucket_id
+        self._bucket_id += 1
+        return b
+
+    def _note_unmapped(self, where, numel):
+        log.warning("gradtrace: %s: a bucket of %d elements could not be mapped to parameters; not recorded",
+                    where, numel)
+
+    # ---- public --------------------------------------------------------------------------------
+
+    def record_step(self, loss, valid_tokens, lr: float | None = None):
+        """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.detach().float().item())
+        if isinstance(valid_tokens, torch.Tensor):
+            valid_tokens = int(valid_tokens.item())
+        if lr is None:
+            try:
+                lr = float(self.engine.get_lr()[0])
+            except Exception:
+                lr = 0.0
+        self.writer.write_step({"step": self.step, "micro_step": self.micro, "loss": float(loss),
+                                "valid_tokens": int(valid_tokens), "lr": lr})
+        self.recorded["STEP"] += 1
+
+    def detach(self):
+        """Put every replaced method back."""
+        for obj, attr, prev in reversed(self._restore):
+            if prev is _ABSENT:
+                try:
+                    delattr(obj, attr)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, attr, prev)
+        self._restore.clear()
+
+    def close(self):
+        self.detach()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Absent:
+    pass
+
+
+_ABSENT = _Absent()
+
+
+def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeedCapture:
+    """Attach a capture to a DeepSpeed engine (after deepspeed.initialize) and open this rank's trace
+    file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (``loss``, ``loss-div-sp``,
+    ``token-weighted``, ``full-sequence`` or the gradtrace names), ``config`` (extra Config fields:
+    seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac, optimizer, lr, steps), ``extra``
+    (RunInfo.extra), ``run_id`` (the same on every rank; default $GRADTRACE_RUN_ID or random), ``phases``."""
+    return DeepSpeedCapture(engine, out_dir, mode, mpu, **kwargs)

@@ -1,0 +1,123 @@
+"""A tiny decoder-only transformer whose attention is DeepSpeed-Ulysses' DistributedAttention.
+
+Pure torch, no downloads. Weights are a function of the seed alone (never of world size or rank),
+so a single-rank reference and any sp x dp run start from the same model. Labels are passed
+already shifted (label[t] = input_ids[t + 1]) and the model does not shift them again: shifting
+inside the model would drop one target at every sub-sequence boundary under SP.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def local_causal_attention(q, k, v):
+    """q, k, v: [batch, seq (full), heads (local), head_dim] -> same shape."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
+
+
+class Block(nn.Module):
+
+    def __init__(self, hidden, heads, sp_group):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+        self.attn = None
+        if sp_group is not None:
+            from deepspeed.sequence.layer import DistributedAttention
+            # Batch-first layout [b, s/sp, h, d]: scatter heads (2), gather sequence (1).
+            self.attn = DistributedAttention(local_causal_attention, sp_group, scatter_idx=2, gather_idx=1)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        if self.attn is None:
+            a = local_causal_attention(q, k, v)
+        else:
+            a = self.attn(q, k, v, batch_dim_idx=0)
+        x = x + self.proj(a.reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    """forward(input_ids, labels, position_ids) -> per-token losses [b, s_local] (0 where ignored)
+    and the valid-token mask; the loss recipe (run.py) reduces them."""
+
+    def __init__(self, vocab, hidden, heads, layers, max_seq, sp_group=None):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(max_seq, hidden)
+        self.blocks = nn.ModuleList([Block(hidden, heads, sp_group) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.sp_group = sp_group
+        self.recipe = "local-mean"  # set by the runner; see forward()
+
+    def forward(self, input_ids, labels, position_ids):
+        """This rank's loss, by recipe (gradtrace names):
+        local-mean     mean CE over this rank's valid tokens (the #5248 loop; `loss / sp` is applied
+                       by the caller, as in the issue)
+        token-weighted sum of this rank's token CE / valid tokens of the whole sequences (count
+                       all-reduced over the SP group): exact with uneven shards
+        full-sequence  Megatron-DeepSpeed style: deepspeed.sequence.cross_entropy.
+                       vocab_sequence_parallel_cross_entropy gathers the per-token losses of the
+                       whole sequence (backward: this rank's slice), then the mean over all valid tokens
+        """
+        logits = self.logits(input_ids, position_ids).float()
+        valid = labels != -100
+        sp_active = self.sp_group is not None and torch.distributed.get_world_size(self.sp_group) > 1
+        if self.recipe == "local-mean" or not sp_active:
+            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+            return token.sum() / valid.sum().clamp_min(1)
+        n_total = valid.sum().to(torch.float32)
+        torch.distributed.all_reduce(n_total, group=self.sp_group)
+        if self.recipe == "token-weighted":
+            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+            return token.sum() / n_total.clamp_min(1)
+        if self.recipe == "full-sequence":
+            from deepspeed.sequence.cross_entropy import vocab_sequence_parallel_cross_entropy
+            # [s/sp, b, V] and [s/sp, b] (sequence first, as Megatron); returns [s, b] for the whole sequence.
+            token = vocab_sequence_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
+                                                          labels.transpose(0, 1).contiguous(), self.sp_group)
+            return token.sum() / n_total.clamp_min(1)
+        raise ValueError(f"unknown loss recipe {self.recipe!r}")
+
+    def logits(self, input_ids, position_ids):
+        x = self.tok(input_ids) + self.pos(position_ids)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model(seed, vocab, hidden, heads, layers, max_seq, sp_group=None):
+    """Deterministic weights: the same seed gives the same model on every rank and world size."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = TinyLM(vocab, hidden, heads, layers, max_seq, sp_group)
+    # Non-default init so that no gradient is accidentally tiny; still a function of the seed only.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
+    torch.random.set_rng_state(gen_state)
+    return model
+
+
+def make_batch(seed, step, global_batch, seq_len, vocab, ignore_frac):
+    """The global batch of step `step`: input_ids, labels (shifted, -100 = ignored) [G, T].
+    A function of (seed, step) only."""
+    g = torch.Generator().manual_seed(seed * 1000003 + step)
+    ids = torch.randint(0, vocab, (global_batch, seq_len + 1), generator=g)
+    input_ids, labels = ids[:, :-1].clone(), ids[:, 1:].clone()
+    if ignore_frac > 0:
+        drop = torch.rand(global_batch, seq_len, generator=g) < ignore_frac
+        labels[drop] = -100
+    return input_ids, labels

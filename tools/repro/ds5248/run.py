@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""DeepSpeed #5248 on CPU: the issue's Ulysses training loop with real DeepSpeed, captured by
+gradtrace.deepspeed_adapter.
+
+    .venv/bin/python tools/repro/ds5248/run.py --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
+    .venv/bin/python tools/repro/ds5248/run.py --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
+
+Without RANK in the environment it launches sp x dp worker processes of itself (gloo on 127.0.0.1,
+a free port); under torchrun it is one worker. Weights and data depend on --seed only, and the
+global batch of a step is --batch x dp rows (dp rank d takes rows [d*batch, (d+1)*batch)), so the
+reference for an sp x dp run is `--sp 1 --dp 1 --batch <batch x dp>`.
+
+The loop, per micro-step, as the issue's reporter wrote it:
+    input_ids, labels, position_ids: this rank's contiguous chunk of the sequence
+    loss = model_engine(input_ids=..., labels=..., position_ids=...)
+    model_engine.backward(loss)            # --loss loss
+    model_engine.backward(loss / sp)       # --loss loss-div-sp
+    model_engine.step()
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sp", type=int, default=2)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=2)
+    ap.add_argument("--loss", choices=["loss", "loss-div-sp", "token-weighted", "full-sequence"], default="loss")
+    ap.add_argument("--ignore-frac", type=float, default=0.0, help="fraction of label positions set to -100")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--gas", type=int, default=1)
+    ap.add_argument("--out", required=True, help="trace directory (rank-NNNNN.gtrace)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="micro-batch rows per DP rank")
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--reduce-bucket-size", type=int, default=2000,
+                    help="ZeRO reduce_bucket_size in elements (small: several buckets, params split "
+                         "across partitions)")
+    ap.add_argument("--no-contiguous-gradients", action="store_true",
+                    help="ZeRO-1/2 contiguous_gradients false (reduces nothing on CPU in some versions)")
+    ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
+    ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
+    return ap.parse_args(argv)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, argv):
+    """Start sp x dp copies of this script as ranks; return the worst exit status."""
+    world = args.sp * args.dp
+    port = str(free_port())
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
+                   GRADTRACE_RUN_ID=f"ds5248-{os.getpid()}-{port}", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env))
+    deadline = time.time() + args.timeout
+    rc = 0
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            print(f"ds5248: timed out after {args.timeout:.0f} s", file=sys.stderr)
+            return 124
+        rc = rc or p.returncode
+    return rc
+
+
+def ds_config(args):
+    cfg = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": args.gas,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,  # torch.optim.SGD under ZeRO
+        "zero_optimization": {"stage": args.zero_stage},
+    }
+    if args.zero_stage > 0:
+        cfg["zero_optimization"].update({
+            "contiguous_gradients": not args.no_contiguous_gradients,
+            "overlap_comm": False,
+            "reduce_scatter": True,
+            "reduce_bucket_size": args.reduce_bucket_size,
+            "allgather_bucket_size": args.reduce_bucket_size,
+        })
+    return cfg
+
+
+def disable_shm_comm_op():
+    """DeepSpeed's TorchBackend JIT-compiles the CPU shared-memory comm op (deepspeed_shm_comm, about two
+    minutes of g++ on first use, cached in ~/.cache/torch_extensions) when it is created. Only
+    inference_all_reduce uses it; training collectives go to torch.distributed (gloo). Skip the build.
+    Runtime patch only: DeepSpeed's files are untouched."""
+    import importlib
+    try:
+        # Not `import deepspeed.comm.torch as m`: deepspeed.comm re-exports `torch`, and that form
+        # binds the torch package instead of the submodule.
+        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:
+        return
+    if hasattr(ds_torch_comm, "build_shm_op"):
+        ds_torch_comm.build_shm_op = lambda: None
+
+
+def worker(args):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as tdist
+    import deepspeed
+    from gradtrace import deepspeed_adapter
+    from model import build_model, make_batch
+    from mpu import UlyssesMPU
+
+    torch.set_num_threads(1)
+    disable_shm_comm_op()
+    deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
+    mpu = UlyssesMPU(args.sp, args.dp)
+    recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
+    model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len,
+                        mpu.get_sequence_parallel_group() if args.sp > 1 else None)
+    model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args), mpu=mpu)
+    cap = deepspeed_adapter.attach(
+        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
+        config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
+                "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
+                "optimizer": "sgd", "lr": args.lr, "steps": args.steps},
+        extra={"runner": "tools/repro/ds5248/run.py", "argv": json.dumps(sys.argv[1:])})
+
+    sp, sp_rank, dp_rank = args.sp, mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_rank()
+    assert args.seq_len % sp == 0, "seq_len must divide by sp"
+    sub = args.seq_len // sp
+    lo, hi = sp_rank * sub, (sp_rank + 1) * sub
+    for step in range(args.steps):
+        for micro in range(args.gas):
+            ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
+                                     args.vocab, args.ignore_frac)
+            rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
+            input_ids = ids[rows, lo:hi]
+            lab = labels[rows, lo:hi]
+            position_ids = torch.arange(args.seq_len).unsqueeze(0).expand(args.batch, -1)[:, lo:hi]
+            loss = engine(input_ids=input_ids, labels=lab, position_ids=position_ids)
+            if recipe == "local-mean-div-sp":
+                loss = loss / sp
+            engine.backward(loss)
+            cap.record_step(loss, (lab != -100).sum())
+            engine.step()
+    cap.close()
+    if tdist.get_rank() == 0:
+        print(f"ds5248: wrote {args.out} (deepspeed {deepspeed.__version__}, sp={sp} dp={args.dp} "
+              f"zero={args.zero_stage} loss={args.loss}; recorded {cap.recorded}; "
+              f"unrecordable {cap.unrecordable or 'none'})", flush=True)
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        return launch(args, argv)
+    return worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
