@@ -224,9 +224,9 @@ Status Recorder::RecordBucket(const BucketMeta& meta, const std::vector<SliceRef
     const pb::ParamInfo& p = impl_->run.params(ref.param_id);
     const int64_t count = ref.values.numel();
     if (ref.offset < 0 || ref.offset + count > p.numel()) {
-      return Status::InvalidArgument("slice [" + std::to_string(ref.offset) + ", " + std::to_string(ref.offset + count) +
-                                     ") is outside parameter " + p.name() + " of " + std::to_string(p.numel()) +
-                                     " elements");
+      return Status::InvalidArgument("slice [" + std::to_string(ref.offset) + ", " +
+                                     std::to_string(ref.offset + count) + ") is outside parameter " + p.name() +
+                                     " of " + std::to_string(p.numel()) + " elements");
     }
     // The only work on the training thread: one device-to-host copy.
     at::Tensor host = ref.values.detach().reshape({-1}).to(at::kCPU).contiguous();

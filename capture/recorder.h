@@ -24,10 +24,10 @@ namespace gradtrace::capture {
 enum class OnCaptureError { kAbort, kDisable };
 
 struct RecorderOptions {
-  std::string path;                 // this rank's trace file, e.g. DIR/rank-00003.gtrace
-  CaptureMode mode;                 // full, sketch:K, stats
+  std::string path;                        // this rank's trace file, e.g. DIR/rank-00003.gtrace
+  CaptureMode mode;                        // full, sketch:K, stats
   std::optional<std::set<int64_t>> steps;  // unset: every step
-  std::string param_regex;          // empty: every parameter (std::regex_search on the name)
+  std::string param_regex;                 // empty: every parameter (std::regex_search on the name)
   int writer_threads = 1;
   int64_t max_queue_bytes = 256ll << 20;
   OnCaptureError on_error = OnCaptureError::kAbort;
@@ -37,8 +37,8 @@ struct RecorderOptions {
 // One contiguous range of one parameter's flattened gradient.
 struct SliceRef {
   int32_t param_id = 0;
-  int64_t offset = 0;   // element offset within the parameter
-  at::Tensor values;    // 1-D, `count` elements, any device; copied before Record* returns
+  int64_t offset = 0;  // element offset within the parameter
+  at::Tensor values;   // 1-D, `count` elements, any device; copied before Record* returns
 };
 
 struct BucketMeta {
@@ -46,11 +46,11 @@ struct BucketMeta {
   int32_t micro_step = 0;
   int32_t bucket_id = 0;
   pb::Phase phase = pb::PRE_REDUCE;
-  std::string group;             // process-group name ("" for FINAL)
+  std::string group;  // process-group name ("" for FINAL)
   int64_t bucket_numel = 0;
   int64_t partition_offset = 0;  // ZeRO-1/2 partition owned by this rank
   int64_t partition_count = 0;
-  double divisor = 0;            // divisor applied by the scaling policy
+  double divisor = 0;  // divisor applied by the scaling policy
 };
 
 class Recorder {

@@ -1,0 +1,85 @@
+// DeepSpeed-style bucketed gradient reduction with capture of every phase.
+//
+// Gradient hooks record the order in which gradients become ready during
+// backward; the first reduction fixes the bucket plan from that order (rank
+// 0's order, broadcast, so every rank builds identical buckets). A bucket
+// takes parameters in that order until adding the next would exceed
+// --reduce-bucket-size elements (a larger parameter gets a bucket alone).
+//
+//   ZeRO 0  (engine path): dense buckets over the sdp group, then expert
+//           buckets over the edp group; each bucket is flattened, scaled,
+//           all-reduced and scaled again (scaling.h).
+//   ZeRO 1/2 (zero path):  one bucket stream; with reduce_scatter each flat
+//           bucket is split into group-size partitions (the last ones may be
+//           short or empty) and each partition is reduced to its owner.
+//
+// Per bucket it records PRE_REDUCE (the rank's local flat bucket, before any
+// scaling), POST_REDUCE (what the rank holds after collective and scaling:
+// the whole bucket, or its partition with the layout in BucketMeta) and, after
+// all buckets, FINAL (the full gradient per parameter; the owned partition
+// slices only with FinalMode::kPartition). The optimizer always sees the full
+// gradient, all-gathered from the partitions, in param.grad().
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "grad_sink.h"
+#include "model.h"
+#include "process_groups.h"
+#include "scaling.h"
+
+namespace gradtrace::capture {
+
+struct ReduceConfig {
+  int zero_stage = 0;
+  ScalingPolicy policy;
+  int64_t bucket_size = 500000000;
+  double predivide_factor = 1.0;
+  bool prescale = false;
+  bool reduce_scatter = true;
+  bool final_partition_only = false;
+};
+
+struct Bucket {
+  int32_t id = 0;
+  std::vector<int> params;       // indices into the parameter list, in bucket order
+  std::vector<int64_t> offsets;  // element offset of each parameter in the flat bucket
+  int64_t numel = 0;
+  bool has_moe = false;
+  const NamedGroup* group = nullptr;
+  BucketScaling scaling;
+};
+
+class Reducer {
+ public:
+  Reducer(std::vector<NamedParam>* params, const Groups* groups, ReduceConfig config);
+  ~Reducer();
+
+  // Registers one hook per parameter; the hooks only append to the order list.
+  void InstallHooks();
+
+  // Runs after the backward of the last micro-step of a step: reduces every
+  // bucket, leaves the final gradient in each parameter's grad(), and records
+  // the phases to `sink` (may be null) when it wants `step`.
+  Status Reduce(int64_t step, int32_t micro_step, GradSink* sink);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReduceConfig& config() const { return config_; }
+
+ private:
+  void PlanBuckets();
+  at::Tensor Flatten(const Bucket& b) const;
+  std::vector<SliceRef> Slices(const Bucket& b, const at::Tensor& flat, int64_t begin, int64_t count) const;
+
+  std::vector<NamedParam>* params_;
+  const Groups* groups_;
+  ReduceConfig config_;
+  std::vector<int> ready_order_;
+  std::vector<Bucket> buckets_;
+  bool planned_ = false;
+};
+
+}  // namespace gradtrace::capture

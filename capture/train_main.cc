@@ -1,0 +1,243 @@
+// gradtrace-train: parse the command line, launch or join the job, build the
+// process groups, train and record. Exit codes: 0 success, 1 runtime failure
+// (a rank died, a collective timed out, capture failed), 2 bad usage.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "launcher.h"
+#include "recorder.h"
+#include "recorder_sink.h"
+#include "scaling.h"
+#include "slice_codec.h"
+#include "trainer.h"
+
+#ifndef GRADTRACE_VERSION
+#define GRADTRACE_VERSION "0.0.0"
+#endif
+
+namespace gc = gradtrace::capture;
+namespace pb = gradtrace::pb;
+
+namespace {
+
+int UsageError(const std::string& message) {
+  std::cerr << "gradtrace-train: error: " << message << "\n";
+  return 2;
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string SelfExe(const char* argv0) {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+void FillConfig(const gc::TrainOptions& o, pb::Config* c) {
+  c->set_world(o.dp * o.sp);
+  c->set_dp(o.dp);
+  c->set_sp(o.sp);
+  c->set_zero_stage(o.zero_stage);
+  c->set_scaling(o.scaling);
+  c->set_loss(o.loss);
+  c->set_gas(o.gas);
+  c->set_reduce_bucket_size(o.reduce_bucket_size);
+  c->set_dtype(gc::ProtoDType(o.dtype));
+  c->set_seed(o.seed);
+  c->set_backend(o.backend);
+  c->set_capture_mode(o.capture);
+  c->set_moe_experts(o.moe_experts);
+  c->set_ep_size(1);
+  c->set_gradient_predivide_factor(o.gradient_predivide_factor);
+  c->set_prescale_gradients(o.prescale_gradients);
+  c->set_seq_len(o.seq_len);
+  c->set_batch(o.batch);
+  c->set_layers(o.layers);
+  c->set_hidden(o.hidden);
+  c->set_heads(o.heads);
+  c->set_vocab(o.vocab);
+  c->set_ignore_frac(o.ignore_frac);
+  c->set_optimizer(o.optimizer);
+  c->set_lr(o.lr);
+  c->set_steps(o.steps);
+  auto& extra = *c->mutable_extra();
+  extra["zero_reduce_scatter"] = o.zero_reduce_scatter ? "true" : "false";
+  extra["final"] = o.final_mode;
+  if (!o.data_file.empty()) extra["data"] = o.data_file;
+}
+
+void AddGroup(const gc::NamedGroup& g, pb::RunInfo* run) {
+  auto* pg = run->add_groups();
+  pg->set_name(g.name);
+  for (int r : g.ranks) pg->add_ranks(r);
+}
+
+// Identical on every rank: rank 0 draws it from the configuration and the
+// clock and publishes it through the store.
+std::string RunId(c10d::Store& store, int rank, const gc::TrainOptions& o) {
+  const std::string key = "gradtrace/run_id";
+  if (rank == 0) {
+    std::ostringstream cfg;
+    cfg << o.seed << '/' << o.dp << '/' << o.sp << '/' << o.zero_stage << '/' << o.scaling << '/' << o.loss << '/'
+        << std::chrono::system_clock::now().time_since_epoch().count() << '/' << getpid();
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(gc::SeedFor(o.seed, cfg.str())));
+    store.set(key, std::vector<uint8_t>(hex, hex + 16));
+    return hex;
+  }
+  auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
+  gc::Topology topo{o.dp, o.sp, env.rank};
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  // Ranks share the machine's cores; one intra-op thread each keeps gloo runs fair.
+  if (env.world > 1) at::set_num_threads(1);
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = env.rank == 0;
+  so.numWorkers = env.world;
+  so.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  gc::Groups groups = gc::CreateGroups(store, topo, o.backend, timeout, env.local_rank);
+  const std::string run_id = RunId(*store, env.rank, o);
+
+  gc::TransformerLM model(gc::ModelConfigFrom(o), groups.device);
+
+  pb::RunInfo run;
+  run.set_producer("gradtrace-train");
+  run.set_producer_version(GRADTRACE_VERSION);
+  run.set_run_id(run_id);
+  FillConfig(o, run.mutable_config());
+  run.set_rank(env.rank);
+  run.set_dp_rank(topo.dp_rank());
+  run.set_sp_rank(topo.sp_rank());
+  run.set_host(Hostname());
+  AddGroup(groups.world, &run);
+  AddGroup(groups.sdp, &run);
+  AddGroup(groups.sp, &run);
+  AddGroup(groups.dp, &run);
+  if (o.moe_experts > 0) AddGroup(groups.edp, &run);
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const auto& p = model.params()[i];
+    auto* info = run.add_params();
+    info->set_id(static_cast<int32_t>(i));
+    info->set_name(p.name);
+    for (int64_t d : p.tensor.sizes()) info->add_shape(d);
+    info->set_dtype(gc::ProtoDType(o.dtype));
+    info->set_numel(p.tensor.numel());
+  }
+  run.set_created_unix_ns(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  auto policy = gc::ResolvePolicy(o.scaling);
+  (*run.mutable_extra())["scaling_engine_cite"] = policy->engine_cite;
+  (*run.mutable_extra())["scaling_zero_cite"] = policy->zero_cite;
+  (*run.mutable_extra())["launcher"] = env.source;
+  (*run.mutable_extra())["reference"] =
+      "FINAL equals the mean over DP replicas of each replica's full-sequence token-mean gradient when the "
+      "recipe and policy are consistent";
+
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) {
+    std::cerr << "gradtrace-train: rank " << env.rank << ": cannot create --out " << o.out << ": " << ec.message()
+              << "\n";
+    return 1;
+  }
+  gc::RecorderOptions ro;
+  ro.path = (std::filesystem::path(o.out) / gc::RankFileName(env.rank)).string();
+  ro.mode = gradtrace::ParseCaptureMode(o.capture).value();
+  if (!o.capture_steps.empty()) {
+    auto steps = gc::ParseStepList(o.capture_steps).value();
+    ro.steps = std::set<int64_t>(steps.begin(), steps.end());
+  }
+  ro.param_regex = o.capture_params;
+  ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
+  auto recorder = gc::Recorder::Open(ro, run);
+  if (!recorder.ok()) {
+    std::cerr << "gradtrace-train: rank " << env.rank << ": " << recorder.status().message() << "\n";
+    if (o.on_capture_error == "abort") return 1;
+  }
+  std::unique_ptr<gc::RecorderSink> sink;
+  if (recorder.ok()) sink = std::make_unique<gc::RecorderSink>(recorder.value().get());
+
+  gc::TrainHooks hooks;
+  if (env.rank == 0) hooks.progress = [](const std::string& line) { std::cerr << "gradtrace-train: " << line << "\n"; };
+  // Test-only fault injection: GRADTRACE_TEST_KILL=RANK:STEP makes that rank
+  // die by SIGKILL before that step, as an OOM-killed rank would.
+  if (const char* kill_spec = std::getenv("GRADTRACE_TEST_KILL")) {
+    int kill_rank = -1;
+    long long kill_step = -1;
+    if (std::sscanf(kill_spec, "%d:%lld", &kill_rank, &kill_step) == 2 && kill_rank == env.rank) {
+      hooks.before_step = [kill_step](int64_t step) {
+        if (step == kill_step) raise(SIGKILL);
+      };
+    }
+  }
+  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), hooks, nullptr, &model);
+  if (!st.ok()) {
+    std::cerr << "gradtrace-train: rank " << env.rank << ": " << st.message() << "\n";
+    return 1;
+  }
+  if (recorder.ok()) {
+    st = recorder.value()->Close();
+    if (!st.ok()) {
+      std::cerr << "gradtrace-train: rank " << env.rank << ": closing trace: " << st.message() << "\n";
+      if (o.on_capture_error == "abort") return 1;
+    }
+  }
+  // Nobody leaves before every trace is closed (so rank 0's summary is true).
+  if (groups.world.ranks.size() > 1) groups.world.pg->barrier()->wait();
+  if (env.rank == 0) {
+    std::cerr << "gradtrace-train: wrote " << env.world << " trace file(s) to " << o.out << " (run " << run_id << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto parsed = gc::ParseTrainOptions(argc, argv);
+  if (!parsed.ok()) {
+    if (parsed.status().message().empty()) return 0;  // --help
+    return UsageError(parsed.status().message());
+  }
+  const gc::TrainOptions& o = parsed.value();
+  if (o.nproc > 0 && std::getenv("GRADTRACE_TRAIN_CHILD") == nullptr) {
+    setenv("GRADTRACE_TRAIN_CHILD", "1", 1);
+    return gc::LaunchLocal(o.nproc, SelfExe(argv[0]), gc::ArgsWithoutNproc(argc, argv));
+  }
+  auto env = gc::DistEnvFromEnvironment();
+  if (!env.ok()) return UsageError(env.status().message());
+  if (env->world != o.dp * o.sp) {
+    return UsageError("the " + env->source + " world has " + std::to_string(env->world) + " rank(s) but --dp " +
+                      std::to_string(o.dp) + " x --sp " + std::to_string(o.sp) + " = " + std::to_string(o.dp * o.sp) +
+                      (env->source == "standalone" ? " (use --nproc N, torchrun or srun)" : ""));
+  }
+  try {
+    return Run(o, env.value());
+  } catch (const std::exception& e) {
+    const auto* ce = dynamic_cast<const c10::Error*>(&e);
+    std::cerr << "gradtrace-train: rank " << env->rank << ": "
+              << FirstLine(ce ? ce->what_without_backtrace() : e.what()) << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,162 @@
+#include "train_options.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include "scaling.h"
+#include "slice_codec.h"
+
+namespace gradtrace::capture {
+
+namespace {
+
+void AddOptions(CLI::App& app, TrainOptions& o) {
+  app.add_option("--nproc", o.nproc, "start N local ranks of this binary (0: join from environment)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dp", o.dp, "data-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--sp", o.sp, "sequence-parallel (Ulysses) degree")->check(CLI::PositiveNumber);
+  app.add_option("--backend", o.backend, "collective backend")->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_option("--timeout", o.timeout_s, "collective and rendezvous timeout in seconds")->check(CLI::PositiveNumber);
+
+  app.add_option("--zero-stage", o.zero_stage, "ZeRO stage")->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--scaling", o.scaling, "scaling policy: mean, sum, ds-4530, ds-pre-4957, deepspeed@VERSION");
+  app.add_option("--reduce-bucket-size", o.reduce_bucket_size, "bucket size in elements")->check(CLI::PositiveNumber);
+  app.add_option("--zero-reduce-scatter", o.zero_reduce_scatter,
+                 "ZeRO-1/2: reduce each bucket to its partition owners (true) or all-reduce it (false)");
+  app.add_option("--gradient-predivide-factor", o.gradient_predivide_factor, "DeepSpeed gradient_predivide_factor")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--prescale-gradients", o.prescale_gradients, "DeepSpeed prescale_gradients");
+
+  app.add_option("--loss", o.loss, "loss recipe")
+      ->check(CLI::IsMember({"local-mean", "local-mean-div-sp", "token-weighted", "full-sequence"}));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--gas", o.gas, "gradient accumulation steps (loss scaled by 1/gas)")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--lr", o.lr, "learning rate")->check(CLI::NonNegativeNumber);
+
+  app.add_option("--seed", o.seed, "seed of weights and data");
+  app.add_option("--seq-len", o.seq_len, "global sequence length T")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "global batch rows per micro-step")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::NonNegativeNumber);
+  app.add_option("--hidden", o.hidden, "hidden size")->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  app.add_option("--moe-experts", o.moe_experts, "experts per MoE MLP (0: dense)")->check(CLI::NonNegativeNumber);
+  app.add_option("--dtype", o.dtype, "parameter dtype")->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
+
+  app.add_option("--ignore-frac", o.ignore_frac, "fraction of labels masked to -100")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--data", o.data_file, "file of whitespace-separated token ids")->check(CLI::ExistingFile);
+
+  app.add_option("--out", o.out, "trace directory (one rank-NNNNN.gtrace per rank)");
+  app.add_option("--capture", o.capture, "capture mode: full, sketch:K or stats");
+  app.add_option("--capture-steps", o.capture_steps, "steps to capture, e.g. 0,2-4 (default: all)");
+  app.add_option("--capture-params", o.capture_params, "regex on parameter names to capture (default: all)");
+  app.add_option("--on-capture-error", o.on_capture_error, "stop training or continue without capture")
+      ->check(CLI::IsMember({"abort", "disable"}));
+  app.add_option("--final", o.final_mode, "FINAL phase: full gradient (gather) or owned partition slices")
+      ->check(CLI::IsMember({"gather", "partition"}));
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+Expected<TrainOptions> ParseTrainOptions(int argc, const char* const* argv) {
+  TrainOptions o;
+  CLI::App app{"gradtrace-train: instrumented data x sequence parallel training that records gradients"};
+  app.name("gradtrace-train");
+  AddOptions(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return Status::InvalidArgument("");
+  } catch (const CLI::ParseError& e) {
+    return Status::InvalidArgument(OneLine(e.what()));
+  }
+  GT_RETURN_IF_ERROR(ValidateTrainOptions(o));
+  return o;
+}
+
+Status ValidateTrainOptions(const TrainOptions& o) {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  const int world = o.dp * o.sp;
+  if (o.nproc > 0 && o.nproc != world) {
+    return bad("--nproc " + std::to_string(o.nproc) + " must equal dp x sp = " + std::to_string(world));
+  }
+  if (o.heads % o.sp != 0) {
+    return bad("--heads " + std::to_string(o.heads) + " is not divisible by --sp " + std::to_string(o.sp) +
+               " (Ulysses shards heads over the SP group)");
+  }
+  if (o.seq_len % o.sp != 0) {
+    return bad("--seq-len " + std::to_string(o.seq_len) + " is not divisible by --sp " + std::to_string(o.sp) +
+               " (each SP rank holds T/sp tokens)");
+  }
+  if (o.batch % o.dp != 0) {
+    return bad("--batch " + std::to_string(o.batch) + " is not divisible by --dp " + std::to_string(o.dp));
+  }
+  if (o.hidden % o.heads != 0) {
+    return bad("--hidden " + std::to_string(o.hidden) + " is not divisible by --heads " + std::to_string(o.heads));
+  }
+  if (o.backend == "nccl") {
+#ifndef USE_C10D_NCCL
+    return bad("--backend nccl: this build has no NCCL support (configure with -DGRADTRACE_CUDA=ON on a CUDA machine)");
+#endif
+  }
+  if (auto p = ResolvePolicy(o.scaling); !p.ok()) return p.status();
+  if (auto m = ParseCaptureMode(o.capture); !m.ok()) return bad("--capture: " + m.status().message());
+  if (auto s = ParseStepList(o.capture_steps); !s.ok()) return s.status();
+  if (!o.capture_params.empty()) {
+    try {
+      std::regex re(o.capture_params);
+    } catch (const std::regex_error& e) {
+      return bad("--capture-params: invalid regex '" + o.capture_params + "': " + e.what());
+    }
+  }
+  if (o.out.empty()) return bad("--out DIR is required");
+  return Status::Ok();
+}
+
+std::vector<std::string> ArgsWithoutNproc(int argc, const char* const* argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;  // skip its value
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+Expected<std::vector<int64_t>> ParseStepList(const std::string& text) {
+  std::vector<int64_t> steps;
+  if (text.empty()) return steps;
+  std::stringstream ss(text);
+  std::string item;
+  const std::regex one(R"(\s*(\d+)\s*)"), range(R"(\s*(\d+)\s*-\s*(\d+)\s*)");
+  while (std::getline(ss, item, ',')) {
+    std::smatch m;
+    if (std::regex_match(item, m, one)) {
+      steps.push_back(std::stoll(m[1]));
+    } else if (std::regex_match(item, m, range) && std::stoll(m[1]) <= std::stoll(m[2]) &&
+               std::stoll(m[2]) - std::stoll(m[1]) < 1000000) {
+      for (int64_t s = std::stoll(m[1]); s <= std::stoll(m[2]); ++s) steps.push_back(s);
+    } else {
+      return Status::InvalidArgument("--capture-steps: cannot parse '" + item + "' (expected e.g. 0,2,4-6)");
+    }
+  }
+  return steps;
+}
+
+}  // namespace gradtrace::capture

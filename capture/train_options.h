@@ -1,0 +1,76 @@
+// gradtrace-train's command line (DESIGN.md, "Command-line contract"): the
+// options struct and its parser. No LibTorch here, so the launcher and the
+// argument tests build quickly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace gradtrace::capture {
+
+struct TrainOptions {
+  // Launch and topology.
+  int nproc = 0;  // > 0: start this many local ranks of this binary (launcher mode)
+  int dp = 1;
+  int sp = 1;
+  std::string backend = "gloo";  // gloo | nccl
+  double timeout_s = 60;         // collective and rendezvous timeout
+
+  // Reduction.
+  int zero_stage = 0;
+  std::string scaling = "mean";            // see scaling.h
+  int64_t reduce_bucket_size = 500000000;  // elements, DeepSpeed's default
+  bool zero_reduce_scatter = true;         // ZeRO-1/2 "reduce_scatter" config key
+  double gradient_predivide_factor = 1.0;
+  bool prescale_gradients = false;
+
+  // Loss and training.
+  std::string loss = "local-mean";  // local-mean | local-mean-div-sp | token-weighted | full-sequence
+  int steps = 1;
+  int gas = 1;
+  std::string optimizer = "sgd";  // sgd | adam
+  double lr = 1e-3;
+
+  // Model.
+  uint64_t seed = 1234;
+  int seq_len = 32;
+  int batch = 4;  // global batch (rows) per micro-step, split over dp
+  int layers = 2;
+  int hidden = 64;
+  int heads = 4;
+  int vocab = 128;
+  int moe_experts = 0;  // 0: dense MLP
+  std::string dtype = "fp32";
+
+  // Data.
+  double ignore_frac = 0;
+  std::string data_file;  // whitespace-separated token ids; empty: synthetic
+
+  // Capture.
+  std::string out;  // trace directory
+  std::string capture = "full";
+  std::string capture_steps;               // "0,2,5"; empty: every step
+  std::string capture_params;              // regex on parameter names; empty: all
+  std::string on_capture_error = "abort";  // abort | disable
+  std::string final_mode = "gather";       // gather: FINAL is the full gradient; partition: owned slices only
+};
+
+// Parses argv (argv[0] is the program). On --help, prints usage to stdout and
+// returns InvalidArgument with an empty message: the caller exits 0. Any other
+// error is one line, without a trailing newline; the caller exits 2.
+Expected<TrainOptions> ParseTrainOptions(int argc, const char* const* argv);
+
+// Cross-field checks that do not need the world: divisibility, ranges, known
+// names. Returns the first problem as one line.
+Status ValidateTrainOptions(const TrainOptions& options);
+
+// argv without "--nproc N" / "--nproc=N": what the launcher passes to ranks.
+std::vector<std::string> ArgsWithoutNproc(int argc, const char* const* argv);
+
+// "0,2,5" -> {0,2,5}; "3-5" ranges allowed.
+Expected<std::vector<int64_t>> ParseStepList(const std::string& text);
+
+}  // namespace gradtrace::capture

@@ -1,0 +1,146 @@
+#include "trainer.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "data.h"
+#include "loss.h"
+#include "optimizer.h"
+#include "reducer.h"
+
+namespace gradtrace::capture {
+
+at::ScalarType TorchDType(const std::string& name) {
+  if (name == "fp64") return at::kDouble;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return at::kFloat;
+}
+
+pb::DType ProtoDType(const std::string& name) {
+  if (name == "fp64") return pb::FP64;
+  if (name == "bf16") return pb::BF16;
+  if (name == "fp16") return pb::FP16;
+  return pb::FP32;
+}
+
+ModelConfig ModelConfigFrom(const TrainOptions& o) {
+  ModelConfig c;
+  c.vocab = o.vocab;
+  c.hidden = o.hidden;
+  c.heads = o.heads;
+  c.layers = o.layers;
+  c.max_seq = o.seq_len;
+  c.moe_experts = o.moe_experts;
+  c.seed = o.seed;
+  c.dtype = TorchDType(o.dtype);
+  return c;
+}
+
+namespace {
+
+DataConfig DataConfigFrom(const TrainOptions& o) {
+  DataConfig d;
+  d.seed = o.seed;
+  d.vocab = o.vocab;
+  d.batch = o.batch;
+  d.seq_len = o.seq_len;
+  d.gas = o.gas;
+  d.ignore_frac = o.ignore_frac;
+  d.file = o.data_file;
+  return d;
+}
+
+}  // namespace
+
+Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, const TrainHooks& hooks,
+                   TrainResult* result, TransformerLM* model) {
+  auto data = DataSource::Create(DataConfigFrom(o));
+  if (!data.ok()) return data.status();
+  auto policy = ResolvePolicy(o.scaling);
+  if (!policy.ok()) return policy.status();
+
+  ReduceConfig rc;
+  rc.zero_stage = o.zero_stage;
+  rc.policy = policy.value();
+  rc.bucket_size = o.reduce_bucket_size;
+  rc.predivide_factor = o.gradient_predivide_factor;
+  rc.prescale = o.prescale_gradients;
+  rc.reduce_scatter = o.zero_reduce_scatter;
+  rc.final_partition_only = o.final_mode == "partition";
+  Reducer reducer(&model->params(), &groups, rc);
+  reducer.InstallHooks();
+  Optimizer optimizer(o.optimizer, o.lr, &model->params());
+
+  for (int64_t step = 0; step < o.steps; ++step) {
+    if (hooks.before_step) hooks.before_step(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    optimizer.ZeroGrad();
+    double step_loss = 0;
+    int64_t step_tokens = 0;
+    for (int micro = 0; micro < o.gas; ++micro) {
+      Batch shard = ShardBatch(data->Global(step, micro), groups.topo);
+      at::Tensor ids = shard.input_ids.to(groups.device), pos = shard.position_ids.to(groups.device);
+      at::Tensor labels = shard.labels.to(groups.device);
+      at::Tensor logits = model->Forward(ids, pos, groups.sp);
+      LossResult loss = ComputeLoss(o.loss, logits, labels, groups.sp, o.gas);
+      loss.loss.backward();
+      const double value = loss.loss.item<double>();
+      step_loss += value;
+      step_tokens += loss.valid_local;
+      if (sink != nullptr && sink->WantsStep(step)) {
+        pb::StepInfo info;
+        info.set_step(step);
+        info.set_micro_step(micro);
+        info.set_loss(value);
+        info.set_valid_tokens(loss.valid_local);
+        info.set_lr(o.lr);
+        GT_RETURN_IF_ERROR(sink->OnStep(info));
+      }
+    }
+    GT_RETURN_IF_ERROR(reducer.Reduce(step, o.gas - 1, sink));
+    if (result != nullptr) {
+      result->losses.push_back(step_loss);
+      if (hooks.keep_final_grads) {
+        std::vector<at::Tensor> grads;
+        for (const auto& p : model->params()) grads.push_back(p.tensor.grad().detach().cpu().clone());
+        result->final_grads.push_back(std::move(grads));
+      }
+    }
+    optimizer.Step();
+    if (hooks.progress) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "step %lld/%d  loss(rank 0) %.6f  valid tokens(rank 0) %lld  %zu buckets  %.2f s",
+                    static_cast<long long>(step + 1), o.steps, step_loss, static_cast<long long>(step_tokens),
+                    reducer.buckets().size(), secs);
+      hooks.progress(line);
+    }
+  }
+  if (result != nullptr) result->buckets = reducer.buckets();
+  return Status::Ok();
+}
+
+std::vector<at::Tensor> ReferenceGradients(const TrainOptions& o, int64_t step) {
+  TransformerLM model(ModelConfigFrom(o), at::kCPU);
+  auto data = DataSource::Create(DataConfigFrom(o));
+  TORCH_CHECK(data.ok(), data.status().message());
+  NamedGroup single;
+  single.name = "sp";
+  single.ranks = {0};
+  for (int micro = 0; micro < o.gas; ++micro) {
+    Batch b = data->Global(step, micro);
+    at::Tensor logits = model.Forward(b.input_ids, b.position_ids, single);
+    ReferenceLoss(logits, b.labels, o.dp, o.gas).backward();
+  }
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model.params()) {
+    grads.push_back(p.tensor.grad().defined() ? p.tensor.grad().detach().clone() : at::zeros_like(p.tensor).detach());
+  }
+  return grads;
+}
+
+}  // namespace gradtrace::capture

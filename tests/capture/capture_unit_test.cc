@@ -1,0 +1,183 @@
+// Command line, rank layout and scaling arithmetic: everything of
+// gradtrace-train that needs no collective.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "launcher.h"
+#include "scaling.h"
+#include "topology.h"
+#include "train_options.h"
+
+namespace gradtrace::capture {
+namespace {
+
+Expected<TrainOptions> Parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "gradtrace-train");
+  return ParseTrainOptions(static_cast<int>(args.size()), args.data());
+}
+
+TEST(TrainOptions, ParsesTheDesignCommandLine) {
+  auto o = Parse({"--nproc", "4",         "--dp",      "2",        "--sp",       "2",       "--zero-stage",
+                  "2",       "--scaling", "ds-4530",   "--loss",   "local-mean", "--steps", "2",
+                  "--out",   "/tmp/x",    "--capture", "sketch:8", "--gas",      "2"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->nproc, 4);
+  EXPECT_EQ(o->dp, 2);
+  EXPECT_EQ(o->sp, 2);
+  EXPECT_EQ(o->zero_stage, 2);
+  EXPECT_EQ(o->scaling, "ds-4530");
+  EXPECT_EQ(o->gas, 2);
+  EXPECT_EQ(o->capture, "sketch:8");
+}
+
+TEST(TrainOptions, RejectsBadInputWithOneLine) {
+  const std::vector<std::vector<const char*>> bad = {
+      {"--out", "d", "--sp", "3"},                     // heads 4 not divisible by 3
+      {"--out", "d", "--sp", "2", "--seq-len", "33"},  // seq-len not divisible
+      {"--out", "d", "--dp", "3"},                     // batch 4 not divisible
+      {"--out", "d", "--nproc", "3", "--dp", "2"},     // nproc != dp*sp
+      {"--out", "d", "--scaling", "bogus"},
+      {"--out", "d", "--scaling", "deepspeed@9.9.9"},
+      {"--out", "d", "--loss", "mean"},
+      {"--out", "d", "--zero-stage", "3"},
+      {"--out", "d", "--capture", "sketch:x"},
+      {"--out", "d", "--capture-steps", "1,a"},
+      {"--out", "d", "--capture-params", "("},
+      {"--out", "d", "--no-such-flag"},
+      {"--steps", "1"},  // no --out
+  };
+  for (const auto& args : bad) {
+    auto o = Parse(args);
+    std::string joined;
+    for (auto* a : args) joined += std::string(a) + " ";
+    ASSERT_FALSE(o.ok()) << joined;
+    EXPECT_FALSE(o.status().message().empty()) << joined;
+    EXPECT_EQ(o.status().message().find('\n'), std::string::npos) << joined;
+  }
+}
+
+#ifndef USE_C10D_NCCL
+TEST(TrainOptions, NcclInACpuBuildIsAClearError) {
+  auto o = Parse({"--out", "d", "--backend", "nccl"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("GRADTRACE_CUDA"), std::string::npos) << o.status().message();
+}
+#endif
+
+TEST(TrainOptions, LauncherDropsNproc) {
+  const char* argv[] = {"t", "--nproc", "4", "--dp", "2", "--nproc=4", "--sp", "2"};
+  auto args = ArgsWithoutNproc(8, argv);
+  EXPECT_EQ(args, (std::vector<std::string>{"t", "--dp", "2", "--sp", "2"}));
+}
+
+TEST(TrainOptions, StepLists) {
+  EXPECT_EQ(ParseStepList("0,2,4-6").value(), (std::vector<int64_t>{0, 2, 4, 5, 6}));
+  EXPECT_FALSE(ParseStepList("5-3").ok());
+}
+
+TEST(Topology, SpConsecutiveDpStrided) {
+  Topology t{2, 3, 4};  // dp 2, sp 3, rank 4
+  EXPECT_EQ(t.world(), 6);
+  EXPECT_EQ(t.dp_rank(), 1);
+  EXPECT_EQ(t.sp_rank(), 1);
+  EXPECT_EQ(t.SpGroup(1), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(t.DpGroup(1), (std::vector<int>{1, 4}));
+}
+
+TEST(Launcher, SlurmFirstHost) {
+  EXPECT_EQ(FirstSlurmHost("node[03-05,7],gpu1"), "node03");
+  EXPECT_EQ(FirstSlurmHost("gpu1,gpu2"), "gpu1");
+  EXPECT_EQ(FirstSlurmHost("a[1,2]"), "a1");
+}
+
+TEST(Launcher, SlurmEnvironment) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_JOB_NODELIST", "n[10-11]", 1);
+  setenv("SLURM_JOB_ID", "12345", 1);
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+  auto e = DistEnvFromEnvironment();
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ(e->source, "slurm");
+  EXPECT_EQ(e->rank, 3);
+  EXPECT_EQ(e->world, 4);
+  EXPECT_EQ(e->local_rank, 1);
+  EXPECT_EQ(e->master_addr, "n10");
+  EXPECT_EQ(e->master_port, 29500 + 345);
+  setenv("SLURM_NTASKS", "x", 1);
+  EXPECT_FALSE(DistEnvFromEnvironment().ok());
+  for (auto* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST", "SLURM_JOB_ID"}) unsetenv(v);
+}
+
+BucketContext Ctx(ReductionPath path, int g, int sp, bool moe = false) {
+  BucketContext c;
+  c.path = path;
+  c.group_size = g;
+  c.sp = sp;
+  c.has_moe = moe;
+  return c;
+}
+
+TEST(Scaling, NamedPolicyDivisors) {
+  const auto E = ReductionPath::kEngineAllreduce, Z = ReductionPath::kZeroPartitioned;
+  auto mean = ResolvePolicy("mean").value();
+  auto sum = ResolvePolicy("sum").value();
+  auto ds = ResolvePolicy("ds-4530").value();
+  auto pre = ResolvePolicy("ds-pre-4957").value();
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(mean, Ctx(E, 8, 4)).Divisor(), 8);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(mean, Ctx(Z, 8, 4)).Divisor(), 8);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(sum, Ctx(Z, 8, 4)).Divisor(), 1);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ds, Ctx(E, 8, 4)).Divisor(), 2);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ds, Ctx(Z, 8, 4)).Divisor(), 2);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(pre, Ctx(Z, 8, 4, false)).Divisor(), 2);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(pre, Ctx(Z, 8, 4, true)).Divisor(), 4);  // divided twice
+}
+
+TEST(Scaling, PredivideFactorKeepsTheEngineDivisor) {
+  auto ds = ResolvePolicy("ds-4530").value();
+  BucketContext c = Ctx(ReductionPath::kEngineAllreduce, 8, 2);
+  c.predivide_factor = 2;
+  BucketScaling s = PlanBucketScaling(ds, c);
+  ASSERT_EQ(s.pre.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.pre[0].value, 0.5);
+  EXPECT_DOUBLE_EQ(s.Divisor(), 4);
+  c.prescale = true;
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ds, c).Divisor(), 4);
+}
+
+TEST(Scaling, ZeroAllreducePathQuirkWhenFactorEqualsGroupSize) {
+  // stage_1_and_2.py gradient_reduction_w_predivide compares the factor with
+  // the full group size but divides by group/sp: factor == group skips the
+  // post-multiply, leaving a divisor of `factor` instead of group/sp.
+  auto ds = ResolvePolicy("ds-4530").value();
+  BucketContext c = Ctx(ReductionPath::kZeroPartitioned, 4, 2);
+  c.reduce_scatter = false;
+  c.predivide_factor = 4;
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ds, c).Divisor(), 4);
+  c.predivide_factor = 1;
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ds, c).Divisor(), 2);
+}
+
+TEST(Scaling, DeepSpeedVersionTable) {
+  const auto E = ReductionPath::kEngineAllreduce, Z = ReductionPath::kZeroPartitioned;
+  // Engine: / world until 0.14.0, / (world/sp) from 0.14.4.
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(E, 4, 2)).Divisor(), 4);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.14.4").value(), Ctx(E, 4, 2)).Divisor(), 2);
+  // ZeRO: double division on MoE buckets only in 0.12.6.
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.12.6").value(), Ctx(Z, 4, 2, true)).Divisor(), 4);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 4, 2, true)).Divisor(), 2);
+  for (const auto& v : KnownDeepSpeedVersions()) {
+    auto p = ResolvePolicy("deepspeed@" + v);
+    ASSERT_TRUE(p.ok()) << v;
+    EXPECT_NE(p->zero_cite.find("@ v" + v), std::string::npos) << p->zero_cite;
+    EXPECT_NE(p->engine_cite.find("@ v" + v), std::string::npos) << p->engine_cite;
+  }
+}
+
+}  // namespace
+}  // namespace gradtrace::capture
