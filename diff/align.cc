@@ -90,6 +90,14 @@ Expected<Alignment> AlignSets(const TraceSet& a, const TraceSet& b, const std::v
     al.params.push_back(std::move(pp));
   }
   if (shared == 0) {
+    // Same names with other shapes: two different models, which no rename rule mends.
+    for (const ParamPair& pp : al.params) {
+      if (pp.id_a >= 0 && pp.id_b >= 0) {
+        return Status::Mismatch(b.dir() + ": a different model from " + a.dir() + " (fingerprint " +
+                                b.run().model_fingerprint() + " vs " + a.run().model_fingerprint() + "): '" + pp.name +
+                                "' has " + pp.problem);
+      }
+    }
     std::string hint = a.run().params_size() > 0 && b.run().params_size() > 0
                            ? " (A has '" + a.run().params(0).name() + "', B has '" + b.run().params(0).name() +
                                  "'; try --rename 'REGEX=REPL')"
