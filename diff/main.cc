@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   std::optional<double> rtol;
   std::vector<std::string> renames;
   int threads = 0;
+  size_t top = SIZE_MAX;
   app.add_option("A", a_dir, "reference trace set (directory of rank-*.gtrace)");
   app.add_option("B", b_dir, "trace set to compare against A");
   app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the JSON report to FILE");
   app.add_option("--markdown", md_path, "write a Markdown report (for a GitHub issue) to FILE");
   app.add_option("--html", html_path, "write a self-contained HTML report with an SVG chart to FILE");
+  app.add_option("--top", top, "print only the N worst parameters in the table (default: all)");
   app.add_option("--threads", threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st.message());
   }
   bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
-  std::string text = diff::RenderText(*report, colour);
+  std::string text = diff::RenderText(*report, colour, top);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   return report->ExitCode();

@@ -82,7 +82,8 @@ struct Report {
 };
 
 // Renderers. Text may use ANSI colour; the others are files.
-std::string RenderText(const Report& r, bool colour);
+// max_rows: show the first (worst) rows only; the groups and verdict are always complete.
+std::string RenderText(const Report& r, bool colour, size_t max_rows = SIZE_MAX);
 std::string RenderJson(const Report& r);
 std::string RenderMarkdown(const Report& r);
 std::string RenderHtml(const Report& r);

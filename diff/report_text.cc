@@ -67,7 +67,7 @@ std::string Clip(const std::string& s, size_t width) {
 
 }  // namespace
 
-std::string RenderText(const Report& r, bool colour) {
+std::string RenderText(const Report& r, bool colour, size_t max_rows) {
   std::string out;
   const char* bold = colour ? "\033[1m" : "";
   const char* reset = colour ? "\033[0m" : "";
@@ -81,7 +81,8 @@ std::string RenderText(const Report& r, bool colour) {
     out += std::string(bold) + Cell("VERDICT", 14, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("GROUP", 8) + Cell("SIZE", 6) + Cell("DIVISOR", 10) + Cell("EXPECTED", 10) + Cell("DECLARED", 10) +
            Cell("RESIDUAL", 11) + reset + "\n";
-    for (const auto& p : r.self_params) {
+    for (size_t i = 0; i < std::min(r.self_params.size(), max_rows); ++i) {
+      const auto& p = r.self_params[i];
       out += Paint(p.verdict, p.verdict, colour, 14) + Cell(Clip(p.name, 48), nw + 2, true) +
              Cell(std::to_string(p.numel), 10) + Cell(p.group, 8) + Cell(std::to_string(p.group_size), 6) +
              Cell(FormatNumber(p.divisor, 5), 10) + Cell(FormatNumber(p.expected, 5), 10) +
@@ -98,7 +99,8 @@ std::string RenderText(const Report& r, bool colour) {
     out += std::string(bold) + Cell("VERDICT", 11, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("SCALE", 11) + Cell("RESIDUAL", 11) + Cell("COSINE", 11) + Cell("REL.ERR", 11) + Cell("MAX|ERR|", 11) +
            Cell("BASIS", 8) + reset + "\n";
-    for (const auto& p : r.params) {
+    for (size_t i = 0; i < std::min(r.params.size(), max_rows); ++i) {
+      const auto& p = r.params[i];
       const Metrics& m = p.metrics;
       bool none = m.basis == Basis::kNone;
       std::string verdict = VerdictName(p.verdict);
@@ -111,6 +113,8 @@ std::string RenderText(const Report& r, bool colour) {
       out += "\n";
     }
   }
+  const size_t rows = r.mode == "self" ? r.self_params.size() : r.params.size();
+  if (rows > max_rows) out += "  ... " + std::to_string(rows - max_rows) + " more (--top shows more rows)\n";
   if (!r.groups.empty()) {
     out += std::string("\n") + bold + (r.mode == "self" ? "Divisors" : "Groups") + reset + "\n";
     for (const auto& g : r.groups) out += "  " + std::to_string(g.count) + " x " + g.kind + ": " + g.explanation + "\n";

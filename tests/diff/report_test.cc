@@ -38,6 +38,17 @@ TEST(Reports, TextIsPlainWithoutColourAndColouredWith) {
   EXPECT_NE(RenderText(r, true).find("\033[33m"), std::string::npos);
 }
 
+TEST(Reports, TopLimitsTheTableButNotTheGroups) {
+  Report r = Sp2Report();
+  std::string all = RenderText(r, false);
+  std::string top3 = RenderText(r, false, 3);
+  EXPECT_EQ(Count(all, "\nscaled "), 14);
+  EXPECT_EQ(Count(top3, "\nscaled "), 3);
+  EXPECT_NE(top3.find("... 11 more (--top shows more rows)"), std::string::npos) << top3;
+  EXPECT_NE(top3.find("B/A = 2.000 = sp(B) for all 14 parameters"), std::string::npos);
+  EXPECT_EQ(all.find("more (--top"), std::string::npos);
+}
+
 TEST(Reports, JsonHasTheContractFields) {
   Report r = Sp2Report();
   std::string j = RenderJson(r);
