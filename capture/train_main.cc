@@ -29,6 +29,13 @@ namespace pb = gradtrace::pb;
 
 namespace {
 
+// The options' dtype names are the codec's ("fp32", "bf16", ...), validated at parse time.
+pb::DType ProtoDTypeOf(const std::string& name) {
+  pb::DType d = pb::FP32;
+  gradtrace::ParseDType(name, &d);
+  return d;
+}
+
 int UsageError(const std::string& message) {
   std::cerr << "gradtrace-train: error: " << message << "\n";
   return 2;
@@ -57,7 +64,7 @@ void FillConfig(const gc::TrainOptions& o, pb::Config* c) {
   c->set_loss(o.loss);
   c->set_gas(o.gas);
   c->set_reduce_bucket_size(o.reduce_bucket_size);
-  c->set_dtype(gc::ProtoDType(o.dtype));
+  c->set_dtype(ProtoDTypeOf(o.dtype));
   c->set_seed(o.seed);
   c->set_backend(o.backend);
   c->set_capture_mode(o.capture);
@@ -141,7 +148,7 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
     info->set_id(static_cast<int32_t>(i));
     info->set_name(p.name);
     for (int64_t d : p.tensor.sizes()) info->add_shape(d);
-    info->set_dtype(gc::ProtoDType(o.dtype));
+    info->set_dtype(ProtoDTypeOf(o.dtype));
     info->set_numel(p.tensor.numel());
   }
   run.set_created_unix_ns(

@@ -19,13 +19,6 @@ at::ScalarType TorchDType(const std::string& name) {
   return at::kFloat;
 }
 
-pb::DType ProtoDType(const std::string& name) {
-  if (name == "fp64") return pb::FP64;
-  if (name == "bf16") return pb::BF16;
-  if (name == "fp16") return pb::FP16;
-  return pb::FP32;
-}
-
 ModelConfig ModelConfigFrom(const TrainOptions& o) {
   ModelConfig c;
   c.vocab = o.vocab;

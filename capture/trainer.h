@@ -20,7 +20,6 @@
 namespace gradtrace::capture {
 
 at::ScalarType TorchDType(const std::string& name);  // "fp32" -> kFloat, ...
-pb::DType ProtoDType(const std::string& name);
 
 ModelConfig ModelConfigFrom(const TrainOptions& options);
 

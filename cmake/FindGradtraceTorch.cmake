@@ -16,16 +16,8 @@
 # Input:  GRADTRACE_TORCH_DIR (the torch package directory; default: ask .venv's python)
 # Output: target gradtrace::torch (and gradtrace::torch_cuda with GRADTRACE_CUDA)
 
-if(NOT GRADTRACE_TORCH_DIR)
-  set(_py "${CMAKE_SOURCE_DIR}/.venv/bin/python")
-  if(EXISTS "${_py}")
-    execute_process(COMMAND "${_py}" -c "import os, torch; print(os.path.dirname(torch.__file__))"
-                    OUTPUT_VARIABLE _torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
-    if(_rc EQUAL 0)
-      set(GRADTRACE_TORCH_DIR "${_torch_dir}" CACHE PATH "torch package directory")
-    endif()
-  endif()
-endif()
+include(GradtraceTorchDir)
+gradtrace_torch_dir("${CMAKE_SOURCE_DIR}/.venv/bin/python")
 
 find_library(GRADTRACE_TORCH_CPU_LIB torch_cpu PATHS "${GRADTRACE_TORCH_DIR}/lib" NO_DEFAULT_PATH)
 find_library(GRADTRACE_C10_LIB c10 PATHS "${GRADTRACE_TORCH_DIR}/lib" NO_DEFAULT_PATH)
