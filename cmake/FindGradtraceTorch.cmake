@@ -50,5 +50,13 @@ if(GradtraceTorch_FOUND AND NOT TARGET gradtrace::torch)
                           "${GRADTRACE_TORCH_CUDA_LIB}" "${GRADTRACE_C10_CUDA_LIB}")
     # Force libtorch_cuda.so to load so its CUDA kernels register with the dispatcher.
     target_link_options(gradtrace::torch_cuda INTERFACE "-Wl,--no-as-needed")
+    # libtorch_cuda.so needs the wheel's own CUDA libraries (nvidia-* wheels, e.g.
+    # NCCL 2.30), found at run time through its $ORIGIN RPATH, which ld does not
+    # expand at link time: without -rpath-link it resolves libnccl.so.2 to the
+    # system toolkit's older NCCL and fails on missing symbols.
+    file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${GRADTRACE_TORCH_DIR}/../nvidia/*/lib")
+    foreach(_dir IN LISTS _nvidia_lib_dirs)
+      target_link_options(gradtrace::torch_cuda INTERFACE "-Wl,-rpath-link,${_dir}")
+    endforeach()
   endif()
 endif()
