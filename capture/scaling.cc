@@ -1,6 +1,7 @@
 #include "scaling.h"
 
 #include <array>
+#include <cstdlib>
 
 namespace gradtrace::capture {
 
@@ -23,7 +24,11 @@ struct VersionRow {
 // read; 0.12.6 also passes divide=self.ipg_bucket_has_moe_params to
 // allreduce_bucket, dividing MoE buckets twice — PR #4957 made it
 // divide=False (first released in 0.13.1).
-constexpr std::array<VersionRow, 9> kVersions = {{
+constexpr std::array<VersionRow, 13> kVersions = {{
+    // PR #4530 first shipped in 0.11.2 (0.11.1 has no sequence_parallel_size in stage_1_and_2.py).
+    {"0.11.2", ScalingRule::kMean, "deepspeed/runtime/engine.py:2315 @ v0.11.2: mul_(1/world(sdp group)), no /sp",
+     ScalingRule::kDs4530,
+     "deepspeed/runtime/zero/stage_1_and_2.py:1030 @ v0.11.2: div_(world(dp group)/sp), PR #4530"},
     {"0.12.2", ScalingRule::kMean, "deepspeed/runtime/engine.py:2313,2315 @ v0.12.2: mul_(1/world(sdp group))",
      ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1030 (dense), 990 (MoE) @ v0.12.2: div_(world(dp group)/sp)"},
@@ -34,6 +39,10 @@ constexpr std::array<VersionRow, 9> kVersions = {{
      ScalingRule::kDsPre4957,
      "deepspeed/runtime/zero/stage_1_and_2.py:1072 (dense), 1032 (MoE) @ v0.12.6: div_(world/sp); MoE buckets "
      "again via divide=True at 1090,1097 -> allreduce_bucket 1458"},
+    {"0.13.0", ScalingRule::kMean, "deepspeed/runtime/engine.py:2343 @ v0.13.0: mul_(1/world(sdp group))",
+     ScalingRule::kDsPre4957,
+     "deepspeed/runtime/zero/stage_1_and_2.py:1094 @ v0.13.0: div_(world/sp); MoE buckets again via "
+     "divide=ipg_bucket_has_moe_params at 1112,1119 -> allreduce_bucket 1479"},
     {"0.13.1", ScalingRule::kMean, "deepspeed/runtime/engine.py:2341,2343 @ v0.13.1: mul_(1/world(sdp group))",
      ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1094 (dense), 1054 (MoE) @ v0.13.1: div_(world/sp); divide=False at "
@@ -47,13 +56,25 @@ constexpr std::array<VersionRow, 9> kVersions = {{
     {"0.14.4", ScalingRule::kDs4530,
      "deepspeed/runtime/engine.py:2412 (dp_world_size = world/sp) -> 2346,2348 @ v0.14.4", ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1112 (dense), 1072 (MoE) @ v0.14.4: div_(world/sp)"},
+    {"0.14.5", ScalingRule::kDs4530,
+     "deepspeed/runtime/engine.py:2456 (divisor world(sdp)/sp, PR #5555 since 0.14.3) -> 2392 @ v0.14.5",
+     ScalingRule::kDs4530, "deepspeed/runtime/zero/stage_1_and_2.py:1118 @ v0.14.5: div_(world/sp)"},
     {"0.15.0", ScalingRule::kDs4530,
      "deepspeed/runtime/engine.py:2465 (dp_world_size = world/sp) -> 2399,2401 @ v0.15.0", ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1119 (dense), 1079 (MoE) @ v0.15.0: div_(world/sp)"},
     {"0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/engine.py:2496 (dp_world_size = world/sp) -> 2430,2432 @ v0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1115 @ v0.16.0: div_(world/sp) on every bucket"},
+    {"0.19.8", ScalingRule::kDs4530, "deepspeed/runtime/engine.py:3884 (divisor world(sdp)/sp) -> 3815 @ v0.19.8",
+     ScalingRule::kDs4530, "deepspeed/runtime/zero/stage_1_and_2.py:1688 @ v0.19.8: div_(world/sp)"},
 }};
+
+const VersionRow& Row(const std::string& version) {
+  for (const auto& row : kVersions) {
+    if (version == row.version) return row;
+  }
+  std::abort();  // only called with versions of the table above
+}
 
 // Effective divisor of the rule for a group of `g` ranks.
 double RuleDivisor(ScalingRule rule, int g, int sp) {
@@ -85,19 +106,19 @@ Expected<ScalingPolicy> ResolvePolicy(const std::string& name) {
     p.engine_cite = p.zero_cite = "no DeepSpeed counterpart: the raw sum over the group";
   } else if (name == "mean") {
     p.engine = p.zero = ScalingRule::kMean;
-    p.engine_cite = kVersions[3].engine_cite;
+    p.engine_cite = Row("0.13.1").engine_cite;
     p.zero_cite = "plain data-parallel mean: div_(world(dp group)), as before sequence parallelism";
   } else if (name == "ds-4530") {
     p.engine = p.zero = ScalingRule::kDs4530;
-    p.engine_cite = kVersions[6].engine_cite;
-    p.zero_cite = kVersions[3].zero_cite;
+    p.engine_cite = Row("0.14.4").engine_cite;
+    p.zero_cite = Row("0.13.1").zero_cite;
   } else if (name == "ds-pre-4957") {
     // The double division only ever existed on the ZeRO reduce-scatter path;
     // the engine path is ds-4530's.
     p.engine = ScalingRule::kDs4530;
     p.zero = ScalingRule::kDsPre4957;
-    p.engine_cite = kVersions[6].engine_cite;
-    p.zero_cite = kVersions[2].zero_cite;
+    p.engine_cite = Row("0.14.4").engine_cite;
+    p.zero_cite = Row("0.12.6").zero_cite;
   } else if (name.rfind("deepspeed@", 0) == 0) {
     std::string v = name.substr(10);
     if (!v.empty() && v[0] == 'v') v = v.substr(1);

@@ -171,6 +171,23 @@ TEST(Scaling, DeepSpeedVersionTable) {
   // ZeRO: double division on MoE buckets only in 0.12.6.
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.12.6").value(), Ctx(Z, 4, 2, true)).Divisor(), 4);
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 4, 2, true)).Divisor(), 2);
+  // The versions real DeepSpeed was measured on (tools/repro/ds5248, docs/ds5248.md), sp=2, dp=1:
+  // a local-mean loss gives FINAL = (group / divisor) x reference, i.e. 2 / divisor here.
+  struct Measured {
+    const char* version;
+    double engine_factor, zero_factor;  // stage 0, ZeRO-1/2
+  };
+  for (const Measured& m : {Measured{"0.11.2", 0, 2}, Measured{"0.13.0", 1, 2}, Measured{"0.13.1", 1, 2},
+                            Measured{"0.14.5", 2, 2}, Measured{"0.19.8", 2, 2}}) {
+    auto p = ResolvePolicy(std::string("deepspeed@") + m.version).value();
+    if (m.engine_factor > 0) {  // 0.11.x stage 0 does not run on CPU: nothing measured
+      EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(p, Ctx(E, 2, 2)).Divisor(), m.engine_factor) << m.version;
+    }
+    EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(p, Ctx(Z, 2, 2)).Divisor(), m.zero_factor) << m.version;
+  }
+  // MoE at dp=2 on 0.13.0: buckets holding expert parameters measured at 0.5 (divided twice), 1.0 on 0.13.1.
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.0").value(), Ctx(Z, 2, 1, true)).Divisor(), 4);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 2, 1, true)).Divisor(), 2);
   for (const auto& v : KnownDeepSpeedVersions()) {
     auto p = ResolvePolicy("deepspeed@" + v);
     ASSERT_TRUE(p.ok()) << v;

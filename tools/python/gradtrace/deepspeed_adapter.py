@@ -29,6 +29,14 @@ lacks is reported, see ``DeepSpeedCapture.unrecordable``):
   every rank calls it for every parameter in the same order) inside a wrapper of ``engine.step``,
   at gradient-accumulation boundaries, before the optimizer step consumes the gradients.
 
+Older releases (measured with tools/repro/ds5248 on 0.11.1, 0.11.2, 0.13.0, 0.13.1, 0.14.5 and 0.19.8):
+the same hook points exist under the same names; ``average_tensor(tensor)`` takes one argument and the
+bucket's parameters are ``params_in_ipg_bucket`` as ``(group index, param, param_id)`` (up to 0.14.x);
+``buffered_reduce_fallback(rank, grads, elements_per_buffer, log)`` has no communication dtype (the
+ZeRO-1 path before 0.13 reaches it on CPU and reduces nothing there, which the records show as
+POST_REDUCE == PRE_REDUCE); stage 0's ``allreduce_and_copy(small_bucket, dp_group)`` has no
+``dp_world_size``. ``safe_get_full_grad`` exists in all of them, so every phase is recordable there.
+
 POST_REDUCE records carry, per ZeRO partition, only the elements this rank owns; their slices'
 offsets are parameter offsets, and ``partition_count`` is the number of elements held.
 """
@@ -314,6 +322,8 @@ class DeepSpeedCapture:
             if name == "buffered_reduce_fallback":
                 grads = args[1] if len(args) > 1 else kwargs["grads"]
                 comm_dtype = args[2] if len(args) > 2 else kwargs.get("communication_data_type")
+                if not isinstance(comm_dtype, torch.dtype):  # 0.11-0.14: the third argument is elements_per_buffer
+                    comm_dtype = None
                 layout = self._bucket_layout(zero, comm_dtype)
             else:
                 grads = args[0] if args else kwargs["grads"]

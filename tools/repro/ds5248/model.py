@@ -6,6 +6,7 @@ already shifted (label[t] = input_ids[t + 1]) and the model does not shift them 
 inside the model would drop one target at every sub-sequence boundary under SP.
 """
 
+import inspect
 import math
 
 import torch
@@ -21,20 +22,36 @@ def local_causal_attention(q, k, v):
 
 class Block(nn.Module):
 
-    def __init__(self, hidden, heads, sp_group):
+    def __init__(self, hidden, heads, sp_group, moe_experts=0):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
+        self.moe = None
+        if moe_experts > 0:
+            # deepspeed.moe.layer.MoE in place of the MLP: top-1 gating, no token dropping (infinite
+            # capacity: the routing of a token does not depend on how many tokens a rank holds, so the
+            # sp runs and the single-rank reference compute the same function), no random token
+            # selection, expert-parallel size 1 (every rank holds every expert; the experts' gradients
+            # are reduced over the expert-data-parallel group = all ranks).
+            from deepspeed.moe.layer import MoE
+            self.moe = MoE(hidden_size=hidden, expert=_MLP(hidden), num_experts=moe_experts, ep_size=1, k=1,
+                           drop_tokens=False, use_rts=False)
+        else:
+            self.fc1 = nn.Linear(hidden, 4 * hidden)
+            self.fc2 = nn.Linear(4 * hidden, hidden)
         self.attn = None
         if sp_group is not None:
             from deepspeed.sequence.layer import DistributedAttention
             # Batch-first layout [b, s/sp, h, d]: scatter heads (2), gather sequence (1).
             self.attn = DistributedAttention(local_causal_attention, sp_group, scatter_idx=2, gather_idx=1)
+            # batch_dim_idx exists from 0.14.x on. Before it, DistributedAttention's all-to-all assumes a
+            # sequence-first layout; with micro-batch 1 the batch-first tensors [1, s/sp, h, d] are laid
+            # out identically, so the same call is exact there (the issue notes: micro-batch 1 before 0.14.5).
+            self.attn_kwargs = {"batch_dim_idx": 0} if "batch_dim_idx" in inspect.signature(
+                DistributedAttention.forward).parameters else {}
 
     def forward(self, x):
         b, s, h = x.shape
@@ -42,20 +59,34 @@ class Block(nn.Module):
         if self.attn is None:
             a = local_causal_attention(q, k, v)
         else:
-            a = self.attn(q, k, v, batch_dim_idx=0)
+            a = self.attn(q, k, v, **self.attn_kwargs)
         x = x + self.proj(a.reshape(b, s, h))
+        if self.moe is not None:
+            out, _l_aux, _counts = self.moe(self.ln2(x))  # the gate's auxiliary loss is not used
+            return x + out
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class _MLP(nn.Module):
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class TinyLM(nn.Module):
     """forward(input_ids, labels, position_ids) -> per-token losses [b, s_local] (0 where ignored)
     and the valid-token mask; the loss recipe (run.py) reduces them."""
 
-    def __init__(self, vocab, hidden, heads, layers, max_seq, sp_group=None):
+    def __init__(self, vocab, hidden, heads, layers, max_seq, sp_group=None, moe_experts=0):
         super().__init__()
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(max_seq, hidden)
-        self.blocks = nn.ModuleList([Block(hidden, heads, sp_group) for _ in range(layers)])
+        self.blocks = nn.ModuleList([Block(hidden, heads, sp_group, moe_experts) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.sp_group = sp_group
@@ -83,7 +114,10 @@ class TinyLM(nn.Module):
             token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
             return token.sum() / n_total.clamp_min(1)
         if self.recipe == "full-sequence":
-            from deepspeed.sequence.cross_entropy import vocab_sequence_parallel_cross_entropy
+            try:
+                from deepspeed.sequence.cross_entropy import vocab_sequence_parallel_cross_entropy
+            except ImportError:  # DeepSpeed < 0.15: the same function, as Megatron-DeepSpeed had it
+                vocab_sequence_parallel_cross_entropy = _vocab_sequence_parallel_cross_entropy
             # [s/sp, b, V] and [s/sp, b] (sequence first, as Megatron); returns [s, b] for the whole sequence.
             token = vocab_sequence_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
                                                           labels.transpose(0, 1).contiguous(), self.sp_group)
@@ -97,11 +131,47 @@ class TinyLM(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def build_model(seed, vocab, hidden, heads, layers, max_seq, sp_group=None):
+class _VocabSequenceParallelCrossEntropy(torch.autograd.Function):
+    """For DeepSpeed releases without deepspeed/sequence/cross_entropy.py (added in 0.15): the same
+    computation as that file and as Megatron-DeepSpeed's megatron/core/sequence_parallel/cross_entropy.py
+    (vocab not split: per-token CE of the local sub-sequence, all-gathered over the SP group; backward:
+    this rank's slice of the incoming gradient, through the softmax)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, sp_group):
+        # logits [s/sp, b, V] fp32, target [s/sp, b]
+        ignore = target == -100
+        tgt = target.masked_fill(ignore, 0)
+        logp = torch.log_softmax(logits, dim=-1)
+        loss = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        loss = loss.masked_fill(ignore, 0.0)
+        sp = torch.distributed.get_world_size(sp_group)
+        rank = torch.distributed.get_rank(sp_group)
+        parts = [torch.empty_like(loss) for _ in range(sp)]
+        torch.distributed.all_gather(parts, loss.contiguous(), group=sp_group)
+        ctx.save_for_backward(logp.exp(), tgt, ignore)
+        ctx.rank, ctx.n = rank, loss.shape[0]
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        softmax, tgt, ignore = ctx.saved_tensors
+        g = grad_out[ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n]
+        grad = softmax.clone()
+        grad.scatter_add_(-1, tgt.unsqueeze(-1), -torch.ones_like(tgt, dtype=grad.dtype).unsqueeze(-1))
+        grad = grad * (g * (~ignore)).unsqueeze(-1)
+        return grad, None, None
+
+
+def _vocab_sequence_parallel_cross_entropy(logits, target, sp_group):
+    return _VocabSequenceParallelCrossEntropy.apply(logits, target, sp_group)
+
+
+def build_model(seed, vocab, hidden, heads, layers, max_seq, sp_group=None, moe_experts=0):
     """Deterministic weights: the same seed gives the same model on every rank and world size."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = TinyLM(vocab, hidden, heads, layers, max_seq, sp_group)
+    model = TinyLM(vocab, hidden, heads, layers, max_seq, sp_group, moe_experts)
     # Non-default init so that no gradient is accidentally tiny; still a function of the seed only.
     with torch.no_grad():
         for name, p in model.named_parameters():

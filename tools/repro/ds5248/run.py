@@ -53,6 +53,8 @@ def parse_args(argv=None):
                          "across partitions)")
     ap.add_argument("--no-contiguous-gradients", action="store_true",
                     help="ZeRO-1/2 contiguous_gradients false (reduces nothing on CPU in some versions)")
+    ap.add_argument("--moe-experts", type=int, default=0,
+                    help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
     ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
     ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
     return ap.parse_args(argv)
@@ -124,6 +126,69 @@ def disable_shm_comm_op():
         ds_torch_comm.build_shm_op = lambda: None
 
 
+def gloo_for_stubbed_oneccl():
+    """DeepSpeed < 0.14 CPU accelerator: imports oneccl_bindings_for_pytorch unconditionally and names
+    'ccl' as its communication backend; deepspeed.init_distributed then builds the CCL comm op (needs
+    oneCCL's CCL_ROOT). In the old-version environments (envs.py) that import is satisfied by an empty stub
+    (cpu_shims/); there, name gloo instead, as 0.14+ does when oneCCL is absent. Runtime only."""
+    stub = sys.modules.get("oneccl_bindings_for_pytorch")
+    if not getattr(stub, "__gradtrace_stub__", False):
+        return
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if getattr(acc, "_communication_backend_name", None) == "ccl":
+        acc._communication_backend_name = "gloo"
+
+
+def gloo_all_gather_fallback():
+    """torch < 2.2's gloo has no _allgather_base (all_gather_into_tensor): ZeRO-1/2's parameter all-gather
+    after the optimizer step (runtime/utils.py all_gather_dp_groups) then fails. DeepSpeed has its own
+    fallback to list all_gather when its backend reports no all_gather_into_tensor; make it report that
+    when a probe shows gloo cannot do it. Only the post-step parameter all-gather is affected (after
+    FINAL is captured); gradient reduction does not use this collective. Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    try:
+        t = torch.zeros(1)
+        tdist.all_gather_into_tensor(torch.zeros(tdist.get_world_size()), t)
+        return False
+    except RuntimeError:
+        from deepspeed.comm import comm as ds_comm
+        ds_comm.cdb.has_all_gather_into_tensor = lambda: False
+        return True
+
+
+def gloo_list_all_to_all():
+    """gloo has all_to_all_single but not the list form all_to_all, which DistributedAttention before
+    0.12 uses (deepspeed/sequence/layer.py: dist.all_to_all(output_list, input_list, group)). If a probe
+    shows the list form is missing, route deepspeed.comm.all_to_all through all_to_all_single: the same
+    exchange (chunk i of the input to rank i, chunk j of the output from rank j), no change to the math of
+    attention or to the gradient reduction. Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    world = tdist.get_world_size()
+    try:
+        tdist.all_to_all([torch.zeros(1) for _ in range(world)], [torch.zeros(1) for _ in range(world)])
+        return False
+    except RuntimeError:
+        pass
+    import deepspeed.comm as ds_comm
+
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+        inp = torch.cat([t.contiguous().reshape(-1) for t in input_tensor_list])
+        out = torch.empty(sum(t.numel() for t in output_tensor_list), dtype=inp.dtype, device=inp.device)
+        tdist.all_to_all_single(out, inp, output_split_sizes=[t.numel() for t in output_tensor_list],
+                                input_split_sizes=[t.numel() for t in input_tensor_list], group=group)
+        off = 0
+        for t in output_tensor_list:
+            t.copy_(out[off:off + t.numel()].view_as(t))
+            off += t.numel()
+        return None
+
+    ds_comm.all_to_all = all_to_all
+    return True
+
+
 def worker(args):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
@@ -135,19 +200,28 @@ def worker(args):
 
     torch.set_num_threads(1)
     disable_shm_comm_op()
+    gloo_for_stubbed_oneccl()
     deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
+    gloo_all_gather_fallback()
+    gloo_list_all_to_all()
     mpu = UlyssesMPU(args.sp, args.dp)
     recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
     model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len,
-                        mpu.get_sequence_parallel_group() if args.sp > 1 else None)
+                        mpu.get_sequence_parallel_group() if args.sp > 1 else None, args.moe_experts)
     model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    params = model.parameters()
+    if args.moe_experts:
+        # ZeRO needs the expert parameters in their own optimizer groups (deepspeed.moe.utils).
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
+                                                                       "name": "params"})
+    optimizer = torch.optim.SGD(params, lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args), mpu=mpu)
     cap = deepspeed_adapter.attach(
         engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
                 "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
-                "optimizer": "sgd", "lr": args.lr, "steps": args.steps},
+                "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
         extra={"runner": "tools/repro/ds5248/run.py", "argv": json.dumps(sys.argv[1:])})
 
     sp, sp_rank, dp_rank = args.sp, mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_rank()
