@@ -127,6 +127,12 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   const std::string run_id = RunId(*store, env.rank, o);
 
   gc::TransformerLM model(gc::ModelConfigFrom(o), groups.device);
+  if (!o.export_init.empty() && env.rank == 0) {
+    if (auto st = gc::ExportInit(o); !st.ok()) {
+      std::cerr << "gradtrace-train: " << st.message() << "\n";
+      return 1;
+    }
+  }
 
   pb::RunInfo run;
   run.set_producer("gradtrace-train");
@@ -228,6 +234,20 @@ int main(int argc, char** argv) {
     return UsageError(parsed.status().message());
   }
   const gc::TrainOptions& o = parsed.value();
+  if (!o.export_init.empty() && o.out.empty()) {  // export only: one process, no training
+    try {
+      auto st = gc::ExportInit(o);
+      if (!st.ok()) {
+        std::cerr << "gradtrace-train: " << st.message() << "\n";
+        return 1;
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "gradtrace-train: " << FirstLine(e.what()) << "\n";
+      return 1;
+    }
+    std::cerr << "gradtrace-train: wrote " << o.export_init << "\n";
+    return 0;
+  }
   if (o.nproc > 0 && std::getenv("GRADTRACE_TRAIN_CHILD") == nullptr) {
     setenv("GRADTRACE_TRAIN_CHILD", "1", 1);
     return gc::LaunchLocal(o.nproc, SelfExe(argv[0]), gc::ArgsWithoutNproc(argc, argv));

@@ -57,6 +57,9 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"abort", "disable"}));
   app.add_option("--final", o.final_mode, "FINAL phase: full gradient (gather) or owned partition slices")
       ->check(CLI::IsMember({"gather", "partition"}));
+  app.add_option("--export-init", o.export_init,
+                 "write the initial parameters and the global batches to FILE (torch.load-able); without --out, "
+                 "write it and exit");
 }
 
 std::string OneLine(std::string s) {
@@ -121,7 +124,7 @@ Status ValidateTrainOptions(const TrainOptions& o) {
       return bad("--capture-params: invalid regex '" + o.capture_params + "': " + e.what());
     }
   }
-  if (o.out.empty()) return bad("--out DIR is required");
+  if (o.out.empty() && o.export_init.empty()) return bad("--out DIR is required");
   return Status::Ok();
 }
 

@@ -56,6 +56,11 @@ struct TrainOptions {
   std::string capture_params;              // regex on parameter names; empty: all
   std::string on_capture_error = "abort";  // abort | disable
   std::string final_mode = "gather";       // gather: FINAL is the full gradient; partition: owned slices only
+
+  // Export: the initial parameters and every global batch of the run, for an
+  // external run (tools/repro/ds5248/run.py --model gradtrace) to load. Without
+  // --out, gradtrace-train writes the file and exits without training.
+  std::string export_init;
 };
 
 // Parses argv (argv[0] is the program). On --help, prints usage to stdout and

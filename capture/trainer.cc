@@ -1,9 +1,11 @@
 #include "trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #include "data.h"
 #include "loss.h"
@@ -134,6 +136,29 @@ std::vector<at::Tensor> ReferenceGradients(const TrainOptions& o, int64_t step) 
     grads.push_back(p.tensor.grad().defined() ? p.tensor.grad().detach().clone() : at::zeros_like(p.tensor).detach());
   }
   return grads;
+}
+
+Status ExportInit(const TrainOptions& o) {
+  auto data = DataSource::Create(DataConfigFrom(o));
+  if (!data.ok()) return data.status();
+  TransformerLM model(ModelConfigFrom(o), at::kCPU);
+  c10::Dict<std::string, at::Tensor> out;
+  for (const auto& p : model.params()) out.insert("param/" + p.name, p.tensor.detach());
+  for (int64_t step = 0; step < o.steps; ++step) {
+    for (int micro = 0; micro < o.gas; ++micro) {
+      const std::string key = "batch/" + std::to_string(step) + "/" + std::to_string(micro) + "/";
+      Batch b = data->Global(step, micro);
+      out.insert(key + "input_ids", b.input_ids);
+      out.insert(key + "labels", b.labels);
+      out.insert(key + "position_ids", b.position_ids);
+    }
+  }
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(out));
+  std::ofstream f(o.export_init, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  if (!f) return Status::IoError("--export-init " + o.export_init + ": cannot write");
+  return Status::Ok();
 }
 
 }  // namespace gradtrace::capture

@@ -49,4 +49,13 @@ Status RunTraining(const TrainOptions& options, const Groups& groups, GradSink* 
 // ReferenceLoss (see loss.h). Parameter order as model.params().
 std::vector<at::Tensor> ReferenceGradients(const TrainOptions& options, int64_t step);
 
+// Writes options.export_init: a torch.save-compatible pickle (torch::pickle_save)
+// of one dict of str -> tensor, in this order:
+//   "param/<name>"                          initial weights, model order, options.dtype
+//   "batch/<step>/<micro>/input_ids"        global batch [batch, seq_len] int64, every
+//   "batch/<step>/<micro>/labels"           step < options.steps and micro < options.gas
+//   "batch/<step>/<micro>/position_ids"     (labels pre-shifted, -100 where ignored)
+// Python: torch.load(FILE, weights_only=True). No collectives: any one rank may call it.
+Status ExportInit(const TrainOptions& options);
+
 }  // namespace gradtrace::capture

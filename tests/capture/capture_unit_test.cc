@@ -57,6 +57,14 @@ TEST(TrainOptions, RejectsBadInputWithOneLine) {
   }
 }
 
+TEST(TrainOptions, ExportInitAloneNeedsNoOut) {
+  auto o = Parse({"--export-init", "/tmp/init.pt", "--sp", "2"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->export_init, "/tmp/init.pt");
+  EXPECT_TRUE(o->out.empty());
+  EXPECT_FALSE(Parse({"--export-init", "/tmp/init.pt", "--sp", "3"}).ok());  // still validated
+}
+
 #ifndef USE_C10D_NCCL
 TEST(TrainOptions, NcclInACpuBuildIsAClearError) {
   auto o = Parse({"--out", "d", "--backend", "nccl"});

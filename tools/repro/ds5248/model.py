@@ -191,3 +191,122 @@ def make_batch(seed, step, global_batch, seq_len, vocab, ignore_frac):
         drop = torch.rand(global_batch, seq_len, generator=g) < ignore_frac
         labels[drop] = -100
     return input_ids, labels
+
+
+# --- gradtrace-train's model, for trace-against-trace comparison with its emulation -------------------------
+
+
+def load_gradtrace_init(path):
+    """The file `gradtrace-train --export-init FILE` writes (torch::jit::pickle_save of a typed
+    Dict[str, Tensor]): {"param/<name>": initial weight, "batch/<step>/<micro>/{input_ids,labels,
+    position_ids}": global batch}. Loaded with weights_only=True; the one extra global allowed,
+    torch.jit._pickle.restore_type_tag, only re-attaches the dict's TorchScript type annotation."""
+    import torch.jit._pickle as jit_pickle
+    with torch.serialization.safe_globals([jit_pickle.restore_type_tag]):
+        return dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def gradtrace_causal_attention(q, k, v):
+    """capture/ulysses.cc CausalAttention, op for op: q, k, v [b, seq (full), heads (local), hd]."""
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    scores = torch.matmul(qh, kh.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    t = q.shape[1]
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    p = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return torch.matmul(p, vh).transpose(1, 2)
+
+
+class _GtAttention(nn.Module):
+
+    def __init__(self, hidden, heads, sp_group):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.dist = None
+        if sp_group is not None:
+            from deepspeed.sequence.layer import DistributedAttention
+            self.dist = DistributedAttention(gradtrace_causal_attention, sp_group, scatter_idx=2, gather_idx=1)
+            self.dist_kwargs = {"batch_dim_idx": 0} if "batch_dim_idx" in inspect.signature(
+                DistributedAttention.forward).parameters else {}
+
+    def forward(self, h):
+        b, s, hidden = h.shape
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, hidden // self.heads).unbind(2)
+        a = gradtrace_causal_attention(q, k, v) if self.dist is None else self.dist(q, k, v, **self.dist_kwargs)
+        return self.out(a.reshape(b, s, hidden))
+
+
+class _GtMLP(nn.Module):
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU, as at::gelu
+
+
+class _GtBlock(nn.Module):
+
+    def __init__(self, hidden, heads, sp_group):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)  # eps 1e-5, as at::layer_norm's default
+        self.attn = _GtAttention(hidden, heads, sp_group)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = _GtMLP(hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GtEmbed(nn.Module):
+
+    def __init__(self, vocab, hidden, max_seq):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(max_seq, hidden)
+
+
+class GradtraceLM(nn.Module):
+    """capture/model.cc's TransformerLM (dense) with its parameter names and order: embed.tok/pos,
+    blocks.N.{ln1, attn.qkv, attn.out, ln2, mlp.fc1, mlp.fc2}, ln_f, lm_head (no bias); pre-LN,
+    exact GELU, attention scaled by 1/sqrt(head_dim) with a causal mask, here wrapped in DeepSpeed's
+    DistributedAttention. Weights come from the init file, not from a seed. forward() and the loss
+    recipes are TinyLM's."""
+
+    def __init__(self, vocab, hidden, heads, layers, max_seq, sp_group=None):
+        super().__init__()
+        self.embed = _GtEmbed(vocab, hidden, max_seq)
+        self.blocks = nn.ModuleList([_GtBlock(hidden, heads, sp_group) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.sp_group = sp_group
+        self.recipe = "local-mean"
+
+    forward = TinyLM.forward
+
+    def logits(self, input_ids, position_ids):
+        x = self.embed.tok(input_ids) + self.embed.pos(position_ids)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def build_gradtrace_model(init, vocab, hidden, heads, layers, max_seq, sp_group=None):
+    """GradtraceLM with the initial weights of `init` (load_gradtrace_init); names and shapes must match."""
+    model = GradtraceLM(vocab, hidden, heads, layers, max_seq, sp_group)
+    weights = {k[len("param/"):]: v for k, v in init.items() if k.startswith("param/")}
+    names = [n for n, _ in model.named_parameters()]
+    if names != list(weights):
+        raise ValueError(f"--init holds parameters {list(weights)}, the model has {names}: "
+                         "export with the same --layers/--moe-experts")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if tuple(weights[n].shape) != tuple(p.shape):
+                raise ValueError(f"--init {n}: shape {tuple(weights[n].shape)}, model {tuple(p.shape)} "
+                                 "(export with the same --vocab/--hidden/--seq-len)")
+            p.copy_(weights[n])
+    return model

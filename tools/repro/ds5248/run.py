@@ -55,9 +55,20 @@ def parse_args(argv=None):
                     help="ZeRO-1/2 contiguous_gradients false (reduces nothing on CPU in some versions)")
     ap.add_argument("--moe-experts", type=int, default=0,
                     help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
+    ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
+                    help="tiny: model.py's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
+                         "model (capture/model.cc), weights and global batches from --init")
+    ap.add_argument("--init", help="--model gradtrace: the file of `gradtrace-train --export-init FILE` (same "
+                                   "--seed --seq-len --vocab --hidden --heads --layers --steps --gas, and "
+                                   "gradtrace-train --batch = this --batch x --dp)")
     ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
     ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.model == "gradtrace" and (not args.init or args.moe_experts):
+        ap.error("--model gradtrace needs --init FILE and is dense only (no --moe-experts)")
+    if args.model == "tiny" and args.init:
+        ap.error("--init is for --model gradtrace")
+    return args
 
 
 def free_port():
@@ -195,7 +206,7 @@ def worker(args):
     import torch.distributed as tdist
     import deepspeed
     from gradtrace import deepspeed_adapter
-    from model import build_model, make_batch
+    from model import build_gradtrace_model, build_model, load_gradtrace_init, make_batch
     from mpu import UlyssesMPU
 
     torch.set_num_threads(1)
@@ -206,8 +217,14 @@ def worker(args):
     gloo_list_all_to_all()
     mpu = UlyssesMPU(args.sp, args.dp)
     recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
-    model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len,
-                        mpu.get_sequence_parallel_group() if args.sp > 1 else None, args.moe_experts)
+    sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
+    init = None
+    if args.model == "gradtrace":
+        init = load_gradtrace_init(args.init)
+        model = build_gradtrace_model(init, args.vocab, args.hidden, args.heads, args.layers, args.seq_len, sp_group)
+    else:
+        model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len, sp_group,
+                            args.moe_experts)
     model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
     params = model.parameters()
     if args.moe_experts:
@@ -222,7 +239,7 @@ def worker(args):
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
                 "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
                 "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
-        extra={"runner": "tools/repro/ds5248/run.py", "argv": json.dumps(sys.argv[1:])})
+        extra={"runner": "tools/repro/ds5248/run.py", "argv": json.dumps(sys.argv[1:]), "model": args.model})
 
     sp, sp_rank, dp_rank = args.sp, mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_rank()
     assert args.seq_len % sp == 0, "seq_len must divide by sp"
@@ -230,12 +247,23 @@ def worker(args):
     lo, hi = sp_rank * sub, (sp_rank + 1) * sub
     for step in range(args.steps):
         for micro in range(args.gas):
-            ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
-                                     args.vocab, args.ignore_frac)
             rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
+            if init is not None:  # gradtrace-train's global batch (its --ignore-frac applies, not ours)
+                key = f"batch/{step}/{micro}/"
+                if key + "input_ids" not in init:
+                    raise SystemExit(f"ds5248: --init has no {key}*: export with --steps {args.steps} --gas {args.gas}")
+                ids, labels, pos = (init[key + k] for k in ("input_ids", "labels", "position_ids"))
+                if tuple(ids.shape) != (args.batch * args.dp, args.seq_len):
+                    raise SystemExit(f"ds5248: --init batch is {tuple(ids.shape)}, expected "
+                                     f"({args.batch * args.dp}, {args.seq_len}): export with "
+                                     f"--batch {args.batch * args.dp} --seq-len {args.seq_len}")
+            else:
+                ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
+                                         args.vocab, args.ignore_frac)
+                pos = torch.arange(args.seq_len).unsqueeze(0).expand(args.batch * args.dp, -1)
             input_ids = ids[rows, lo:hi]
             lab = labels[rows, lo:hi]
-            position_ids = torch.arange(args.seq_len).unsqueeze(0).expand(args.batch, -1)[:, lo:hi]
+            position_ids = pos[rows, lo:hi]
             loss = engine(input_ids=input_ids, labels=lab, position_ids=position_ids)
             if recipe == "local-mean-div-sp":
                 loss = loss / sp
