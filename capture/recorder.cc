@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "trace_writer.h"
+#include "validate.h"
 
 namespace gradtrace::capture {
 namespace {
@@ -152,13 +153,9 @@ struct Recorder::Impl {
 };
 
 Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& options, pb::RunInfo run) {
-  if (run.model_fingerprint().empty()) run.set_model_fingerprint(ModelFingerprint(run));
-  for (int i = 0; i < run.params_size(); ++i) {
-    if (run.params(i).id() != i) {
-      return Status::InvalidArgument("RunInfo.params[" + std::to_string(i) + "].id is " +
-                                     std::to_string(run.params(i).id()) + ", expected " + std::to_string(i));
-    }
-  }
+  // The codec's own check, up front: a malformed RunInfo is the caller's bug,
+  // refused even under kDisable (which would otherwise swallow the writer's refusal).
+  if (Status st = ValidateRunInfo(run); !st.ok()) return Status::InvalidArgument("RunInfo: " + st.message());
   std::unique_ptr<Recorder> rec(new Recorder());
   rec->impl_ = std::make_unique<Impl>();
   Impl& im = *rec->impl_;

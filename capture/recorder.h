@@ -55,8 +55,9 @@ struct BucketMeta {
 
 class Recorder {
  public:
-  // Opens the trace file and writes RunInfo. `run.params` must be filled
-  // (ids 0..n-1); the fingerprint is computed here if empty.
+  // Opens the trace file and writes RunInfo. `run` must pass the codec's
+  // ValidateRunInfo (ids 0..n-1, numel == product(shape)); the writer fills an
+  // empty fingerprint.
   static Expected<std::unique_ptr<Recorder>> Open(const RecorderOptions& options, pb::RunInfo run);
   ~Recorder();  // Close() if not yet closed
 

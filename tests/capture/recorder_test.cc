@@ -169,6 +169,18 @@ TEST(Recorder, BackPressureBoundsTheQueueAndLosesNothing) {
   std::remove(path.c_str());
 }
 
+TEST(Recorder, MalformedRunInfoIsRefusedEvenUnderDisable) {
+  pb::RunInfo run = TinyRun();
+  run.mutable_params(1)->set_id(7);
+  RecorderOptions opt;
+  opt.path = TempPath("rec-bad-run");
+  opt.on_error = OnCaptureError::kDisable;
+  auto rec = Recorder::Open(opt, run);
+  ASSERT_FALSE(rec.ok());
+  EXPECT_EQ(rec.status().code(), Status::Code::kInvalidArgument) << rec.status().message();
+  std::remove(opt.path.c_str());
+}
+
 TEST(Recorder, UnwritableDirectoryAbortNamesThePath) {
   RecorderOptions opt;
   opt.path = "/nonexistent-dir/rank-00000.gtrace";
