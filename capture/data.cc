@@ -52,8 +52,10 @@ Batch DataSource::Global(int64_t step, int micro_step) const {
     }
   }
   Batch batch;
-  batch.input_ids = tokens.narrow(1, 0, T).contiguous();
-  batch.labels = tokens.narrow(1, 1, T).contiguous();
+  // clone, not contiguous(): with one row the narrowed views are already
+  // contiguous and would share storage, so masking labels would mask inputs.
+  batch.input_ids = tokens.narrow(1, 0, T).clone();
+  batch.labels = tokens.narrow(1, 1, T).clone();
   if (config_.ignore_frac > 0) {
     at::Tensor masked = at::rand({B, T}, gen, at::TensorOptions().dtype(at::kDouble)) < config_.ignore_frac;
     batch.labels.masked_fill_(masked, kIgnoreIndex);

@@ -15,6 +15,9 @@ struct VersionRow {
   const char* engine_cite;
   ScalingRule zero;
   const char* zero_cite;
+  // Non-empty: the release's stage-0 path reduces over another group than the
+  // emulation's (sdp), so stage 0 with sp > 1 is refused for it.
+  const char* engine_unmodelled = "";
 };
 
 // The engine divides by the size of the sequence-data-parallel group
@@ -24,7 +27,13 @@ struct VersionRow {
 // read; 0.12.6 also passes divide=self.ipg_bucket_has_moe_params to
 // allreduce_bucket, dividing MoE buckets twice — PR #4957 made it
 // divide=False (first released in 0.13.1).
-constexpr std::array<VersionRow, 13> kVersions = {{
+constexpr std::array<VersionRow, 14> kVersions = {{
+    // The last release before PR #4530: ZeRO-1/2 divides by the whole sdp group, no / sp.
+    {"0.11.1", ScalingRule::kMean, "deepspeed/runtime/engine.py:2308,2371 @ v0.11.1: mul_(1/world(mpu dp group))",
+     ScalingRule::kMean,
+     "deepspeed/runtime/zero/stage_1_and_2.py:946 (allreduce), 988 (reduce-scatter) @ v0.11.1: "
+     "div_(world(sdp group)), no / sp",
+     "engine.py:2371 @ v0.11.1 all-reduces over mpu.get_data_parallel_group(), which leaves out the SP ranks"},
     // PR #4530 first shipped in 0.11.2 (0.11.1 has no sequence_parallel_size in stage_1_and_2.py).
     {"0.11.2", ScalingRule::kMean, "deepspeed/runtime/engine.py:2315 @ v0.11.2: mul_(1/world(sdp group)), no /sp",
      ScalingRule::kDs4530,
@@ -128,6 +137,7 @@ Expected<ScalingPolicy> ResolvePolicy(const std::string& name) {
         p.zero = row.zero;
         p.engine_cite = row.engine_cite;
         p.zero_cite = row.zero_cite;
+        p.engine_unmodelled = row.engine_unmodelled;
         return p;
       }
     }

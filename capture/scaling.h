@@ -30,6 +30,7 @@ struct ScalingPolicy {
   ScalingRule zero = ScalingRule::kMean;
   std::string engine_cite;  // "deepspeed/runtime/engine.py:2341,2343 @ v0.13.1: ..."
   std::string zero_cite;
+  std::string engine_unmodelled;  // why stage 0 with sp > 1 is not modelled ("" if it is)
 };
 
 // "mean", "sum", "ds-4530", "ds-pre-4957" or "deepspeed@X.Y.Z" for a version

@@ -114,7 +114,12 @@ Status ValidateTrainOptions(const TrainOptions& o) {
     return bad("--backend nccl: this build has no NCCL support (configure with -DGRADTRACE_CUDA=ON on a CUDA machine)");
 #endif
   }
-  if (auto p = ResolvePolicy(o.scaling); !p.ok()) return p.status();
+  auto policy = ResolvePolicy(o.scaling);
+  if (!policy.ok()) return policy.status();
+  if (o.zero_stage == 0 && o.sp > 1 && !policy->engine_unmodelled.empty()) {
+    return bad("--scaling " + o.scaling +
+               " with --zero-stage 0 and --sp > 1 is not modelled: " + policy->engine_unmodelled);
+  }
   if (auto m = ParseCaptureMode(o.capture); !m.ok()) return bad("--capture: " + m.status().message());
   if (auto s = ParseStepList(o.capture_steps); !s.ok()) return s.status();
   if (!o.capture_params.empty()) {

@@ -43,6 +43,23 @@ TEST(Data, ShardIsTheIssueLoopSlice) {
   }));
 }
 
+// Regression: with one row the input and label views were contiguous already,
+// shared storage, and masking a label wrote -100 into the next input id.
+TEST(Data, MaskingLabelsLeavesInputsAlone) {
+  DataConfig c;
+  c.batch = 1;
+  c.seq_len = 32;
+  c.vocab = 64;
+  c.ignore_frac = 0.5;
+  auto src = DataSource::Create(c);
+  Batch g = src->Global(0, 0);
+  EXPECT_GT((g.labels == kIgnoreIndex).sum().item<int64_t>(), 0);
+  EXPECT_EQ((g.input_ids < 0).sum().item<int64_t>(), 0);
+  c.ignore_frac = 0;
+  Batch unmasked = DataSource::Create(c)->Global(0, 0);
+  EXPECT_TRUE(g.input_ids.equal(unmasked.input_ids));
+}
+
 TEST(Data, TokenFile) {
   EXPECT_TRUE(RunRanks(1, 1, [](const Groups&) -> std::string {
     const auto path = std::filesystem::temp_directory_path() / ("gt-data-" + std::to_string(getpid()));

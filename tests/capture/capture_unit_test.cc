@@ -39,6 +39,7 @@ TEST(TrainOptions, RejectsBadInputWithOneLine) {
       {"--out", "d", "--nproc", "3", "--dp", "2"},     // nproc != dp*sp
       {"--out", "d", "--scaling", "bogus"},
       {"--out", "d", "--scaling", "deepspeed@9.9.9"},
+      {"--out", "d", "--scaling", "deepspeed@0.11.1", "--sp", "2", "--zero-stage", "0"},  // engine group not modelled
       {"--out", "d", "--loss", "mean"},
       {"--out", "d", "--zero-stage", "3"},
       {"--out", "d", "--capture", "sketch:x"},
@@ -185,8 +186,8 @@ TEST(Scaling, DeepSpeedVersionTable) {
     const char* version;
     double engine_factor, zero_factor;  // stage 0, ZeRO-1/2
   };
-  for (const Measured& m : {Measured{"0.11.2", 0, 2}, Measured{"0.13.0", 1, 2}, Measured{"0.13.1", 1, 2},
-                            Measured{"0.14.5", 2, 2}, Measured{"0.19.8", 2, 2}}) {
+  for (const Measured& m : {Measured{"0.11.1", 0, 1}, Measured{"0.11.2", 0, 2}, Measured{"0.13.0", 1, 2},
+                            Measured{"0.13.1", 1, 2}, Measured{"0.14.5", 2, 2}, Measured{"0.19.8", 2, 2}}) {
     auto p = ResolvePolicy(std::string("deepspeed@") + m.version).value();
     if (m.engine_factor > 0) {  // 0.11.x stage 0 does not run on CPU: nothing measured
       EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(p, Ctx(E, 2, 2)).Divisor(), m.engine_factor) << m.version;
