@@ -202,6 +202,10 @@ def load_gradtrace_init(path):
     position_ids}": global batch}. Loaded with weights_only=True; the one extra global allowed,
     torch.jit._pickle.restore_type_tag, only re-attaches the dict's TorchScript type annotation."""
     import torch.jit._pickle as jit_pickle
+    if not hasattr(torch.serialization, "safe_globals"):
+        # torch < 2.4 (the old releases' environments) cannot allow that one global; the file is the one
+        # gradtrace-train just wrote next to it (repro.py), not a download.
+        return dict(torch.load(path, map_location="cpu", weights_only=False))
     with torch.serialization.safe_globals([jit_pickle.restore_type_tag]):
         return dict(torch.load(path, map_location="cpu", weights_only=True))
 

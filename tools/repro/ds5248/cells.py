@@ -1,0 +1,69 @@
+"""The cells of the #5248 matrix: layouts, loss recipes and the extra cells around them."""
+
+import itertools
+from dataclasses import dataclass
+
+RECIPES = ["loss", "loss-div-sp", "token-weighted", "full-sequence"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    sp: int
+    dp: int
+    moe: int = 0  # experts per MoE layer (deepspeed.moe.layer.MoE, ep_size 1); 0: dense
+    gas: int = 1  # gradient_accumulation_steps
+    contiguous: bool = True  # ZeRO contiguous_gradients
+
+
+LAYOUTS = {
+    "dp2": Layout(1, 2),  # the per-stage sanity cell: pure data parallel must equal the reference
+    "sp2": Layout(2, 1),
+    "sp4": Layout(4, 1),
+    "dp2xsp2": Layout(2, 2),
+    "sp2-gas2": Layout(2, 1, gas=2),
+    "sp2-nocontig": Layout(2, 1, contiguous=False),
+    # MoE around PR #4957 (2 experts, ep_size 1). MoE runs the tiny model (DeepSpeed's MoE layer); its
+    # emulation is compared by bucket divisors, not elementwise (emulation.py).
+    "dp2-moe2": Layout(1, 2, moe=2),
+    "sp2-moe2": Layout(2, 1, moe=2),
+}
+LAYOUT_ORDER = list(LAYOUTS)
+SANITY = ("dp2", "loss", 0.0)  # layout, recipe, ignore of the per-stage sanity cell
+MOE_VERSIONS = ("0.13.0", "0.13.1", "0.19.8")  # the releases around #4957, and the newest
+
+
+def extra_cells(version):
+    """Cells beyond layouts x stages x recipes x ignore: gradient accumulation, contiguous_gradients
+    false, MoE."""
+    cells = [("sp2-gas2", s, r, 0.0) for s in (0, 1, 2) for r in ("loss", "loss-div-sp")]
+    cells += [("sp2-nocontig", 2, r, 0.0) for r in ("loss", "loss-div-sp")]
+    if version in MOE_VERSIONS:
+        cells += [(l, 2, r, 0.0) for l in ("dp2-moe2", "sp2-moe2") for r in ("loss", "loss-div-sp")]
+    return cells
+
+
+def cell_name(layout, stage, recipe, ignore):
+    return f"{layout}-z{stage}-{recipe}-ign{ignore}"
+
+
+def priority_cells(stages, layouts, recipes, ignores, extra):
+    """Cells in the order the study wants them: sp2 ZeRO-1/2 with loss and loss/sp first, then stage 0,
+    the other recipes, unequal shards, sp4 and dp2 x sp2, the rest, and last the extra cells."""
+    allc = list(itertools.product(layouts, stages, recipes, ignores))
+    phases = [
+        lambda c: c[0] == "sp2" and c[1] in (1, 2) and c[2] in ("loss", "loss-div-sp") and c[3] == 0,
+        lambda c: c[0] == "sp2" and c[2] in ("loss", "loss-div-sp") and c[3] == 0,
+        lambda c: c[0] == "sp2" and c[3] == 0,
+        lambda c: c[0] == "sp2" and c[1] == 2,
+        lambda c: c[0] == "sp2",
+        lambda c: c[0] in ("sp4", "dp2xsp2") and c[1] in (1, 2) and c[2] in ("loss", "loss-div-sp") and c[3] == 0,
+        lambda c: c[3] == 0,
+        lambda c: True,
+    ]
+    seen, out = set(), []
+    for ph in phases:
+        group = [c for c in allc if ph(c) and c not in seen]
+        seen.update(group)
+        out.append(group)
+    out.append([c for c in extra if c not in seen])
+    return [g for g in out if g]
