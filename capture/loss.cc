@@ -17,7 +17,7 @@ at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, const at::Tensor& labels,
-                       const NamedGroup& sp, int gas) {
+                       const NamedGroup& sp, const NamedGroup& sdp, int dp, int gas) {
   LossResult r;
   const at::Tensor valid = labels != kIgnoreIndex;
   r.valid_local = valid.sum().item<int64_t>();
@@ -34,6 +34,12 @@ LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, cons
     if (recipe == "local-mean-div-sp") loss = loss / static_cast<double>(sp_size);
   } else if (recipe == "token-weighted") {
     loss = per.sum() / static_cast<double>(std::max<int64_t>(r.valid_sequence, 1));
+  } else if (recipe == "global-token-weighted") {
+    at::Tensor global =
+        at::full({1}, static_cast<double>(r.valid_local), at::TensorOptions().dtype(at::kDouble)).to(logits.device());
+    AllReduceSum(sdp, global);
+    r.valid_global = static_cast<int64_t>(global.item<double>());
+    loss = per.sum() * static_cast<double>(dp) / static_cast<double>(std::max<int64_t>(r.valid_global, 1));
   } else if (recipe == "full-sequence") {
     // Every SP rank computes the same full-sequence mean from the gathered
     // per-token losses; backward hands each rank its own slice.
@@ -60,5 +66,7 @@ at::Tensor ReferenceLoss(const at::Tensor& logits, const at::Tensor& labels, int
   }
   return total / static_cast<double>(dp) / static_cast<double>(gas);
 }
+
+int ReferenceDp(const std::string& recipe, int dp) { return recipe == "global-token-weighted" ? 1 : dp; }
 
 }  // namespace gradtrace::capture

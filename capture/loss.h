@@ -4,6 +4,8 @@
 //   local-mean         sum(local) / n(local)                  the #5248 loop
 //   local-mean-div-sp  sum(local) / n(local) / sp             the proposed fix
 //   token-weighted     sum(local) / n(whole sequences)        n all-reduced over SP: exact with uneven shards
+//   global-token-weighted  dp * sum(local) / n(global batch)  n all-reduced over SDP: exact for the global
+//                          token mean when DP replicas hold unequal counts (DeepSpeed divides by dp)
 //   full-sequence      mean over the SP-gathered token losses Megatron-DeepSpeed style; backward slices
 // Every recipe is then scaled by 1/gas, as DeepSpeed scales the loss under
 // gradient accumulation.
@@ -21,6 +23,7 @@ struct LossResult {
   at::Tensor loss;             // scalar passed to backward (includes 1/gas)
   int64_t valid_local = 0;     // labels != -100 on this rank
   int64_t valid_sequence = 0;  // over the SP group (whole sequences of this DP replica)
+  int64_t valid_global = 0;    // over the SDP group (the whole global batch); global-token-weighted only
 };
 
 // Per-token cross-entropy [rows, T] with 0 at ignored labels; computed in at
@@ -30,7 +33,7 @@ at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& labels);
 // A rank with no valid token contributes 0 (local-mean would otherwise be
 // 0/0 = NaN, as in PyTorch's cross_entropy).
 LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, const at::Tensor& labels,
-                       const NamedGroup& sp, int gas);
+                       const NamedGroup& sp, const NamedGroup& sdp, int dp, int gas);
 
 // The single-process reference every configuration is compared against, for
 // the global batch of one micro-step: the mean over DP replicas (row blocks
@@ -38,6 +41,9 @@ LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, cons
 // or equal valid counts per replica this is the plain token mean of the batch;
 // with unequal counts it is what DP averaging of per-replica exact losses
 // computes, and so the right reference for dp > 1.
+// global-token-weighted targets the plain token mean of the global batch: its
+// reference is ReferenceLoss with dp = 1 (ReferenceDp).
 at::Tensor ReferenceLoss(const at::Tensor& logits, const at::Tensor& labels, int dp, int gas);
+int ReferenceDp(const std::string& recipe, int dp);
 
 }  // namespace gradtrace::capture

@@ -30,7 +30,8 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_flag("--prescale-gradients", o.prescale_gradients, "DeepSpeed prescale_gradients");
 
   app.add_option("--loss", o.loss, "loss recipe")
-      ->check(CLI::IsMember({"local-mean", "local-mean-div-sp", "token-weighted", "full-sequence"}));
+      ->check(CLI::IsMember(
+          {"local-mean", "local-mean-div-sp", "token-weighted", "global-token-weighted", "full-sequence"}));
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--gas", o.gas, "gradient accumulation steps (loss scaled by 1/gas)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adam"}));

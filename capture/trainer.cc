@@ -80,7 +80,7 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
       at::Tensor ids = shard.input_ids.to(groups.device), pos = shard.position_ids.to(groups.device);
       at::Tensor labels = shard.labels.to(groups.device);
       at::Tensor logits = model->Forward(ids, pos, groups.sp);
-      LossResult loss = ComputeLoss(o.loss, logits, labels, groups.sp, o.gas);
+      LossResult loss = ComputeLoss(o.loss, logits, labels, groups.sp, groups.sdp, o.dp, o.gas);
       loss.loss.backward();
       const double value = loss.loss.item<double>();
       step_loss += value;
@@ -129,7 +129,7 @@ std::vector<at::Tensor> ReferenceGradients(const TrainOptions& o, int64_t step) 
   for (int micro = 0; micro < o.gas; ++micro) {
     Batch b = data->Global(step, micro);
     at::Tensor logits = model.Forward(b.input_ids, b.position_ids, single);
-    ReferenceLoss(logits, b.labels, o.dp, o.gas).backward();
+    ReferenceLoss(logits, b.labels, ReferenceDp(o.loss, o.dp), o.gas).backward();
   }
   std::vector<at::Tensor> grads;
   for (const auto& p : model.params()) {

@@ -126,12 +126,17 @@ std::vector<Candidate> MatchFactor(double value, const std::vector<Candidate>& c
   return out;
 }
 
+bool SpRanksSumToSequenceLoss(const std::string& loss) {
+  return loss == "local-mean-div-sp" || loss == "token-weighted" || loss == "full-sequence" ||
+         loss == "global-token-weighted" || loss == "alst-tutorial-div-sp";
+}
+
 std::optional<double> PredictedMultiple(const pb::Config& c) {
   double dp = std::max(1, c.dp()), sp = std::max(1, c.sp()), world = dp * sp;
   double share;
   if (c.loss() == "local-mean") {
     share = world;
-  } else if (c.loss() == "local-mean-div-sp" || c.loss() == "token-weighted" || c.loss() == "full-sequence") {
+  } else if (SpRanksSumToSequenceLoss(c.loss())) {
     share = dp;
   } else {
     return std::nullopt;

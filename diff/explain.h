@@ -35,6 +35,11 @@ std::vector<Candidate> MatchFactor(double value, const std::vector<Candidate>& c
 // ds-pre-4957: world x sp). Empty when either is unknown.
 std::optional<double> PredictedMultiple(const pb::Config& c);
 
+// Loss recipes whose SP ranks' gradients add up to the gradient of the
+// sequence's loss (so a reduction over dp x sp ranks must divide by dp only).
+// local-mean and alst-tutorial add up to sp times it; unknown recipes: false.
+bool SpRanksSumToSequenceLoss(const std::string& loss);
+
 // Relative width within which scale factors count as one group.
 double ClusterTolerance(double rtol);
 

@@ -100,12 +100,9 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
 double ExpectedDivisor(const pb::Config& c, int group_size) {
   int sp = std::max(1, c.sp());
   const std::string& loss = c.loss();
-  // The SP ranks' gradients add up to the sequence's gradient for these; for
-  // local-mean and alst-tutorial (every SP rank back-propagates the whole
-  // loss through all_gather, whose backward sums) they add up to sp times it.
-  bool divided_by_sp = loss == "local-mean-div-sp" || loss == "token-weighted" || loss == "full-sequence" ||
-                       loss == "alst-tutorial-div-sp";
-  if (divided_by_sp && group_size % sp == 0) return group_size / double(sp);
+  // alst-tutorial: every SP rank back-propagates the whole loss through
+  // all_gather, whose backward sums, so its SP ranks add up to sp times it.
+  if (SpRanksSumToSequenceLoss(loss) && group_size % sp == 0) return group_size / double(sp);
   return group_size;
 }
 

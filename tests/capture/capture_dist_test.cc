@@ -166,30 +166,34 @@ TEST_P(FinalVsReference, ScaleMatches) {
 // replica's exact token mean (loss.h, ReferenceLoss).
 INSTANTIATE_TEST_SUITE_P(
     Capture, FinalVsReference,
-    ::testing::Values(Case{"world1_mean_local", 1, 1, 0, "mean", "local-mean", 0, 1, 0, 1.0},
-                      Case{"dp2_mean_local_z0", 2, 1, 0, "mean", "local-mean", 0, 1, 0, 1.0},
-                      Case{"dp2_mean_local_z2", 2, 1, 2, "mean", "local-mean", 0, 1, 0, 1.0},
-                      Case{"sp2_mean_local", 1, 2, 0, "mean", "local-mean", 0, 1, 0, 1.0},
-                      Case{"dp2sp2_mean_local_z1", 2, 2, 1, "mean", "local-mean", 0, 1, 0, 1.0},
-                      Case{"sp2_ds4530_divsp_z2", 1, 2, 2, "ds-4530", "local-mean-div-sp", 0, 1, 0, 1.0},
-                      Case{"dp2sp2_ds4530_divsp_z0", 2, 2, 0, "ds-4530", "local-mean-div-sp", 0, 1, 0, 1.0},
-                      Case{"sp2_ds4530_tokw_z2", 1, 2, 2, "ds-4530", "token-weighted", 0, 1, 0, 1.0},
-                      Case{"sp2_ds4530_tokw_ignore", 1, 2, 2, "ds-4530", "token-weighted", 0.3, 1, 0, 1.0},
-                      Case{"dp2sp2_ds4530_tokw_ignore", 2, 2, 2, "ds-4530", "token-weighted", 0.3, 1, 0, 1.0},
-                      Case{"dp2sp2_ds4530_fullseq_ignore", 2, 2, 1, "ds-4530", "full-sequence", 0.3, 1, 0, 1.0},
-                      Case{"dp2sp2_ds4530_tokw_gas2", 2, 2, 2, "ds-4530", "token-weighted", 0.2, 2, 0, 1.0},
-                      // The #5248 scenario: local-mean loss with ds-4530 is exactly sp times the reference.
-                      Case{"sp2_ds4530_local_x2", 1, 2, 2, "ds-4530", "local-mean", 0, 1, 0, 2.0},
-                      Case{"dp2sp2_ds4530_local_x2", 2, 2, 2, "ds-4530", "local-mean", 0, 1, 0, 2.0},
-                      Case{"sp4_ds4530_local_x4", 1, 4, 0, "ds-4530", "local-mean", 0, 1, 0, 4.0},
-                      Case{"dp2sp2_sum_local_x4", 2, 2, 0, "sum", "local-mean", 0, 1, 0, 4.0},
-                      Case{"dp2sp2_moe_ds4530_tokw", 2, 2, 2, "ds-4530", "token-weighted", 0, 1, 2, 1.0},
-                      // PR #4957's double division: every bucket holds an expert parameter
-                      // here (one bucket), so all of FINAL is divided again by world/sp = dp.
-                      Case{"dp2sp2_moe_pre4957_onebucket", 2, 2, 2, "ds-pre-4957", "token-weighted", 0, 1, 2, 0.5},
-                      // deepspeed@0.13.1's engine (stage 0) divides by world: local-mean is exact there.
-                      Case{"dp2sp2_ds0131_z0_local", 2, 2, 0, "deepspeed@0.13.1", "local-mean", 0, 1, 0, 1.0},
-                      Case{"dp2sp2_ds0131_z2_local_x2", 2, 2, 2, "deepspeed@0.13.1", "local-mean", 0, 1, 0, 2.0}),
+    ::testing::Values(
+        Case{"world1_mean_local", 1, 1, 0, "mean", "local-mean", 0, 1, 0, 1.0},
+        Case{"dp2_mean_local_z0", 2, 1, 0, "mean", "local-mean", 0, 1, 0, 1.0},
+        Case{"dp2_mean_local_z2", 2, 1, 2, "mean", "local-mean", 0, 1, 0, 1.0},
+        Case{"sp2_mean_local", 1, 2, 0, "mean", "local-mean", 0, 1, 0, 1.0},
+        Case{"dp2sp2_mean_local_z1", 2, 2, 1, "mean", "local-mean", 0, 1, 0, 1.0},
+        Case{"sp2_ds4530_divsp_z2", 1, 2, 2, "ds-4530", "local-mean-div-sp", 0, 1, 0, 1.0},
+        Case{"dp2sp2_ds4530_divsp_z0", 2, 2, 0, "ds-4530", "local-mean-div-sp", 0, 1, 0, 1.0},
+        Case{"sp2_ds4530_tokw_z2", 1, 2, 2, "ds-4530", "token-weighted", 0, 1, 0, 1.0},
+        Case{"sp2_ds4530_tokw_ignore", 1, 2, 2, "ds-4530", "token-weighted", 0.3, 1, 0, 1.0},
+        Case{"dp2sp2_ds4530_tokw_ignore", 2, 2, 2, "ds-4530", "token-weighted", 0.3, 1, 0, 1.0},
+        // Its reference is the global token mean (ReferenceDp): exact with unequal replicas.
+        Case{"dp2sp2_ds4530_globaltok_ignore", 2, 2, 2, "ds-4530", "global-token-weighted", 0.3, 1, 0, 1.0},
+        Case{"dp2sp2_ds4530_globaltok_ignore_z0", 2, 2, 0, "ds-4530", "global-token-weighted", 0.3, 1, 0, 1.0},
+        Case{"dp2sp2_ds4530_fullseq_ignore", 2, 2, 1, "ds-4530", "full-sequence", 0.3, 1, 0, 1.0},
+        Case{"dp2sp2_ds4530_tokw_gas2", 2, 2, 2, "ds-4530", "token-weighted", 0.2, 2, 0, 1.0},
+        // The #5248 scenario: local-mean loss with ds-4530 is exactly sp times the reference.
+        Case{"sp2_ds4530_local_x2", 1, 2, 2, "ds-4530", "local-mean", 0, 1, 0, 2.0},
+        Case{"dp2sp2_ds4530_local_x2", 2, 2, 2, "ds-4530", "local-mean", 0, 1, 0, 2.0},
+        Case{"sp4_ds4530_local_x4", 1, 4, 0, "ds-4530", "local-mean", 0, 1, 0, 4.0},
+        Case{"dp2sp2_sum_local_x4", 2, 2, 0, "sum", "local-mean", 0, 1, 0, 4.0},
+        Case{"dp2sp2_moe_ds4530_tokw", 2, 2, 2, "ds-4530", "token-weighted", 0, 1, 2, 1.0},
+        // PR #4957's double division: every bucket holds an expert parameter
+        // here (one bucket), so all of FINAL is divided again by world/sp = dp.
+        Case{"dp2sp2_moe_pre4957_onebucket", 2, 2, 2, "ds-pre-4957", "token-weighted", 0, 1, 2, 0.5},
+        // deepspeed@0.13.1's engine (stage 0) divides by world: local-mean is exact there.
+        Case{"dp2sp2_ds0131_z0_local", 2, 2, 0, "deepspeed@0.13.1", "local-mean", 0, 1, 0, 1.0},
+        Case{"dp2sp2_ds0131_z2_local_x2", 2, 2, 2, "deepspeed@0.13.1", "local-mean", 0, 1, 0, 2.0}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(FinalVsReference, ReferenceDefinitionMattersWithUnequalReplicaCounts) {

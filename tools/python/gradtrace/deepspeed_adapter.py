@@ -66,6 +66,7 @@ LOSS_RECIPES = {
     "loss-div-sp": "local-mean-div-sp",
     "local-mean-div-sp": "local-mean-div-sp",
     "token-weighted": "token-weighted",
+    "global-token-weighted": "global-token-weighted",
     "full-sequence": "full-sequence",
 }
 

@@ -34,9 +34,11 @@ MOE_VERSIONS = ("0.13.0", "0.13.1", "0.19.8")  # the releases around #4957, and 
 
 def extra_cells(version):
     """Cells beyond layouts x stages x recipes x ignore: gradient accumulation, contiguous_gradients
-    false, MoE."""
+    false, global-token-weighted at dp2 x sp2 with unequal shards, MoE."""
     cells = [("sp2-gas2", s, r, 0.0) for s in (0, 1, 2) for r in ("loss", "loss-div-sp")]
     cells += [("sp2-nocontig", 2, r, 0.0) for r in ("loss", "loss-div-sp")]
+    # The recipe that is exact for the global token mean when DP replicas hold unequal counts.
+    cells += [("dp2xsp2", s, "global-token-weighted", 0.25) for s in (0, 1, 2)]
     if version in MOE_VERSIONS:
         cells += [(l, 2, r, 0.0) for l in ("dp2-moe2", "sp2-moe2") for r in ("loss", "loss-div-sp")]
     return cells

@@ -19,6 +19,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 GT_LOSS = {"loss": "local-mean", "loss-div-sp": "local-mean-div-sp", "token-weighted": "token-weighted",
+           "global-token-weighted": "global-token-weighted",
            "full-sequence": "full-sequence"}
 BUCKET_ELEMENTS = 2000  # run.py's default reduce_bucket_size, so both sides have several buckets
 

@@ -91,6 +91,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.sp_group = sp_group
         self.recipe = "local-mean"  # set by the runner; see forward()
+        self.sdp_group, self.dp = None, 1  # set by the runner for global-token-weighted
 
     def forward(self, input_ids, labels, position_ids):
         """This rank's loss, by recipe (gradtrace names):
@@ -98,6 +99,9 @@ class TinyLM(nn.Module):
                        by the caller, as in the issue)
         token-weighted sum of this rank's token CE / valid tokens of the whole sequences (count
                        all-reduced over the SP group): exact with uneven shards
+        global-token-weighted  dp x sum of this rank's token CE / valid tokens of the global batch (count
+                       all-reduced over the sequence-data-parallel group): exact for the global token
+                       mean also when DP replicas hold unequal counts (DeepSpeed divides by dp)
         full-sequence  Megatron-DeepSpeed style: deepspeed.sequence.cross_entropy.
                        vocab_sequence_parallel_cross_entropy gathers the per-token losses of the
                        whole sequence (backward: this rank's slice), then the mean over all valid tokens
@@ -105,6 +109,12 @@ class TinyLM(nn.Module):
         logits = self.logits(input_ids, position_ids).float()
         valid = labels != -100
         sp_active = self.sp_group is not None and torch.distributed.get_world_size(self.sp_group) > 1
+        if self.recipe == "global-token-weighted":
+            n_global = valid.sum().to(torch.float32)
+            if self.sdp_group is not None:
+                torch.distributed.all_reduce(n_global, group=self.sdp_group)
+            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+            return token.sum() * self.dp / n_global.clamp_min(1)
         if self.recipe == "local-mean" or not sp_active:
             token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
             return token.sum() / valid.sum().clamp_min(1)
@@ -289,6 +299,7 @@ class GradtraceLM(nn.Module):
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
         self.sp_group = sp_group
         self.recipe = "local-mean"
+        self.sdp_group, self.dp = None, 1
 
     forward = TinyLM.forward
 

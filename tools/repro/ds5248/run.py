@@ -35,7 +35,8 @@ def parse_args(argv=None):
     ap.add_argument("--sp", type=int, default=2)
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=2)
-    ap.add_argument("--loss", choices=["loss", "loss-div-sp", "token-weighted", "full-sequence"], default="loss")
+    ap.add_argument("--loss", choices=["loss", "loss-div-sp", "token-weighted", "global-token-weighted", "full-sequence"],
+                    default="loss")
     ap.add_argument("--ignore-frac", type=float, default=0.0, help="fraction of label positions set to -100")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--gas", type=int, default=1)
@@ -226,6 +227,8 @@ def worker(args):
         model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len, sp_group,
                             args.moe_experts)
     model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
+    if args.sp * args.dp > 1:
+        model.sdp_group, model.dp = mpu.get_sequence_data_parallel_group(), args.dp
     params = model.parameters()
     if args.moe_experts:
         # ZeRO needs the expert parameters in their own optimizer groups (deepspeed.moe.utils).
