@@ -31,8 +31,7 @@ constexpr std::array<VersionRow, 14> kVersions = {{
     // The last release before PR #4530: ZeRO-1/2 divides by the whole sdp group, no / sp.
     {"0.11.1", ScalingRule::kMean, "deepspeed/runtime/engine.py:2308,2371 @ v0.11.1: mul_(1/world(mpu dp group))",
      ScalingRule::kMean,
-     "deepspeed/runtime/zero/stage_1_and_2.py:946 (allreduce), 988 (reduce-scatter) @ v0.11.1: "
-     "div_(world(sdp group)), no / sp",
+     "deepspeed/runtime/zero/stage_1_and_2.py:1028 (dense), 988 (MoE) @ v0.11.1: div_(world(sdp group)), no / sp",
      "engine.py:2371 @ v0.11.1 all-reduces over mpu.get_data_parallel_group(), which leaves out the SP ranks"},
     // PR #4530 first shipped in 0.11.2 (0.11.1 has no sequence_parallel_size in stage_1_and_2.py).
     {"0.11.2", ScalingRule::kMean, "deepspeed/runtime/engine.py:2315 @ v0.11.2: mul_(1/world(sdp group)), no /sp",

@@ -40,7 +40,6 @@ import json
 import os
 import sys
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -266,11 +265,8 @@ def worker(args):
 
 
 def launch(args, argv):
-    """run.launch starts copies of the file named by run.py's module-global __file__ (read at call time) with
-    RANK/WORLD_SIZE/MASTER_* set; point it at this file. World size: sp x dp, or 1 for --reference."""
-    run.__file__ = os.path.abspath(__file__)
-    world = types.SimpleNamespace(sp=1, dp=1, timeout=args.timeout) if args.reference else args
-    return run.launch(world, argv)
+    """Ranks of this script (run.launch): sp x dp, or 1 for --reference."""
+    return run.launch(args, argv, script=__file__, world=1 if args.reference else None)
 
 
 def main(argv=None):

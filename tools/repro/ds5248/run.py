@@ -78,16 +78,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(args, argv):
-    """Start sp x dp copies of this script as ranks; return the worst exit status."""
-    world = args.sp * args.dp
+def launch(args, argv, script=__file__, world=None):
+    """Start `world` (default sp x dp) copies of `script` (default this one) as ranks on 127.0.0.1, each with
+    RANK/WORLD_SIZE/MASTER_* set; return the worst exit status (124 after args.timeout seconds)."""
+    world = args.sp * args.dp if world is None else world
     port = str(free_port())
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
                    GRADTRACE_RUN_ID=f"ds5248-{os.getpid()}-{port}", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env))
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(script)] + argv, env=env))
     deadline = time.time() + args.timeout
     rc = 0
     for p in procs:

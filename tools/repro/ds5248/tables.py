@@ -148,3 +148,27 @@ def combine(out, versions, results_path):
             t["seconds"] = round(t["seconds"] + r["seconds"], 1)
     results_path.with_name("timing.json").write_text(json.dumps(per, indent=1))
 
+
+
+def paste_into_doc(doc, results_path):
+    """Replace the generated blocks of DOC (between <!-- NAME --> and <!-- /NAME --> lines) by the files
+    beside results_path: TABLES <- pivot.md, EMULATION <- emulation.md, TIMING <- timing.json as a table."""
+    timing = json.loads(results_path.with_name("timing.json").read_text())
+    rows = ["| DeepSpeed | cells in results | cells run | wall seconds (sum over cells: run, reference, emulation, "
+            "diffs) |", "|---|---|---|---|"]
+    rows += [f"| {v} | {t['cells']} | {t['cells_run']} | {t['seconds']:.0f} |"
+             for v, t in sorted(timing.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(".")))]
+
+    def body(name):
+        text = results_path.with_name(name).read_text()
+        return "\n".join(text.splitlines()[1:]).strip()  # without the file's own title line
+
+    blocks = {"TABLES": body("pivot.md"), "EMULATION": body("emulation.md"), "TIMING": "\n".join(rows)}
+    text = pathlib.Path(doc).read_text()
+    for name, block in blocks.items():
+        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        if start not in text or end not in text:
+            raise SystemExit(f"{doc}: no {start} ... {end} block")
+        head, rest = text.split(start, 1)
+        text = head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
+    pathlib.Path(doc).write_text(text)
