@@ -24,6 +24,15 @@ except ImportError as e:  # one clear line instead of an error in every test mod
                             f"build it: cmake --build {BUILD} --target gradtrace_python") from None
 
 
+def deepspeed_env() -> dict:
+    """The environment for a launcher that starts DeepSpeed ranks on CPU (tools/repro/ds5248/run.py, alst.py):
+    this build's gradtrace package first on PYTHONPATH, and no RANK inherited from an outer launcher."""
+    path = [str(BUILD / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu")
+    env.pop("RANK", None)
+    return env
+
+
 def _binary(name: str) -> pathlib.Path:
     path = BUILD / "bin" / name
     if not path.exists():

@@ -15,7 +15,6 @@ Measured on deepspeed 0.19.8 / torch 2.15.0 / transformers 5.24.0, and asserted 
 
 import importlib.util
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -24,10 +23,7 @@ import pytest
 
 import gradtrace
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = pathlib.Path(os.environ.get("GRADTRACE_BUILD_DIR", "build"))
-if not BUILD.is_absolute():
-    BUILD = ROOT / BUILD
+from conftest import BUILD, ROOT, deepspeed_env  # $GRADTRACE_BUILD_DIR, default build/
 RUNNER = ROOT / "tools" / "repro" / "ds5248" / "alst.py"
 DIFF = BUILD / "bin" / "gradtrace-diff"
 
@@ -42,9 +38,7 @@ NPARAMS = 21  # LlamaForCausalLM, 2 layers, untied lm_head
 
 
 def _run(out, *args):
-    path = [str(BUILD / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu")
-    env.pop("RANK", None)
+    env = deepspeed_env()
     cmd = [sys.executable, str(RUNNER), "--out", str(out), *COMMON, *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"

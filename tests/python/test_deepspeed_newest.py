@@ -16,7 +16,6 @@ the asserted bound 1e-4 relative.
 
 import importlib.util
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -26,10 +25,7 @@ import pytest
 
 import gradtrace
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = pathlib.Path(os.environ.get("GRADTRACE_BUILD_DIR", "build"))
-if not BUILD.is_absolute():
-    BUILD = ROOT / BUILD
+from conftest import BUILD, ROOT, deepspeed_env  # $GRADTRACE_BUILD_DIR, default build/
 RUNNER = ROOT / "tools" / "repro" / "ds5248" / "run.py"
 sys.path.insert(0, str(RUNNER.parent))
 
@@ -43,9 +39,7 @@ RTOL = 1e-4
 
 
 def _run(out, *args):
-    path = [str(BUILD / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu")
-    env.pop("RANK", None)
+    env = deepspeed_env()
     cmd = [sys.executable, str(RUNNER), "--out", str(out), "--timeout", "240", *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"

@@ -18,17 +18,12 @@ every release: tools/repro/ds5248/repro.py --versions all (emulation.md).
 
 import importlib.util
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = pathlib.Path(os.environ.get("GRADTRACE_BUILD_DIR", "build"))
-if not BUILD.is_absolute():
-    BUILD = ROOT / BUILD
+from conftest import BUILD, ROOT, deepspeed_env  # $GRADTRACE_BUILD_DIR, default build/
 RUNNER = ROOT / "tools" / "repro" / "ds5248" / "run.py"
 TRAIN = BUILD / "bin" / "gradtrace-train"
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -80,9 +75,7 @@ def _inputs(work, gas, ignore):
 
 
 def _real(work, name, init, stage, loss, dp, gas):
-    path = [str(BUILD / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu")
-    env.pop("RANK", None)
+    env = deepspeed_env()
     out = work / f"real-{name}"
     _check([sys.executable, RUNNER, "--model", "gradtrace", "--init", init, *MODEL, "--batch", str(BATCH // dp),
             "--sp", "2", "--dp", str(dp), "--gas", str(gas), "--zero-stage", str(stage), "--loss", loss,

@@ -6,17 +6,12 @@ gradtrace-train --scaling deepspeed@0.13.0 divides buckets holding expert parame
 bug): at dp=2 their effective divisor is 4 and the dense buckets' is 2; deepspeed@0.13.1 gives 2 and 2.
 """
 
-import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = pathlib.Path(os.environ.get("GRADTRACE_BUILD_DIR", "build"))
-if not BUILD.is_absolute():
-    BUILD = ROOT / BUILD
+from conftest import BUILD, ROOT  # $GRADTRACE_BUILD_DIR, default build/
 TRAIN = BUILD / "bin" / "gradtrace-train"
 sys.path.insert(0, str(ROOT / "tools" / "repro" / "ds5248"))
 
