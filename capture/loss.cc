@@ -7,6 +7,17 @@
 
 namespace gradtrace::capture {
 
+namespace {
+
+// A rank's count summed over `g` (exact in fp64 for any token count).
+int64_t SumOver(const NamedGroup& g, int64_t local, const at::Device& device) {
+  at::Tensor t = at::full({1}, static_cast<double>(local), at::TensorOptions().dtype(at::kDouble)).to(device);
+  AllReduceSum(g, t);
+  return static_cast<int64_t>(t.item<double>());
+}
+
+}  // namespace
+
 at::Tensor TokenLosses(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t V = logits.size(-1);
   at::Tensor l = logits;
@@ -21,10 +32,7 @@ LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, cons
   LossResult r;
   const at::Tensor valid = labels != kIgnoreIndex;
   r.valid_local = valid.sum().item<int64_t>();
-  at::Tensor count =
-      at::full({1}, static_cast<double>(r.valid_local), at::TensorOptions().dtype(at::kDouble)).to(logits.device());
-  AllReduceSum(sp, count);
-  r.valid_sequence = static_cast<int64_t>(count.item<double>());
+  r.valid_sequence = SumOver(sp, r.valid_local, logits.device());
   const int64_t sp_size = static_cast<int64_t>(sp.ranks.size());
 
   at::Tensor per = TokenLosses(logits, labels);
@@ -35,11 +43,8 @@ LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, cons
   } else if (recipe == "token-weighted") {
     loss = per.sum() / static_cast<double>(std::max<int64_t>(r.valid_sequence, 1));
   } else if (recipe == "global-token-weighted") {
-    at::Tensor global =
-        at::full({1}, static_cast<double>(r.valid_local), at::TensorOptions().dtype(at::kDouble)).to(logits.device());
-    AllReduceSum(sdp, global);
-    r.valid_global = static_cast<int64_t>(global.item<double>());
-    loss = per.sum() * static_cast<double>(dp) / static_cast<double>(std::max<int64_t>(r.valid_global, 1));
+    const int64_t valid_global = SumOver(sdp, r.valid_local, logits.device());
+    loss = per.sum() * static_cast<double>(dp) / static_cast<double>(std::max<int64_t>(valid_global, 1));
   } else if (recipe == "full-sequence") {
     // Every SP rank computes the same full-sequence mean from the gathered
     // per-token losses; backward hands each rank its own slice.

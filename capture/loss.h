@@ -23,7 +23,6 @@ struct LossResult {
   at::Tensor loss;             // scalar passed to backward (includes 1/gas)
   int64_t valid_local = 0;     // labels != -100 on this rank
   int64_t valid_sequence = 0;  // over the SP group (whole sequences of this DP replica)
-  int64_t valid_global = 0;    // over the SDP group (the whole global batch); global-token-weighted only
 };
 
 // Per-token cross-entropy [rows, T] with 0 at ignored labels; computed in at

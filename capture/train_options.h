@@ -28,7 +28,8 @@ struct TrainOptions {
   bool prescale_gradients = false;
 
   // Loss and training.
-  std::string loss = "local-mean";  // local-mean | local-mean-div-sp | token-weighted | global-token-weighted | full-sequence
+  // local-mean | local-mean-div-sp | token-weighted | global-token-weighted | full-sequence
+  std::string loss = "local-mean";
   int steps = 1;
   int gas = 1;
   std::string optimizer = "sgd";  // sgd | adam

@@ -1,6 +1,9 @@
 """The cells of the #5248 matrix: layouts, loss recipes and the extra cells around them."""
 
 import itertools
+import pathlib
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 RECIPES = ["loss", "loss-div-sp", "token-weighted", "full-sequence"]
@@ -69,3 +72,18 @@ def priority_cells(stages, layouts, recipes, ignores, extra):
         out.append(group)
     out.append([c for c in extra if c not in seen])
     return [g for g in out if g]
+
+
+def run_once(cmd, out, log, timeout=None):
+    """Run the command that writes trace set OUT, output to LOG, unless OUT.done says an earlier run finished
+    it (a partial OUT is removed first); its exit status (0 when cached). OUT.done records the command."""
+    done = pathlib.Path(str(out) + ".done")
+    if (out / "rank-00000.gtrace").exists() and done.exists():
+        return 0
+    if out.exists():
+        shutil.rmtree(out)
+    with open(log, "w") as f:
+        rc = subprocess.call([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    if rc == 0:
+        done.write_text(" ".join(map(str, cmd)) + "\n")
+    return rc

@@ -18,64 +18,79 @@ KNOWN_CPU_LIMITS = {
 }
 
 
+def reduction_records(trace):
+    """Step 0's PRE_REDUCE and POST_REDUCE records of every rank, each slice decoded once: (per rank, a
+    list of (phase, bucket_id, micro_step, param_id, offset, float64 values)), and the run's parameters
+    (RunInfo params: id, name, numel, ...)."""
+    import numpy as np
+    import gradtrace
+    readers = gradtrace.read_trace_set(trace)
+    ranks = []
+    for r in readers:
+        ranks.append([(f["phase"], f["bucket_id"], f["micro_step"], s["param_id"], s["offset"],
+                       gradtrace.slice_values(s, np.float64))
+                      for f in r.frames()
+                      if f["type"] == "bucket" and f["step"] == 0 and f["phase"] in ("PRE_REDUCE", "POST_REDUCE")
+                      for s in f["slices"]])
+    return ranks, readers[0].run_info["params"]
+
+
+def bucket_sums(ranks, params):
+    """{(bucket_id, micro_step): (<S,S>, <S,P>, ids of the parameters in the bucket)} for every bucket whose
+    POST_REDUCE has a PRE_REDUCE counterpart, with S the sum over the ranks of PRE_REDUCE and P each rank's POST_REDUCE on the
+    elements it holds: <S,S>/<S,P> is the bucket's effective divisor."""
+    import numpy as np
+    numel = {p["id"]: p["numel"] for p in params}
+    pre, members = {}, {}
+    for records in ranks:
+        for phase, b, micro, pid, off, v in records:
+            members.setdefault((b, micro), set()).add(pid)
+            if phase == "PRE_REDUCE":
+                pre.setdefault((b, micro, pid), np.zeros(numel[pid]))[off:off + v.size] += v
+    sums = {}
+    for records in ranks:
+        for phase, b, micro, pid, off, v in records:
+            if phase != "POST_REDUCE" or (b, micro, pid) not in pre:
+                continue
+            seg = pre[(b, micro, pid)][off:off + v.size]
+            ss, sp = sums.get((b, micro), (0.0, 0.0))
+            sums[(b, micro)] = (ss + float(seg @ seg), sp + float(seg @ v))
+    return {k: (ss, sp, members[k]) for k, (ss, sp) in sums.items()}
+
 
 def reduction_check(trace):
     """From the adapter's records of step 0: the largest disagreement between the ranks' FINAL gradients,
     and, where PRE_REDUCE/POST_REDUCE were recorded, the effective divisor d and residual of
     POST ~ (sum over ranks of PRE) / d over the elements each rank holds after the reduction."""
     import numpy as np
-    import gradtrace
     from compare import final_grads
     _, spread = final_grads(trace)
-    readers = gradtrace.read_trace_set(trace)
-    numel = {p["id"]: p["numel"] for p in readers[0].run_info["params"]}
+    ranks, params = reduction_records(trace)
+    numel = {p["id"]: p["numel"] for p in params}
     pre_sum, post, have = {}, {}, {}
     own_pre, own_post = [], []  # each rank's POST against its own PRE, same elements
     recorded = set()
-    for r in readers:
+    for records in ranks:
         mine = {}
-        for f in r.frames():
-            if f["type"] != "bucket" or f["step"] != 0 or f["phase"] not in ("PRE_REDUCE", "POST_REDUCE"):
-                continue
-            recorded.add(f["phase"])
-            for s in f["slices"]:
-                v = gradtrace.slice_values(s, np.float64)
-                # With gradient accumulation each micro-step is reduced on its own: key by micro-step.
-                pid, off = (f["micro_step"], s["param_id"]), s["offset"]
-                n = numel[s["param_id"]]
-                if f["phase"] == "PRE_REDUCE":
-                    pre_sum.setdefault(pid, np.zeros(n))[off:off + v.size] += v
-                    mine.setdefault(pid, np.zeros(n))[off:off + v.size] += v
-                else:
-                    post.setdefault(pid, np.zeros(n))[off:off + v.size] = v
-                    have.setdefault(pid, np.zeros(n, bool))[off:off + v.size] = True
-                    if pid in mine:
-                        own_pre.append(mine[pid][off:off + v.size].copy())
-                        own_post.append(v)
+        for phase, _, micro, param_id, off, v in records:
+            recorded.add(phase)
+            # With gradient accumulation each micro-step is reduced on its own: key by micro-step.
+            pid, n = (micro, param_id), numel[param_id]
+            if phase == "PRE_REDUCE":
+                pre_sum.setdefault(pid, np.zeros(n))[off:off + v.size] += v
+                mine.setdefault(pid, np.zeros(n))[off:off + v.size] += v
+            else:
+                post.setdefault(pid, np.zeros(n))[off:off + v.size] = v
+                have.setdefault(pid, np.zeros(n, bool))[off:off + v.size] = True
+                if pid in mine:
+                    own_pre.append(mine[pid][off:off + v.size].copy())
+                    own_post.append(v)
     out = {"final_rank_spread": spread, "phases_recorded": sorted(recorded)}
-    # Per bucket (same bucket ids on every rank): the effective divisor of that bucket alone.
-    bpre, bpost = {}, {}
-    for r in readers:
-        for f in r.frames():
-            if f["type"] != "bucket" or f["step"] != 0 or f["phase"] not in ("PRE_REDUCE", "POST_REDUCE"):
-                continue
-            for sl in f["slices"]:
-                v = gradtrace.slice_values(sl, np.float64)
-                k = (f["bucket_id"], sl["param_id"], f["micro_step"])
-                if f["phase"] == "PRE_REDUCE":
-                    acc = bpre.setdefault(k, np.zeros(numel[sl["param_id"]]))
-                    acc[sl["offset"]:sl["offset"] + v.size] += v
-                else:
-                    bpost.setdefault(k, []).append((sl["offset"], v))
+    # Per bucket (same bucket ids on every rank, micro-steps pooled): the effective divisor of that bucket alone.
     per_bucket = {}
-    for (b, pid, micro), parts in bpost.items():
-        if (b, pid, micro) not in bpre:
-            continue
-        ss, sp_ = per_bucket.get(b, (0.0, 0.0))
-        for off, v in parts:
-            seg = bpre[(b, pid, micro)][off:off + v.size]
-            ss, sp_ = ss + float(seg @ seg), sp_ + float(seg @ v)
-        per_bucket[b] = (ss, sp_)
+    for (b, _), (ss, sp_, _) in bucket_sums(ranks, params).items():
+        t = per_bucket.get(b, (0.0, 0.0))
+        per_bucket[b] = (t[0] + ss, t[1] + sp_)
     if per_bucket:
         out["bucket_divisors"] = {str(b): round(ss / sp_, 4) if sp_ else None for b, (ss, sp_) in sorted(per_bucket.items())}
     if own_pre:

@@ -15,6 +15,9 @@ import pathlib
 import shutil
 import subprocess
 
+from cells import run_once
+from checks import bucket_sums, reduction_records
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
@@ -51,19 +54,12 @@ def export_init(train, path, flags, global_batch, ignore, gas):
 
 def emulate(train, out, version, layout, stage, recipe, ignore, global_batch, flags, log):
     """Run gradtrace-train --scaling deepspeed@VERSION for the cell; (exit status, last error line)."""
-    done = pathlib.Path(str(out) + ".done")
-    if done.exists() and out.exists():
-        return 0, ""
-    if out.exists():
-        shutil.rmtree(out)
     cmd = [str(train), *flags, "--nproc", str(layout.sp * layout.dp), "--sp", str(layout.sp), "--dp", str(layout.dp),
            "--zero-stage", str(stage), "--scaling", f"deepspeed@{version}", "--loss", GT_LOSS[recipe],
            "--batch", str(global_batch), "--ignore-frac", str(ignore), "--gas", str(layout.gas),
            "--reduce-bucket-size", str(BUCKET_ELEMENTS), "--moe-experts", str(layout.moe), "--out", str(out)]
-    with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    rc = run_once(cmd, out, log, timeout=300)
     if rc == 0:
-        done.write_text(" ".join(cmd) + "\n")
         return 0, ""
     lines = [l for l in pathlib.Path(log).read_text(errors="replace").splitlines() if l.strip()]
     return rc, (lines[-1] if lines else "")
@@ -89,34 +85,12 @@ def compare_dense(diff, emu, real, json_path):
 def bucket_class_divisors(trace):
     """{"expert": [divisors], "dense": [divisors]}: the effective divisor (sum over the ranks of PRE_REDUCE /
     POST_REDUCE, least squares) of each step-0 bucket, by whether the bucket holds an expert parameter."""
-    import numpy as np
-    import gradtrace
-    readers = gradtrace.read_trace_set(trace)
-    info = readers[0].run_info["params"]
-    numel = {p["id"]: p["numel"] for p in info}
-    expert = {p["id"] for p in info if "expert" in p["name"]}
-    pre, post, names = {}, {}, {}
-    for r in readers:
-        for f in r.frames():
-            if f["type"] != "bucket" or f["step"] != 0 or f["phase"] not in ("PRE_REDUCE", "POST_REDUCE"):
-                continue
-            b = (f["bucket_id"], f["micro_step"])
-            for s in f["slices"]:
-                v = gradtrace.slice_values(s, np.float64)
-                pid, off = s["param_id"], s["offset"]
-                names.setdefault(b, set()).add(pid)
-                if f["phase"] == "PRE_REDUCE":
-                    pre.setdefault((b, pid), np.zeros(numel[pid]))[off:off + v.size] += v
-                else:
-                    post.setdefault(b, []).append((pid, off, v))
+    ranks, params = reduction_records(trace)
+    expert = {p["id"] for p in params if "expert" in p["name"]}
     classes = {"expert": set(), "dense": set()}
-    for b, parts in post.items():
-        ss = sp = 0.0
-        for pid, off, v in parts:
-            seg = pre.get((b, pid), np.zeros(numel[pid]))[off:off + v.size]
-            ss, sp = ss + float(seg @ seg), sp + float(seg @ v)
+    for ss, sp, pids in bucket_sums(ranks, params).values():
         if sp:
-            classes["expert" if names[b] & expert else "dense"].add(round(ss / sp, 3))
+            classes["expert" if pids & expert else "dense"].add(round(ss / sp, 3))
     return {k: sorted(v) for k, v in classes.items()}
 
 

@@ -109,21 +109,14 @@ class TinyLM(nn.Module):
         logits = self.logits(input_ids, position_ids).float()
         valid = labels != -100
         sp_active = self.sp_group is not None and torch.distributed.get_world_size(self.sp_group) > 1
-        if self.recipe == "global-token-weighted":
-            n_global = valid.sum().to(torch.float32)
-            if self.sdp_group is not None:
-                torch.distributed.all_reduce(n_global, group=self.sdp_group)
-            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-            return token.sum() * self.dp / n_global.clamp_min(1)
-        if self.recipe == "local-mean" or not sp_active:
-            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-            return token.sum() / valid.sum().clamp_min(1)
-        n_total = valid.sum().to(torch.float32)
-        torch.distributed.all_reduce(n_total, group=self.sp_group)
-        if self.recipe == "token-weighted":
-            token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-            return token.sum() / n_total.clamp_min(1)
-        if self.recipe == "full-sequence":
+
+        def valid_over(group):  # this rank's valid-token count, summed over `group` (None: this rank alone)
+            n = valid.sum().to(torch.float32)
+            if group is not None:
+                torch.distributed.all_reduce(n, group=group)
+            return n
+
+        if self.recipe == "full-sequence" and sp_active:
             try:
                 from deepspeed.sequence.cross_entropy import vocab_sequence_parallel_cross_entropy
             except ImportError:  # DeepSpeed < 0.15: the same function, as Megatron-DeepSpeed had it
@@ -131,8 +124,18 @@ class TinyLM(nn.Module):
             # [s/sp, b, V] and [s/sp, b] (sequence first, as Megatron); returns [s, b] for the whole sequence.
             token = vocab_sequence_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
                                                           labels.transpose(0, 1).contiguous(), self.sp_group)
-            return token.sum() / n_total.clamp_min(1)
-        raise ValueError(f"unknown loss recipe {self.recipe!r}")
+            return token.sum() / valid_over(self.sp_group).clamp_min(1)
+        # The other recipes: (scale x) the sum of this rank's token CE over a valid-token count.
+        if self.recipe == "global-token-weighted":
+            scale, n = self.dp, valid_over(self.sdp_group)
+        elif self.recipe == "local-mean" or not sp_active:
+            scale, n = 1, valid.sum()
+        elif self.recipe == "token-weighted":
+            scale, n = 1, valid_over(self.sp_group)
+        else:
+            raise ValueError(f"unknown loss recipe {self.recipe!r}")
+        token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        return token.sum() * scale / n.clamp_min(1)
 
     def logits(self, input_ids, position_ids):
         x = self.tok(input_ids) + self.pos(position_ids)

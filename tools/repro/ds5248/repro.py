@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 
-from cells import LAYOUTS, RECIPES, Layout, SANITY, cell_name, extra_cells, priority_cells  # noqa: E402
+from cells import LAYOUTS, RECIPES, Layout, SANITY, cell_name, extra_cells, priority_cells, run_once  # noqa: E402
 from checks import KNOWN_CPU_LIMITS, failure_reason, reduction_check, runnable_problem  # noqa: E402
 import emulation  # noqa: E402
 from tables import combine, merge_write, paste_into_doc, row_key  # noqa: E402
@@ -50,11 +49,6 @@ RUN_TIMEOUT = 240
 
 def run(out, layout, stage, loss, ignore, batch, flags, log, model_args):
     """One real DeepSpeed run of run.py (cached by OUT.done); its exit status."""
-    done = pathlib.Path(str(out) + ".done")
-    if (out / "rank-00000.gtrace").exists() and done.exists():
-        return 0
-    if out.exists():
-        shutil.rmtree(out)
     cmd = [sys.executable, str(HERE / "run.py"), "--sp", str(layout.sp), "--dp", str(layout.dp), "--zero-stage",
            str(stage), "--loss", loss, "--ignore-frac", str(ignore), "--batch", str(batch), "--gas", str(layout.gas),
            "--out", str(out), "--timeout", str(RUN_TIMEOUT), *flags, *model_args]
@@ -62,11 +56,7 @@ def run(out, layout, stage, loss, ignore, batch, flags, log, model_args):
         cmd += ["--moe-experts", str(layout.moe)]
     if not layout.contiguous:
         cmd.append("--no-contiguous-gradients")
-    with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if rc == 0:
-        done.write_text(" ".join(cmd) + "\n")
-    return rc
+    return run_once(cmd, out, log)
 
 
 def measure(diff, ref, got, out):
