@@ -13,6 +13,7 @@
 #include "slice_codec.h"
 #include "thread_pool.h"
 #include "tolerance.h"
+#include "work_units.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -77,47 +78,6 @@ Metrics CompareSides(const SideValues& a, const SideValues& b, std::string* note
   return none;
 }
 
-struct Unit {
-  std::vector<size_t> pairs;  // indexes into Alignment::params
-};
-
-// Parameters in A's file order (first frame holding them), packed into units
-// of at most `max_elems` elements so frames are decoded about once per unit.
-std::vector<Unit> MakeUnits(const Alignment& al, const std::vector<std::vector<const FrameRef*>>& frames_a,
-                            int64_t max_elems) {
-  std::unordered_map<int32_t, std::pair<int, uint64_t>> first;
-  for (const auto& per_rank : frames_a) {
-    for (const FrameRef* f : per_rank) {
-      for (int32_t id : f->param_ids) {
-        auto key = std::make_pair(f->rank, f->offset);
-        auto [it, inserted] = first.emplace(id, key);
-        if (!inserted && key < it->second) it->second = key;
-      }
-    }
-  }
-  std::vector<size_t> order;
-  for (size_t i = 0; i < al.params.size(); ++i) {
-    if (al.params[i].problem.empty()) order.push_back(i);
-  }
-  auto pos = [&](size_t i) {
-    auto it = first.find(al.params[i].id_a);
-    return it == first.end() ? std::make_pair(INT32_MAX, uint64_t{0}) : it->second;
-  };
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return pos(x) < pos(y); });
-  std::vector<Unit> units;
-  int64_t elems = 0;
-  for (size_t i : order) {
-    int64_t n = al.params[i].numel;
-    if (units.empty() || (elems + n > max_elems && elems > 0)) {
-      units.emplace_back();
-      elems = 0;
-    }
-    units.back().pairs.push_back(i);
-    elems += n;
-  }
-  return units;
-}
-
 struct Compared {
   Metrics metrics;
   std::string note;
@@ -132,7 +92,7 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
   Selection sel{al.step, al.phase};
   auto frames_x = SelectFrames(x, sel);
   auto frames_y = SelectFrames(y, sel);
-  std::vector<Unit> units = MakeUnits(al, frames_x, options.unit_elements);
+  std::vector<Unit> units = MakeUnits(al, frames_x, frames_y, options.unit_elements);
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
   out->assign(al.params.size(), Compared());

@@ -15,24 +15,18 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
   }
   switch (slice.payload_case()) {
     case pb::Slice::kFull: {
-      auto values = DecodeFullValues(slice);
-      if (!values.ok()) return values.status();
-      if (static_cast<int64_t>(values->size()) != slice.count()) {
-        return Status::Corruption("full slice holds " + std::to_string(values->size()) + " values, expected " +
-                                  std::to_string(slice.count()));
-      }
       if (v->dense.empty()) {
         v->dense.assign(numel, 0.0);
         v->filled.assign(numel, 0);
       }
+      GT_RETURN_IF_ERROR(AddFullValues(slice, v->dense.data() + slice.offset()));
+      uint8_t* filled = v->filled.data() + slice.offset();
+      int64_t fresh = 0;
       for (int64_t i = 0; i < slice.count(); ++i) {
-        int64_t e = slice.offset() + i;
-        v->dense[e] += (*values)[i];
-        if (!v->filled[e]) {
-          v->filled[e] = 1;
-          ++v->covered;
-        }
+        fresh += 1 - filled[i];
+        filled[i] = 1;
       }
+      v->covered += fresh;
       return Status::Ok();
     }
     case pb::Slice::kSketch: {

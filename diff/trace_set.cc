@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "format.h"
 #include "thread_pool.h"
 #include "trace_reader.h"
 
@@ -32,9 +33,44 @@ struct ScanResult {
   std::vector<RankStep> steps;
 };
 
-void ScanFile(const std::string& path, std::atomic<uint64_t>* done, uint64_t total,
+// Format 1.1+ with an index: the catalogue comes from the index alone; only
+// the (small) StepInfo frames are read. No data frame is decompressed.
+void CatalogueFromIndex(TraceReader& reader, ScanResult* out) {
+  const int rank = out->run.rank();
+  for (const pb::IndexEntry& e : reader.index().entries()) {
+    if (e.type() == static_cast<uint32_t>(format::FrameType::kStepInfo)) {
+      Frame frame;
+      if (Status s = reader.ReadAt(e.offset(), &frame); !s.ok() || !frame.step) {
+        out->status =
+            Status::Corruption(NameFile(reader.path(), s.ok() ? "index lists a StepInfo frame at offset " +
+                                                                    std::to_string(e.offset()) + " that is not one"
+                                                              : s.message()));
+        return;
+      }
+      out->steps.push_back(RankStep{rank, *frame.step});
+    } else if (e.type() == static_cast<uint32_t>(format::FrameType::kBucketRecord)) {
+      FrameRef ref;
+      ref.rank = rank;
+      ref.offset = e.offset();
+      ref.step = e.step();
+      ref.micro_step = e.micro_step();
+      ref.phase = e.phase();
+      ref.bucket_id = e.bucket_id();
+      ref.group = e.group();
+      ref.raw_bytes = e.raw_len();
+      ref.bucket_numel = e.bucket_numel();
+      ref.partition_offset = e.partition_offset();
+      ref.partition_count = e.partition_count();
+      ref.divisor = e.divisor();
+      ref.param_ids.assign(e.param_ids().begin(), e.param_ids().end());
+      out->frames.push_back(std::move(ref));
+    }
+  }
+}
+
+void ScanFile(const std::string& path, bool use_index, std::atomic<uint64_t>* done, uint64_t total,
               const std::function<void(uint64_t, uint64_t)>& progress, ScanResult* out) {
-  auto opened = TraceReader::Open(path, ReadOptions{.use_index = false});
+  auto opened = TraceReader::Open(path, ReadOptions{.use_index = use_index});
   if (!opened.ok()) {
     out->status = Status::Corruption(NameFile(path, opened.status().message()));
     return;
@@ -44,6 +80,11 @@ void ScanFile(const std::string& path, std::atomic<uint64_t>* done, uint64_t tot
   out->file.path = path;
   out->file.file_size = reader.file_size();
   out->file.rank = out->run.rank();
+  if (reader.catalogued()) {
+    CatalogueFromIndex(reader, out);
+    if (progress) progress(done->fetch_add(reader.file_size()) + reader.file_size(), total);
+    return;
+  }
   Frame frame;
   uint64_t last = 0;
   while (reader.Next(&frame)) {
@@ -78,7 +119,7 @@ void ScanFile(const std::string& path, std::atomic<uint64_t>* done, uint64_t tot
       }
     }
   }
-  done->fetch_add(reader.stored_bytes() - last);
+  done->fetch_add(reader.file_size() - last);
   const Status& st = reader.status();
   if (st.code() == Status::Code::kTruncated) {
     out->file.truncated = true;
@@ -141,8 +182,9 @@ Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& opt
   for (const auto& p : paths) total += fs::file_size(p, ec);
   std::atomic<uint64_t> done{0};
   std::vector<ScanResult> results(paths.size());
-  ParallelFor(paths.size(), ResolveThreads(options.threads),
-              [&](size_t i, int) { ScanFile(paths[i], &done, total, options.progress, &results[i]); });
+  ParallelFor(paths.size(), ResolveThreads(options.threads), [&](size_t i, int) {
+    ScanFile(paths[i], options.use_index, &done, total, options.progress, &results[i]);
+  });
   if (options.progress) options.progress(total, total);
   for (const auto& r : results) {
     if (!r.status.ok()) return r.status;

@@ -1,10 +1,12 @@
 // TraceSet: one run's directory of rank-NNNNN.gtrace files, checked for
 // completeness and consistency, with a catalogue of its frames.
 //
-// Loading is the first of two passes: every frame is read once (ranks in
-// parallel) to learn which step/micro-step/phase/bucket it holds and which
-// parameters its slices touch; payloads are dropped at once. The second pass
-// (gather.h) re-reads only the frames a comparison needs, by offset.
+// Loading builds the catalogue (ranks in parallel): which step/micro-step/
+// phase/bucket each frame holds and which parameters its slices touch. A
+// format 1.1+ file with its index is catalogued from the index without
+// decompressing any data frame; an older or truncated file is scanned once,
+// its payloads dropped at once. The second pass (gather.h) reads only the
+// frames a comparison needs, by offset.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +52,8 @@ struct RankStep {
 };
 
 struct LoadOptions {
-  int threads = 0;  // 0 = all cores
+  int threads = 0;        // 0 = all cores
+  bool use_index = true;  // false: scan every frame even when the index catalogues them
   // Called with (bytes scanned so far, total bytes) from any thread; may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
 };

@@ -1,5 +1,6 @@
-// Software CRC32C, slicing-by-8: eight 256-entry tables let the loop consume
-// eight bytes per iteration. Tables are built once, at first use.
+// CRC32C: the CPU's instruction where there is one (x86-64 SSE4.2, chosen at
+// run time, so one binary runs everywhere), else software slicing-by-8: eight
+// 256-entry tables let the loop consume eight bytes per iteration.
 #include "crc32c.h"
 
 #include <array>
@@ -30,7 +31,7 @@ constexpr Tables kTables = MakeTables();
 
 }  // namespace
 
-uint32_t Extend(uint32_t init_crc, const void* data, size_t n) {
+uint32_t ExtendPortable(uint32_t init_crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t c = ~init_crc;
   for (; n >= 8; n -= 8, p += 8) {
@@ -45,5 +46,37 @@ uint32_t Extend(uint32_t init_crc, const void* data, size_t n) {
   for (; n > 0; --n, ++p) c = (c >> 8) ^ kTables[0][(c ^ *p) & 0xff];
   return ~c;
 }
+
+#if defined(__x86_64__)
+namespace {
+
+// One dependency chain of 8-byte crc32 instructions: about 8 bytes per 3
+// cycles, an order of magnitude above the table loop and far above zstd.
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t init_crc, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t c = ~init_crc;
+  for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p);
+  return ~static_cast<uint32_t>(c);
+}
+
+const bool kHaveSse42 = __builtin_cpu_supports("sse4.2");
+
+}  // namespace
+
+bool HardwareAccelerated() { return kHaveSse42; }
+
+uint32_t Extend(uint32_t init_crc, const void* data, size_t n) {
+  return kHaveSse42 ? ExtendSse42(init_crc, data, n) : ExtendPortable(init_crc, data, n);
+}
+#else
+bool HardwareAccelerated() { return false; }
+uint32_t Extend(uint32_t init_crc, const void* data, size_t n) { return ExtendPortable(init_crc, data, n); }
+#endif
 
 }  // namespace gradtrace::crc32c

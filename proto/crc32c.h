@@ -9,7 +9,14 @@
 namespace gradtrace::crc32c {
 
 // Returns the CRC32C of concat(A, data[0,n)) where init_crc is the CRC32C of A.
+// Uses the CPU's CRC32C instruction (x86-64 SSE4.2) when it has one, else
+// ExtendPortable; both give the same value.
 uint32_t Extend(uint32_t init_crc, const void* data, size_t n);
+// The table-driven software loop (slicing-by-8): the fallback, and the
+// reference the hardware path is tested against.
+uint32_t ExtendPortable(uint32_t init_crc, const void* data, size_t n);
+// True when Extend runs on the CPU's CRC32C instruction.
+bool HardwareAccelerated();
 inline uint32_t Value(const void* data, size_t n) { return Extend(0, data, n); }
 
 inline constexpr uint32_t kMaskDelta = 0xa282ead8u;

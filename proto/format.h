@@ -21,7 +21,11 @@ inline constexpr char kFileMagic[8] = {'G', 'R', 'D', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr char kFooterMagic[8] = {'G', 'T', 'I', 'N', 'D', 'E', 'X', '\0'};
 // Minor version when adding fields or frame types; major when changing existing ones.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 0;
+inline constexpr uint16_t kMinorVersion = 1;
+// Minor versions: 1.0 the first; 1.1 index entries catalogue each BucketRecord
+// (param ids, group, raw_len, partition, divisor) so readers need not decompress
+// data frames to know what they hold.
+inline constexpr uint16_t kMinorCataloguedIndex = 1;
 
 inline constexpr size_t kFileHeaderSize = 16;
 inline constexpr size_t kFrameHeaderSize = 16;
@@ -43,8 +47,8 @@ inline constexpr uint32_t kChunkTarget = 48u << 20;
 // Bounds on counts read from a file (checked before use).
 inline constexpr int64_t kMaxParams = 1 << 20;
 inline constexpr int64_t kMaxIndexEntries = 1 << 26;
-// Writers put at most this many entries in one index frame; an IndexEntry
-// serializes to at most 64 bytes, so an index frame stays below kChunkTarget.
+// Writers put at most this many entries in one index frame, and fewer when
+// their serialized size would pass kChunkTarget (entries carry param ids).
 inline constexpr int64_t kIndexEntriesPerFrame = 1 << 19;
 
 enum class FrameType : uint8_t {

@@ -2,6 +2,8 @@
 // and the model fingerprint.
 #include "slice_codec.h"
 
+#include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -153,6 +155,86 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
   ByteUnshuffle(reinterpret_cast<const uint8_t*>(data.data()), static_cast<size_t>(count), w,
                 reinterpret_cast<uint8_t*>(out.data()));
   return out;
+}
+
+namespace {
+
+// out[i] += element i, for n elements W bytes wide, stored plain or
+// byte-shuffled; shuffled input is transposed a block at a time into a small
+// buffer that stays in L1.
+template <size_t W, typename ToDouble>
+void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_double, double* out) {
+  constexpr size_t kBlock = 2048;
+  alignas(64) uint8_t buf[kBlock * W];
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t m = std::min(kBlock, n - begin);
+    const uint8_t* p = data + begin * W;
+    if (shuffled) {
+      for (size_t k = 0; k < W; ++k) {
+        const uint8_t* src = data + k * n + begin;
+        for (size_t i = 0; i < m; ++i) buf[i * W + k] = src[i];
+      }
+      p = buf;
+    }
+    double* o = out + begin;
+    for (size_t i = 0; i < m; ++i) o[i] += to_double(p + i * W);
+  }
+}
+
+}  // namespace
+
+Status AddFullValues(const pb::Slice& slice, double* out) {
+  static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
+  if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
+  const size_t w = DTypeSize(slice.dtype());
+  if (w == 0) return Status::Corruption("slice has unknown dtype " + std::to_string(slice.dtype()));
+  const std::string& data = slice.full().data();
+  const int64_t count = slice.count();
+  if (count < 0 || static_cast<uint64_t>(count) > data.size() / w || data.size() != static_cast<size_t>(count) * w) {
+    return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
+                              std::to_string(w) + " bytes, got " + std::to_string(data.size()) + ")");
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+  const auto n = static_cast<size_t>(count);
+  const bool sh = slice.full().shuffled();
+  switch (slice.dtype()) {
+    case pb::FP32:
+      AddElements<4>(
+          p, n, sh,
+          [](const uint8_t* e) {
+            float f;
+            std::memcpy(&f, e, 4);
+            return static_cast<double>(f);
+          },
+          out);
+      break;
+    case pb::FP64:
+      AddElements<8>(
+          p, n, sh,
+          [](const uint8_t* e) {
+            double d;
+            std::memcpy(&d, e, 8);
+            return d;
+          },
+          out);
+      break;
+    case pb::BF16:
+      AddElements<2>(
+          p, n, sh,
+          [](const uint8_t* e) {
+            const uint32_t bits = (static_cast<uint32_t>(e[0]) | static_cast<uint32_t>(e[1]) << 8) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            return static_cast<double>(f);
+          },
+          out);
+      break;
+    default:  // FP16: the exact widening lives in ElementToDouble
+      AddElements<2>(
+          p, n, sh, [](const uint8_t* e) { return ElementToDouble(pb::FP16, e); }, out);
+      break;
+  }
+  return Status::Ok();
 }
 
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {

@@ -48,6 +48,10 @@ pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, p
 // Values of a full slice widened to double, in element order. Checks that the
 // payload size matches count * DTypeSize(dtype).
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice);
+// Adds the values of a full slice, widened to double, onto out[0, count):
+// unshuffle, widening and accumulation in one pass, without a temporary the
+// size of the slice. Checks the payload size as DecodeFullValues does.
+Status AddFullValues(const pb::Slice& slice, double* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "format.h"
 #include "gradtrace.pb.h"
 #include "status.h"
 
@@ -40,6 +41,12 @@ class TraceReader {
   uint64_t file_size() const { return file_size_; }
   bool has_index() const { return has_index_; }
   const pb::Index& index() const { return index_; }  // empty when !has_index()
+  uint16_t minor_version() const { return minor_; }
+  // True when the index is present and catalogues every BucketRecord frame
+  // (format 1.1+: param ids, group, raw_len, partition, divisor): a reader can
+  // then pick frames without decompressing any of them. Param ids are checked
+  // against RunInfo's table.
+  bool catalogued() const { return has_index_ && minor_ >= format::kMinorCataloguedIndex; }
 
   // Reads the next StepInfo or BucketRecord frame (index frames are skipped).
   // Returns true and fills *frame; returns false at the end of the frames,
@@ -86,9 +93,12 @@ class TraceReader {
   uint64_t stop_offset_ = 0;
   uint64_t stored_bytes_ = 0;
   uint64_t raw_bytes_ = 0;
-  void* zstd_ctx_ = nullptr;  // ZSTD_DCtx*
+  void* zstd_ctx_ = nullptr;    // ZSTD_DCtx*
+  std::string stored_scratch_;  // ReadRaw's buffer for stored bytes
+  RawFrame raw_scratch_;        // ReadFrameAt's decompressed payload
   bool done_ = false;
-  bool newer_minor_ = false;        // file written by a newer minor version
+  bool newer_minor_ = false;  // file written by a newer minor version
+  uint16_t minor_ = 0;
   bool indexed_flag_ = false;       // header says the file ends with an index
   uint64_t first_data_offset_ = 0;  // just after RunInfo
   uint64_t index_run_offset_ = 0;   // scan mode: first of the trailing index frames
@@ -97,7 +107,9 @@ class TraceReader {
 
 // Reads every frame of `path` and checks every CRC; Truncated/Corruption say
 // where. When the file has an index, also checks that it lists exactly the
-// data frames, in order. The inspection command's --verify.
+// StepInfo and BucketRecord frames, in order, and what it says of each
+// (index_entry.h); frames of types from a newer minor version are not listed.
+// The inspection command's --verify.
 Status VerifyFile(const std::string& path);
 
 }  // namespace gradtrace

@@ -12,6 +12,7 @@
 #include "crc32c.h"
 #include "format.h"
 #include "frame_io.h"
+#include "index_entry.h"
 #include "slice_codec.h"
 #include "validate.h"
 
@@ -124,14 +125,13 @@ Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const p
     *e = *entry;
     e->set_offset(frame_offset);
     e->set_type(type);
+    if (type == static_cast<uint8_t>(format::FrameType::kBucketRecord)) e->set_raw_len(h.raw_len);
   }
   return Status::Ok();
 }
 
 Status TraceWriter::WriteStep(const pb::StepInfo& step) {
-  pb::IndexEntry e;
-  e.set_step(step.step());
-  e.set_micro_step(step.micro_step());
+  const pb::IndexEntry e = StepEntry(step);
   return WriteFrame(static_cast<uint8_t>(format::FrameType::kStepInfo), step.SerializeAsString(), &e);
 }
 
@@ -141,16 +141,17 @@ Status TraceWriter::WriteBucket(const pb::BucketRecord& record) {
     return Status::InvalidArgument(path_ + ": invalid bucket record (step " + std::to_string(record.step()) +
                                    ", bucket " + std::to_string(record.bucket_id()) + "): " + s.message());
   }
-  pb::IndexEntry e;
-  e.set_step(record.step());
-  e.set_micro_step(record.micro_step());
-  e.set_bucket_id(record.bucket_id());
-  e.set_phase(record.phase());
   const auto type = static_cast<uint8_t>(format::FrameType::kBucketRecord);
-  if (record.ByteSizeLong() <= format::kChunkTarget) return WriteFrame(type, record.SerializeAsString(), &e);
+  if (record.ByteSizeLong() <= format::kChunkTarget) {
+    const pb::IndexEntry e = CatalogueEntry(record);
+    return WriteFrame(type, record.SerializeAsString(), &e);
+  }
   Expected<std::vector<pb::BucketRecord>> chunks = SplitRecord(record, format::kChunkTarget);
   if (!chunks.ok()) return Status::InvalidArgument(path_ + ": " + chunks.status().message());
-  for (const pb::BucketRecord& c : *chunks) GT_RETURN_IF_ERROR(WriteFrame(type, c.SerializeAsString(), &e));
+  for (const pb::BucketRecord& c : *chunks) {
+    const pb::IndexEntry e = CatalogueEntry(c);
+    GT_RETURN_IF_ERROR(WriteFrame(type, c.SerializeAsString(), &e));
+  }
   return Status::Ok();
 }
 
@@ -162,13 +163,19 @@ Status TraceWriter::Close() {
     const auto type = static_cast<uint8_t>(format::FrameType::kIndex);
     const int total = index_.entries_size();
     // Always at least one index frame, so the footer has something to point at.
-    for (int begin = 0; s.ok() && (begin < total || begin == 0); begin += format::kIndexEntriesPerFrame) {
+    // A frame ends at kIndexEntriesPerFrame entries or before kChunkTarget bytes.
+    int i = 0;
+    do {
       pb::Index part;
-      const int end = static_cast<int>(std::min<int64_t>(total, begin + format::kIndexEntriesPerFrame));
-      for (int i = begin; i < end; ++i) *part.add_entries() = index_.entries(i);
+      size_t bytes = 0;
+      for (; i < total && part.entries_size() < format::kIndexEntriesPerFrame; ++i) {
+        const size_t n = index_.entries(i).ByteSizeLong() + 8;  // + field tag and length
+        if (part.entries_size() > 0 && bytes + n > format::kChunkTarget) break;
+        bytes += n;
+        *part.add_entries() = index_.entries(i);
+      }
       s = WriteFrame(type, part.SerializeAsString(), nullptr);
-      if (total == 0) break;
-    }
+    } while (s.ok() && i < total);
     if (s.ok()) {
       uint8_t footer[format::kFooterSize];
       frame_io::PutU64(footer, index_offset);

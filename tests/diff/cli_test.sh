@@ -4,7 +4,7 @@
 # never destroyed by a later error.
 # Usage: cli_test.sh GRADTRACE_DIFF GRADTRACE_SYNTH PYTHON SCHEMA
 set -uo pipefail
-diff_bin="$1" synth="$2" python="$3" schema="$4"
+diff_bin="$1" synth="$2" python="$3" schema="$4" inspect_bin="$5"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -99,10 +99,13 @@ cp -r "$work/divsp" "$work/mixed" && cp "$work/mean/rank-00003.gtrace" "$work/mi
 expect 2 "$diff_bin" "$work/ref" "$work/mixed"
 expect_one_line_error "$work/mixed/rank-00003.gtrace"
 
+# A damaged frame that the comparison reads (rank 1's first FINAL frame): exit 2 naming the file.
+# (The diff reads only the frames it compares; `gradtrace-inspect --verify` checks all of them.)
 cp -r "$work/sp2" "$work/corrupt"
 f="$work/corrupt/rank-00001.gtrace"
-size=$(stat -c %s "$f")
-printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
+at=$("$inspect_bin" --frames "$f" | awk '$2 == "bucket" && / FINAL / { print $1; exit }')
+[ -n "$at" ] || fail "no FINAL frame listed by gradtrace-inspect --frames"
+printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=$((at + 40)) conv=notrunc status=none
 expect 2 "$diff_bin" "$work/ref" "$work/corrupt"
 expect_one_line_error "$f"
 

@@ -31,6 +31,22 @@ TEST(Crc32c, ExtendEqualsWholeAtEverySplit) {
   }
 }
 
+// Issue 12: the checksum runs on the CPU's CRC32C instruction; it must agree
+// with the table loop at every length and alignment.
+TEST(Crc32c, HardwareAgreesWithPortableAtEveryLengthAndAlignment) {
+  std::string s;
+  for (int i = 0; i < 300; ++i) s.push_back(static_cast<char>(i * 131 + 7));
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t n = 0; start + n <= s.size(); ++n) {
+      ASSERT_EQ(ExtendPortable(0x12345678u, s.data() + start, n), Extend(0x12345678u, s.data() + start, n))
+          << start << " " << n;
+    }
+  }
+#if defined(__x86_64__)
+  EXPECT_EQ(HardwareAccelerated(), static_cast<bool>(__builtin_cpu_supports("sse4.2")));
+#endif
+}
+
 TEST(Crc32c, Mask) {
   const uint32_t crc = Value("foo", 3);
   EXPECT_NE(crc, Mask(crc));

@@ -13,6 +13,9 @@
 namespace gradtrace {
 namespace {
 
+// The writer's minor version, as the reader prints it.
+const std::string kMinor = std::to_string(format::kMinorVersion);
+
 using testing::ReadResult;
 
 class TraceLogTest : public ::testing::Test {
@@ -105,19 +108,20 @@ TEST_F(TraceLogTest, NewerMajorVersionIsRefused) {
   SetByte(8, 2);
   ReadResult r = Read();
   EXPECT_FALSE(r.opened);
-  EXPECT_EQ(At(8) + "format version 2.0 is newer than this reader's 1.0: read it with a newer gradtrace",
+  EXPECT_EQ(At(8) + "format version 2." + kMinor + " is newer than this reader's 1." + kMinor +
+                ": read it with a newer gradtrace",
             r.status.message());
 }
 
 TEST_F(TraceLogTest, OlderMajorVersionIsRefused) {
   SetByte(8, 0);
   ReadResult r = Read();
-  EXPECT_EQ(At(8) + "format version 0.0 is not supported (this reader reads 1.x)", r.status.message());
+  EXPECT_EQ(At(8) + "format version 0." + kMinor + " is not supported (this reader reads 1.x)", r.status.message());
 }
 
 TEST_F(TraceLogTest, NewerMinorVersionIsReadWithItsNewFlags) {
-  SetByte(10, 3);     // minor 3
-  SetByte(12, 0x81);  // a flag minor 3 may define
+  SetByte(10, format::kMinorVersion + 2);  // a newer minor
+  SetByte(12, 0x81);                       // a flag that minor may define
   ReadResult r = Read();
   EXPECT_TRUE(r.status.ok()) << r.status.message();
   EXPECT_EQ(written_, r.messages);
@@ -127,7 +131,7 @@ TEST_F(TraceLogTest, UnknownFlagsInACurrentVersionFile) {
   SetByte(12, 0x05);
   ReadResult r = Read();
   EXPECT_EQ(Status::Code::kCorruption, r.status.code());
-  EXPECT_EQ(At(12) + "unknown header flags 0x00000005 in a version 1.0 file", r.status.message());
+  EXPECT_EQ(At(12) + "unknown header flags 0x00000005 in a version 1." + kMinor + " file", r.status.message());
 }
 
 // --- frame headers -------------------------------------------------------------
@@ -173,7 +177,7 @@ TEST_F(TraceLogTest, FrameTypeZero) {
 }
 
 TEST_F(TraceLogTest, UnknownFrameTypeOfANewerMinorVersionIsSkipped) {
-  SetByte(10, 1);
+  SetByte(10, format::kMinorVersion + 1);
   SetByte(FrameOffset(3) + 12, 9);
   FixChecksum(FrameOffset(3));
   ReadResult r = Read();

@@ -59,7 +59,11 @@ int main(int argc, char** argv) {
   std::ifstream in(dir + "/set/rank-00000.gtrace", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
   std::ofstream(dir + "/truncated.gtrace", std::ios::binary).write(bytes.data(), bytes.size() * 2 / 3);
-  bytes[bytes.size() / 2] ^= 0x20;
+  // A payload byte of the first data frame (after the file header and the RunInfo frame), so that only the
+  // CRC can catch it; a byte picked by file position could land in a header field the CRC does not cover.
+  const size_t runinfo_len = static_cast<uint8_t>(bytes[16]) | static_cast<uint8_t>(bytes[17]) << 8 |
+                             static_cast<size_t>(static_cast<uint8_t>(bytes[18])) << 16;
+  bytes[16 + 16 + runinfo_len + 16 + 2] ^= 0x20;
   std::ofstream(dir + "/corrupt.gtrace", std::ios::binary).write(bytes.data(), bytes.size());
   return 0;
 }

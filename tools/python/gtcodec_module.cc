@@ -318,6 +318,14 @@ class PyReader {
       d["micro_step"] = e.micro_step();
       d["bucket_id"] = e.bucket_id();
       d["phase"] = PhaseName(e.phase());
+      // Catalogue fields (format 1.1; zero/empty in a 1.0 file, see `catalogued`).
+      d["param_ids"] = py::cast(std::vector<int32_t>(e.param_ids().begin(), e.param_ids().end()));
+      d["group"] = e.group();
+      d["raw_len"] = e.raw_len();
+      d["bucket_numel"] = e.bucket_numel();
+      d["partition_offset"] = e.partition_offset();
+      d["partition_count"] = e.partition_count();
+      d["divisor"] = e.divisor();
       out.append(std::move(d));
     }
     return out;
@@ -543,6 +551,10 @@ PYBIND11_MODULE(_gtcodec, m) {
       .def_property_readonly("path", [](const PyReader& r) { return r.reader().path(); })
       .def_property_readonly("file_size", [](const PyReader& r) { return r.reader().file_size(); })
       .def_property_readonly("has_index", [](const PyReader& r) { return r.reader().has_index(); })
+      .def_property_readonly("catalogued", [](const PyReader& r) { return r.reader().catalogued(); })
+      .def_property_readonly(
+          "format_version",
+          [](const PyReader& r) { return py::make_tuple(format::kMajorVersion, r.reader().minor_version()); })
       .def_property_readonly("status_code", [](const PyReader& r) { return CodeName(r.reader().status().code()); })
       .def_property_readonly("status_message", [](const PyReader& r) { return r.reader().status().message(); })
       .def_property_readonly("stop_offset", [](const PyReader& r) { return r.reader().stop_offset(); })

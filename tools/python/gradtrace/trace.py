@@ -107,6 +107,8 @@ class TraceReader:
         reader = self._open()
         self.run_info: dict = _run_info_from_json(reader.run_info_json())
         self._has_index = reader.has_index
+        self._catalogued = reader.catalogued
+        self.format_version: tuple[int, int] = tuple(reader.format_version)
         self._file_size = reader.file_size
         self._random_access = None  # the reader frame_at() keeps
         self.status: str = ""
@@ -131,6 +133,12 @@ class TraceReader:
     def has_index(self) -> bool:
         """Whether the file ends with an index frame and footer (closed cleanly)."""
         return self._has_index
+
+    @property
+    def catalogued(self) -> bool:
+        """Whether the index also catalogues every bucket frame (format 1.1+):
+        ``param_ids``, ``group``, ``raw_len``, partition and ``divisor`` per entry."""
+        return self._catalogued
 
     @property
     def file_size(self) -> int:
@@ -208,7 +216,10 @@ class TraceReader:
 
     def index(self) -> list[dict]:
         """The index frame's entries (``offset``, ``type``, ``step``,
-        ``micro_step``, ``bucket_id``, ``phase``); empty without an index."""
+        ``micro_step``, ``bucket_id``, ``phase``, and the catalogue fields
+        ``param_ids``, ``group``, ``raw_len``, ``bucket_numel``,
+        ``partition_offset``, ``partition_count``, ``divisor``, which a 1.0
+        file leaves empty: see :attr:`catalogued`); empty without an index."""
         return self._open().index() if self._has_index else []
 
     def frame_at(self, offset: int) -> dict | None:
