@@ -90,6 +90,19 @@ for n in 1 2 3 5; do
   cmp -s "$work/single.md" "$work/merged$n.md" || fail "N=$n: merged Markdown differs"
   grep -q '^mismatch *head.weight' "$work/out" || fail "N=$n: merged table"
 done
+# The parts against diff/partial.schema.json (which borrows the trace and config definitions of the report's).
+if "$python" -c 'import jsonschema, referencing' 2>/dev/null; then
+  "$python" - "$schema" "$(dirname "$schema")/partial.schema.json" "$work"/parts*/part-*.json <<'PY' || fail "partial schema validation"
+import json, sys, jsonschema
+from referencing import Registry, Resource
+report, partial = (json.load(open(p)) for p in sys.argv[1:3])
+jsonschema.Draft202012Validator.check_schema(partial)
+registry = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in (report, partial)])
+validator = jsonschema.Draft202012Validator(partial, registry=registry)
+for path in sys.argv[3:]:
+    validator.validate(json.load(open(path)))
+PY
+fi
 expect 0 "$diff_bin" "$work/ref" "$work/mean" --shard 0/1 --json "$work/mean-part.json"
 expect 0 "$diff_bin" --merge "$work/mean-part.json"
 p="$work/parts3"
