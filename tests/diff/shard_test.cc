@@ -301,6 +301,22 @@ TEST_F(MergeErrors, APartOfAnotherDiffIsRefused) {
   EXPECT_FALSE(MergeParts({parts_[0], loose[1], parts_[2]}).ok());
 }
 
+// Nodes may mount the traces at different paths: the fingerprint leaves the
+// directories out, and the merged report names shard 0's.
+TEST_F(MergeErrors, TheSameTracesElsewhereAreTheSameDiff) {
+  std::string copy = dir_ + "/elsewhere";
+  fs::copy(b_.dir(), copy);
+  TraceSet moved = Load(copy);
+  auto elsewhere = WriteParts(a_, moved, nullptr, {}, 3, dir_ + "/node2");
+  auto merged = MergeParts({elsewhere[1], parts_[2], parts_[0]});
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  EXPECT_EQ(merged->b.dir, b_.dir());
+  auto single = DiffSets(a_, b_, {});
+  auto report = JudgeComparison(*merged);
+  ASSERT_TRUE(single.ok() && report.ok());
+  EXPECT_EQ(RenderJson(*report), RenderJson(*single));
+}
+
 TEST_F(MergeErrors, PartsOfDifferentNAreRefused) {
   auto halves = WriteParts(a_, b_, nullptr, {}, 2, dir_ + "/halves");
   ExpectError({parts_[0], halves[1], parts_[2]},
