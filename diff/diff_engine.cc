@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "align.h"
 #include "explain.h"
@@ -157,9 +160,147 @@ TraceSide SideOf(const TraceSet& s) {
 
 double LogDistance(double s) { return std::isfinite(s) && s != 0 ? std::fabs(std::log(std::fabs(s))) : 1e300; }
 
+void AddTruncations(const TraceSet& s, std::vector<std::string>* out) {
+  for (const RankFile& f : s.ranks()) {
+    if (f.truncated) {
+      out->push_back(f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing");
+    }
+  }
+}
+
+// What makes two diffs the same diff: the runs, their files' sizes, the
+// options that change results, and the aligned parameters. Not the directory
+// paths, so nodes that mount the traces at different places can share a merge.
+std::string InputFingerprint(const TraceSet& a, const TraceSet& b, const TraceSet* noise, const DiffOptions& options,
+                             const Alignment& al) {
+  std::string text = "gradtrace-diff partial 1\n";
+  for (const TraceSet* s : {&a, &b, noise}) {
+    if (s == nullptr) continue;
+    text += "set " + s->run().run_id() + " world " + std::to_string(s->world()) + " " + s->config().ShortDebugString() +
+            "\n";
+    for (const RankFile& f : s->ranks()) {
+      text += std::filesystem::path(f.path).filename().string() + " " + std::to_string(f.file_size) + " " +
+              std::to_string(f.truncated) + " " + std::to_string(f.stop_offset) + "\n";
+    }
+  }
+  char rtol[40] = "none";
+  if (options.rtol) std::snprintf(rtol, sizeof(rtol), "%.17g", *options.rtol);
+  text += "step " + std::to_string(al.step) + " phase " + PhaseName(al.phase) + " rtol " + rtol + "\n";
+  for (const auto& r : options.renames) text += "rename " + r + "\n";
+  for (const ParamPair& p : al.params) text += p.name + " " + std::to_string(p.numel) + " " + p.problem + "\n";
+  return Fingerprint(text);
+}
+
+// --noise: rel_error(A, A2) per parameter name, for the names in `part` only.
+Status MeasureNoise(const TraceSet& a, const TraceSet& noise, const std::vector<RenameRule>& rules,
+                    const DiffOptions& options, const Alignment& part,
+                    std::unordered_map<std::string, double>* by_name) {
+  auto noise_al = AlignSets(a, noise, rules, options.phase, part.step);
+  if (!noise_al.ok()) return noise_al.status();
+  std::unordered_set<std::string> names;
+  for (const ParamPair& p : part.params) names.insert(p.name);
+  std::erase_if(noise_al->params, [&](const ParamPair& p) { return !names.count(p.name); });
+  std::vector<Compared> nc;
+  GT_RETURN_IF_ERROR(CompareAll(a, noise, *noise_al, options, nullptr, &nc));
+  for (size_t i = 0; i < nc.size(); ++i) {
+    if (nc[i].computed && std::isfinite(nc[i].metrics.rel_error)) {
+      (*by_name)[noise_al->params[i].name] = nc[i].metrics.rel_error;
+    }
+  }
+  return Status();
+}
+
+ComparedParam MakeCompared(size_t index, const ParamPair& pp, const Compared& c, const TraceSet& a, const TraceSet& b) {
+  ComparedParam p;
+  p.index = index;
+  p.name = pp.name;
+  p.numel = pp.numel;
+  p.shape = pp.shape;
+  p.dtype = DTypeName(pp.dtype_b != pb::DTYPE_UNSPECIFIED ? pp.dtype_b : pp.dtype_a);
+  p.problem = pp.problem;
+  if (!pp.problem.empty()) return p;
+  p.metrics = c.metrics;
+  p.note = c.note;
+  p.replica[0] = {c.replica_a, c.replica_first_a, c.replica_rank_a, ""};
+  p.replica[1] = {c.replica_b, c.replica_first_b, c.replica_rank_b, ""};
+  for (int side = 0; side < 2; ++side) {
+    ComparedParam::Replica& r = p.replica[side];
+    if (r.rel > 0) r.other_path = (side == 0 ? a : b).ranks()[std::max(r.other, 0)].path;
+  }
+  return p;
+}
+
+// Tolerance: --rtol, else measured noise, else the dtype/summand bound. Per parameter.
+std::vector<double> JudgeTolerance(const Comparison& c, Tolerance* tolerance) {
+  *tolerance = c.rtol ? FixedTolerance(*c.rtol) : DefaultTolerance(c.a.config, c.b.config);
+  std::vector<double> rtol(c.params.size(), tolerance->rtol);
+  if (c.noise_dir.empty() || c.params.empty()) return rtol;
+  double worst = 0;  // for parameters the noise run lacks
+  for (const ComparedParam& p : c.params) {
+    if (p.noise_rel_error) worst = std::max(worst, *p.noise_rel_error);
+  }
+  double u = std::max(UnitRoundoff(c.a.config.dtype()), UnitRoundoff(c.b.config.dtype()));
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    rtol[i] = std::max(4 * c.params[i].noise_rel_error.value_or(worst), 4 * u);
+  }
+  tolerance->source = "noise";
+  tolerance->rtol = *std::max_element(rtol.begin(), rtol.end());
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "rtol_p = max(4*rel_error(A, A2)_p, 4u) from %s; largest %.3g", c.noise_dir.c_str(),
+                tolerance->rtol);
+  tolerance->bound = buf;
+  return rtol;
+}
+
+// One parameter's verdict; replicas that disagree beyond rtol become findings.
+ParamResult JudgeParam(const ComparedParam& p, double rtol, std::vector<Finding>* findings, bool* replica_problem) {
+  ParamResult r;
+  r.name = p.name;
+  r.numel = p.numel;
+  r.shape = p.shape;
+  r.dtype = p.dtype;
+  r.rtol = rtol;
+  if (!p.problem.empty()) {
+    r.verdict = Verdict::kMissing;
+    r.note = p.problem;
+    return r;
+  }
+  r.metrics = p.metrics;
+  r.note = p.note;
+  r.verdict = Classify(p.metrics, rtol);
+  for (int side = 0; side < 2; ++side) {
+    const ComparedParam::Replica& rep = p.replica[side];
+    if (rep.rel <= rtol) continue;
+    *replica_problem = true;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3g", rep.rel);
+    std::string msg = std::string(side == 0 ? "A" : "B") + ": replicas of '" + p.name + "' disagree (rank " +
+                      std::to_string(rep.first) + " vs rank " + std::to_string(rep.other) + ", relative difference " +
+                      buf + ", " + rep.other_path + ")";
+    findings->push_back({"replica", msg});
+    r.note += (r.note.empty() ? "" : "; ") + std::string("replicas disagree in ") + (side == 0 ? "A" : "B");
+  }
+  return r;
+}
+
+// Overall verdict, first that applies (REPORT_SCHEMA.md).
+std::string OverallVerdict(const Report& report, bool replica_problem) {
+  auto any = [&](Verdict v) {
+    return std::any_of(report.params.begin(), report.params.end(),
+                       [v](const ParamResult& p) { return p.verdict == v; });
+  };
+  if (any(Verdict::kNonfinite)) return "nonfinite";
+  if (any(Verdict::kMismatch) || replica_problem) return "mismatch";
+  if (any(Verdict::kMissing)) return "missing";
+  if (report.a.truncated || report.b.truncated) return "incomplete";
+  if (any(Verdict::kScaled)) return "scaled";
+  return "match";
+}
+
 }  // namespace
 
-Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options, const TraceSet* noise) {
+Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
+                                 const TraceSet* noise) {
   std::vector<RenameRule> rules;
   for (const auto& text : options.renames) {
     auto r = ParseRenameRule(text);
@@ -168,100 +309,72 @@ Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOption
   }
   auto aligned = AlignSets(a, b, rules, options.phase, options.step);
   if (!aligned.ok()) return aligned.status();
-  Alignment& al = *aligned;
+  const Alignment& al = *aligned;
+  if (options.rtol) noise = nullptr;  // --rtol overrides the measured tolerance
 
-  Report report;
-  report.mode = "diff";
-  report.a = SideOf(a);
-  report.b = SideOf(b);
-  report.step = al.step;
-  report.phase = PhaseName(al.phase);
-  for (const auto& n : al.notes) report.findings.push_back({"note", n});
+  Comparison c;
+  c.a = SideOf(a);
+  c.b = SideOf(b);
+  c.step = al.step;
+  c.phase = PhaseName(al.phase);
+  c.notes = al.notes;
+  AddTruncations(a, &c.truncations);
+  AddTruncations(b, &c.truncations);
+  c.rtol = options.rtol;
+  if (noise != nullptr) c.noise_dir = noise->dir();
+  c.param_count = al.params.size();
+  c.shard = options.shard;
+  c.fingerprint = InputFingerprint(a, b, noise, options, al);
+
+  // This shard's share: compared pairs weigh their elements, the others nothing.
+  std::vector<int64_t> weights;
+  for (const ParamPair& p : al.params) weights.push_back(p.problem.empty() ? p.numel : 0);
+  std::vector<size_t> mine = ShardItems(weights, options.shard);
+  Alignment part = al;
+  part.params.clear();
+  for (size_t i : mine) part.params.push_back(al.params[i]);
 
   uint64_t bytes = a.total_bytes() + b.total_bytes();
   Progress progress("gradtrace-diff: comparing", options.progress && Progress::Wanted(bytes));
   std::vector<Compared> compared;
-  GT_RETURN_IF_ERROR(CompareAll(a, b, al, options, &progress, &compared));
+  GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared));
+  std::unordered_map<std::string, double> noise_by_name;
+  if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, rules, options, part, &noise_by_name));
 
-  // Tolerance: --rtol, else measured noise, else the dtype/summand bound.
-  std::vector<double> rtol(al.params.size());
-  if (options.rtol) {
-    report.tolerance = FixedTolerance(*options.rtol);
-  } else {
-    report.tolerance = DefaultTolerance(a.config(), b.config());
+  for (size_t j = 0; j < mine.size(); ++j) {
+    ComparedParam p = MakeCompared(mine[j], part.params[j], compared[j], a, b);
+    auto it = noise_by_name.find(p.name);
+    if (it != noise_by_name.end()) p.noise_rel_error = it->second;
+    c.params.push_back(std::move(p));
   }
-  std::fill(rtol.begin(), rtol.end(), report.tolerance.rtol);
-  if (noise != nullptr && !options.rtol) {
-    auto noise_al = AlignSets(a, *noise, rules, options.phase, al.step);
-    if (!noise_al.ok()) return noise_al.status();
-    std::vector<Compared> nc;
-    GT_RETURN_IF_ERROR(CompareAll(a, *noise, *noise_al, options, nullptr, &nc));
-    std::unordered_map<std::string, double> by_name;
-    double worst = 0;
-    for (size_t i = 0; i < nc.size(); ++i) {
-      if (nc[i].computed && std::isfinite(nc[i].metrics.rel_error)) {
-        by_name[noise_al->params[i].name] = nc[i].metrics.rel_error;
-        worst = std::max(worst, nc[i].metrics.rel_error);
-      }
-    }
-    double u = std::max(UnitRoundoff(a.config().dtype()), UnitRoundoff(b.config().dtype()));
-    for (size_t i = 0; i < al.params.size(); ++i) {
-      auto it = by_name.find(al.params[i].name);
-      rtol[i] = std::max(4 * (it == by_name.end() ? worst : it->second), 4 * u);
-    }
-    report.tolerance.source = "noise";
-    report.tolerance.rtol = *std::max_element(rtol.begin(), rtol.end());
-    char buf[200];
-    std::snprintf(buf, sizeof(buf), "rtol_p = max(4*rel_error(A, A2)_p, 4u) from %s; largest %.3g",
-                  noise->dir().c_str(), report.tolerance.rtol);
-    report.tolerance.bound = buf;
-  }
+  return c;
+}
 
+Expected<Report> JudgeComparison(const Comparison& c) {
+  bool whole = c.params.size() == c.param_count;
+  for (size_t i = 0; whole && i < c.params.size(); ++i) whole = c.params[i].index == i;
+  if (!whole) {
+    return Status::InvalidArgument("the comparison holds " + std::to_string(c.params.size()) + " of " +
+                                   std::to_string(c.param_count) + " parameters (shard " + std::to_string(c.shard.k) +
+                                   "/" + std::to_string(c.shard.n) + "): merge the parts before judging");
+  }
+  Report report;
+  report.mode = "diff";
+  report.a = c.a;
+  report.b = c.b;
+  report.step = c.step;
+  report.phase = c.phase;
+  for (const auto& n : c.notes) report.findings.push_back({"note", n});
+
+  std::vector<double> rtol = JudgeTolerance(c, &report.tolerance);
   bool replica_problem = false;
-  for (size_t i = 0; i < al.params.size(); ++i) {
-    const ParamPair& pp = al.params[i];
-    ParamResult r;
-    r.name = pp.name;
-    r.numel = pp.numel;
-    r.shape = pp.shape;
-    r.dtype = DTypeName(pp.dtype_b != pb::DTYPE_UNSPECIFIED ? pp.dtype_b : pp.dtype_a);
-    r.rtol = rtol[i];
-    if (!pp.problem.empty()) {
-      r.verdict = Verdict::kMissing;
-      r.note = pp.problem;
-    } else {
-      const Compared& c = compared[i];
-      r.metrics = c.metrics;
-      r.note = c.note;
-      r.verdict = Classify(c.metrics, rtol[i]);
-      for (int side = 0; side < 2; ++side) {
-        double rel = side == 0 ? c.replica_a : c.replica_b;
-        if (rel <= rtol[i]) continue;
-        replica_problem = true;
-        const TraceSet& s = side == 0 ? a : b;
-        int first = side == 0 ? c.replica_first_a : c.replica_first_b;
-        int other = side == 0 ? c.replica_rank_a : c.replica_rank_b;
-        char buf[64];
-        std::snprintf(buf, sizeof(buf), "%.3g", rel);
-        std::string msg = std::string(side == 0 ? "A" : "B") + ": replicas of '" + pp.name + "' disagree (rank " +
-                          std::to_string(first) + " vs rank " + std::to_string(other) + ", relative difference " + buf +
-                          ", " + s.ranks()[std::max(other, 0)].path + ")";
-        report.findings.push_back({"replica", msg});
-        r.note += (r.note.empty() ? "" : "; ") + std::string("replicas disagree in ") + (side == 0 ? "A" : "B");
-      }
-    }
-    report.params.push_back(std::move(r));
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    report.params.push_back(JudgeParam(c.params[i], rtol[i], &report.findings, &replica_problem));
   }
-  for (const TraceSet* s : {&a, &b}) {
-    for (const RankFile& f : s->ranks()) {
-      if (f.truncated) {
-        report.findings.push_back(
-            {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
-      }
-    }
-  }
+  for (const auto& t : c.truncations) report.findings.push_back({"truncated", t});
 
-  report.groups = GroupParams(report.params, a.config(), b.config(), report.tolerance.rtol);
+  // Groups see the parameters in alignment order; the table shows the worst first.
+  report.groups = GroupParams(report.params, c.a.config, c.b.config, report.tolerance.rtol);
   std::stable_sort(report.params.begin(), report.params.end(), [](const ParamResult& x, const ParamResult& y) {
     if (Severity(x.verdict) != Severity(y.verdict)) return Severity(x.verdict) > Severity(y.verdict);
     double rx = std::isnan(x.metrics.residual) ? -1 : x.metrics.residual;
@@ -270,23 +383,7 @@ Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOption
     return LogDistance(x.metrics.scale) > LogDistance(y.metrics.scale);
   });
 
-  auto any = [&](Verdict v) {
-    return std::any_of(report.params.begin(), report.params.end(),
-                       [v](const ParamResult& p) { return p.verdict == v; });
-  };
-  if (any(Verdict::kNonfinite)) {
-    report.verdict = "nonfinite";
-  } else if (any(Verdict::kMismatch) || replica_problem) {
-    report.verdict = "mismatch";
-  } else if (any(Verdict::kMissing)) {
-    report.verdict = "missing";
-  } else if (a.truncated() || b.truncated()) {
-    report.verdict = "incomplete";
-  } else if (any(Verdict::kScaled)) {
-    report.verdict = "scaled";
-  } else {
-    report.verdict = "match";
-  }
+  report.verdict = OverallVerdict(report, replica_problem);
   if (report.verdict == "match") {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
   } else if (!report.groups.empty()) {
@@ -295,7 +392,13 @@ Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOption
   return report;
 }
 
-Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options, const TraceSet* noise) {
+  auto c = CompareSets(a, b, options, noise);
+  if (!c.ok()) return c.status();
+  return JudgeComparison(*c);
+}
+
+Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
   LoadOptions lo;
   lo.threads = options.threads;
   Progress reading("gradtrace-diff: reading", options.progress);
@@ -312,10 +415,16 @@ Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, con
     auto n = TraceSet::Load(options.noise_dir, lo);
     if (!n.ok()) return n.status();
     reading.Finish();
-    return DiffSets(*a, *b, options, &*n);
+    return CompareSets(*a, *b, options, &*n);
   }
   reading.Finish();
-  return DiffSets(*a, *b, options, nullptr);
+  return CompareSets(*a, *b, options, nullptr);
+}
+
+Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  auto c = RunCompare(a_dir, b_dir, options);
+  if (!c.ok()) return c.status();
+  return JudgeComparison(*c);
 }
 
 }  // namespace gradtrace::diff

@@ -1,6 +1,10 @@
-// gradtrace-diff's analysis, callable without the command line: load, align,
-// gather on all cores, judge, group and explain. Tests and the #5248 matrix
-// call these directly and assert on the Report.
+// gradtrace-diff's analysis, callable without the command line, in two phases:
+// compare (load, align, gather on all cores, measure; shardable with --shard)
+// and judge (tolerance, verdicts, replica findings, groups, explanation, overall
+// verdict). A Comparison is everything the judge needs and nothing that needs
+// the trace files, so the parts of a sharded diff, written as partial reports
+// (partial_report.h) and merged (merge.h), are judged exactly like one process.
+// Tests and the #5248 matrix call these directly and assert on the Report.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +13,9 @@
 #include <vector>
 
 #include "gradtrace.pb.h"
+#include "metrics.h"
 #include "report.h"
+#include "shard.h"
 #include "status.h"
 #include "trace_set.h"
 
@@ -25,9 +31,56 @@ struct DiffOptions {
   bool progress = false;             // allow a progress bar (still only on a TTY for large input)
   // Work unit: parameters read together, at most this many elements (or one parameter).
   int64_t unit_elements = int64_t{1} << 22;
+  Shard shard;  // --shard K/N: compare only this share of the aligned parameters
 };
 
-// Compares trace set B against A. Errors (bad input) carry one line naming
+// One aligned parameter after the compare phase.
+struct ComparedParam {
+  size_t index = 0;  // position in the alignment: A's table order, then B-only parameters
+  std::string name;
+  int64_t numel = 0;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  std::string problem;  // non-empty: not compared (absent on a side, shapes differ)
+  Metrics metrics;
+  std::string note;
+  // Disagreement between replicas of this gradient, per side (0 = A, 1 = B).
+  struct Replica {
+    double rel = 0;          // relative difference; the judge reports it when above rtol
+    int first = -1;          // rank holding the first replica
+    int other = -1;          // rank that disagrees with it
+    std::string other_path;  // its file (set when rel > 0)
+  };
+  Replica replica[2];
+  std::optional<double> noise_rel_error;  // rel_error(A, A2) of this parameter under --noise
+};
+
+// The compare phase's result: the whole input of the judge.
+struct Comparison {
+  TraceSide a, b;
+  int64_t step = 0;
+  std::string phase;                     // "final", "post", "pre"
+  std::vector<std::string> notes;        // from the alignment (which step was picked)
+  std::vector<std::string> truncations;  // one message per truncated file of A then B
+  std::optional<double> rtol;            // --rtol
+  std::string noise_dir;                 // --noise, when it sets the tolerance (empty otherwise)
+  size_t param_count = 0;                // aligned parameters, all shards together
+  Shard shard;
+  std::string fingerprint;            // identity of the inputs and options (shard.h)
+  std::vector<ComparedParam> params;  // this shard's parameters, ascending index
+};
+
+// Compare phase: B against A for the parameters of options.shard. Errors (bad
+// input) carry one line naming the file or directory.
+Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
+                                 const TraceSet* noise = nullptr);
+Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options);
+
+// Judge phase. `c` must hold every aligned parameter (one process, or merged
+// parts); InvalidArgument otherwise.
+Expected<Report> JudgeComparison(const Comparison& c);
+
+// Both phases: compares trace set B against A. Errors (bad input) carry one line naming
 // the file or directory; differences are not errors but the Report's verdict.
 Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options);
 

@@ -1,4 +1,6 @@
-// gradtrace-diff: compare two trace sets (or check one against itself).
+// gradtrace-diff: compare two trace sets (or check one against itself), whole
+// or as N shards (--shard K/N, each writing a partial report) and a --merge of
+// the parts into the report one process would have written.
 // Exit codes follow diff(1): 0 all match, 1 differences found, 2 bad input or
 // usage -- the last with exactly one line "gradtrace-diff: <file>: <what>" on stderr.
 #include <unistd.h>
@@ -11,6 +13,8 @@
 
 #include "atomic_file.h"
 #include "diff_engine.h"
+#include "merge.h"
+#include "partial_report.h"
 #include "report.h"
 #include "self_check.h"
 
@@ -25,12 +29,38 @@ int Fail(std::string message) {
   return 2;
 }
 
+// --shard K/N: one share of the comparison, written as a partial report. Exit
+// 0 when the part is written: the verdict belongs to the merge.
+int RunShard(const std::string& a_dir, const std::string& b_dir, const std::string& shard_text,
+             const std::string& json_path, const std::string& md_path, const std::string& html_path,
+             gradtrace::diff::DiffOptions o) {
+  using namespace gradtrace;
+  auto shard = diff::ParseShard(shard_text);
+  if (!shard.ok()) return Fail(shard.status().message());
+  if (json_path.empty()) return Fail("--shard needs --json FILE for the partial report");
+  if (!md_path.empty() || !html_path.empty())
+    return Fail("--shard writes JSON only; give --markdown/--html to --merge");
+  o.shard = *shard;
+  auto c = diff::RunCompare(a_dir, b_dir, o);
+  if (!c.ok()) return Fail(c.status().message());
+  Status st = diff::WriteFileAtomic(json_path, diff::RenderPartialJson(*c));
+  if (!st.ok()) return Fail(st.message());
+  int64_t elements = 0;
+  for (const auto& p : c->params) elements += p.problem.empty() ? p.numel : 0;
+  std::printf(
+      "shard %d/%d: %zu of %zu parameters (%lld elements) in %s; merge all %d parts with gradtrace-diff --merge\n",
+      o.shard.k, o.shard.n, c->params.size(), c->param_count, static_cast<long long>(elements), json_path.c_str(),
+      o.shard.n);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace gradtrace;
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
-  std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path;
+  std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path, shard_text;
+  std::vector<std::string> merge_paths;
   std::optional<int64_t> step;
   std::optional<double> rtol;
   std::vector<std::string> renames;
@@ -46,6 +76,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
   app.add_option("--rename", renames, "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
+  app.add_option("--shard", shard_text,
+                 "compare only share K of N (0 <= K < N) and write a partial report to --json; see --merge");
+  app.add_option("--merge", merge_paths, "merge the partial reports of all N shards into the report of the whole diff")
+      ->expected(1, -1);
   app.add_option("--json", json_path, "write the JSON report to FILE");
   app.add_option("--markdown", md_path, "write a Markdown report (for a GitHub issue) to FILE");
   app.add_option("--html", html_path, "write a self-contained HTML report with an SVG chart to FILE");
@@ -60,11 +94,23 @@ int main(int argc, char** argv) {
   }
 
   Expected<diff::Report> report = Status::InvalidArgument("");
-  if (!self_dir.empty()) {
+  if (!merge_paths.empty()) {
+    if (!a_dir.empty() || !b_dir.empty() || !self_dir.empty() || !shard_text.empty()) {
+      return Fail("--merge takes partial reports only (no A B, --self or --shard)");
+    }
+    for (const char* opt : {"--phase", "--step", "--rtol", "--noise", "--rename"}) {
+      if (app.count(opt) > 0) return Fail(std::string("--merge takes ") + opt + " from the parts; drop it");
+    }
+    auto merged = diff::MergeParts(merge_paths);
+    if (!merged.ok()) return Fail(merged.status().message());
+    report = diff::JudgeComparison(*merged);
+  } else if (!self_dir.empty()) {
     if (!a_dir.empty() || !b_dir.empty()) return Fail("--self takes one trace set and no positional A B");
     if (!noise.empty() || !renames.empty() || phase != "final") {
       return Fail("--self does not take --noise, --rename or --phase");
     }
+    // The self-check's unit of work is one bucket's reduction over a group, not a parameter.
+    if (!shard_text.empty()) return Fail("--self does not take --shard");
     diff::SelfOptions o;
     o.step = step;
     o.rtol = rtol;
@@ -72,7 +118,9 @@ int main(int argc, char** argv) {
     o.progress = true;
     report = diff::RunSelfCheck(self_dir, o);
   } else {
-    if (a_dir.empty() || b_dir.empty()) return Fail("usage: gradtrace-diff A B [options] | gradtrace-diff --self A");
+    if (a_dir.empty() || b_dir.empty()) {
+      return Fail("usage: gradtrace-diff A B [options] | gradtrace-diff --self A | gradtrace-diff --merge PART...");
+    }
     diff::DiffOptions o;
     o.phase = phase == "pre" ? pb::PRE_REDUCE : phase == "post" ? pb::POST_REDUCE : pb::FINAL;
     o.step = step;
@@ -81,6 +129,7 @@ int main(int argc, char** argv) {
     o.renames = renames;
     o.threads = threads;
     o.progress = true;
+    if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
     report = diff::RunDiff(a_dir, b_dir, o);
   }
   if (!report.ok()) return Fail(report.status().message());

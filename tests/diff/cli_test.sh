@@ -77,6 +77,58 @@ done
 grep -q '^| scaled | `' "$work/r.md" || fail "markdown rows"
 [ "$(grep -o 'class="mark scale' "$work/r.html" | wc -l)" = 14 ] || fail "html marks"
 
+# --shard K/N + --merge: the merged report is the single-process report, byte for byte, with its exit code.
+expect 1 "$diff_bin" "$work/ref" "$work/bad" --json "$work/single.json" --markdown "$work/single.md"
+for n in 1 2 3 5; do
+  mkdir -p "$work/parts$n"
+  for k in $(seq 0 $((n - 1))); do
+    expect 0 "$diff_bin" "$work/ref" "$work/bad" --shard "$k/$n" --json "$work/parts$n/part-$k.json"
+    grep -q "^shard $k/$n: " "$work/out" || fail "shard $k/$n summary: $(cat "$work/out")"
+  done
+  expect 1 "$diff_bin" --merge "$work/parts$n"/part-*.json --json "$work/merged$n.json" --markdown "$work/merged$n.md"
+  cmp -s "$work/single.json" "$work/merged$n.json" || fail "N=$n: merged JSON differs from the single-process report"
+  cmp -s "$work/single.md" "$work/merged$n.md" || fail "N=$n: merged Markdown differs"
+  grep -q '^mismatch *head.weight' "$work/out" || fail "N=$n: merged table"
+done
+# The parts against diff/partial.schema.json (which borrows the trace and config definitions of the report's).
+if "$python" -c 'import jsonschema, referencing' 2>/dev/null; then
+  "$python" - "$schema" "$(dirname "$schema")/partial.schema.json" "$work"/parts*/part-*.json <<'PY' || fail "partial schema validation"
+import json, sys, jsonschema
+from referencing import Registry, Resource
+report, partial = (json.load(open(p)) for p in sys.argv[1:3])
+jsonschema.Draft202012Validator.check_schema(partial)
+registry = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in (report, partial)])
+validator = jsonschema.Draft202012Validator(partial, registry=registry)
+for path in sys.argv[3:]:
+    validator.validate(json.load(open(path)))
+PY
+fi
+expect 0 "$diff_bin" "$work/ref" "$work/mean" --shard 0/1 --json "$work/mean-part.json"
+expect 0 "$diff_bin" --merge "$work/mean-part.json"
+p="$work/parts3"
+expect 2 "$diff_bin" "$work/ref" "$work/bad" --shard 3/3 --json "$work/x.json"
+expect_one_line_error "--shard 3/3: K must be below N"
+expect 2 "$diff_bin" "$work/ref" "$work/bad" --shard 1of3 --json "$work/x.json"
+expect_one_line_error "--shard 1of3: not K/N"
+expect 2 "$diff_bin" "$work/ref" "$work/bad" --shard 1/3
+expect_one_line_error "--shard needs --json"
+expect 2 "$diff_bin" --self "$work/sp4" --shard 0/2 --json "$work/x.json"
+expect_one_line_error "--self does not take --shard"
+expect 2 "$diff_bin" --merge "$p/part-0.json" "$p/part-2.json"
+expect_one_line_error "shard 1/3 missing"
+expect 2 "$diff_bin" --merge "$p/part-0.json" "$p/part-1.json" "$p/part-1.json" "$p/part-2.json"
+expect_one_line_error "$p/part-1.json: shard 1/3 given twice"
+"$diff_bin" "$work/ref" "$work/sp2" --shard 1/3 --json "$work/other-1.json" >/dev/null
+expect 2 "$diff_bin" --merge "$p/part-0.json" "$work/other-1.json" "$p/part-2.json"
+expect_one_line_error "$work/other-1.json: a part of a different diff"
+head -c 200 "$p/part-2.json" >"$work/cut.json"
+expect 2 "$diff_bin" --merge "$p/part-0.json" "$p/part-1.json" "$work/cut.json"
+expect_one_line_error "$work/cut.json: not JSON"
+expect 2 "$diff_bin" --merge "$work/single.json"
+expect_one_line_error "$work/single.json: not a gradtrace-diff partial report"
+expect 2 "$diff_bin" --merge "$p/part-0.json" "$p/part-1.json" "$p/part-2.json" --rtol 0.1
+expect_one_line_error "--merge takes --rtol from the parts"
+
 # Bad input and usage: exit 2, one line naming the file; outputs already there survive.
 echo 'previous report' >"$work/keep.json"
 expect 2 "$diff_bin" "$work/ref" "$work/nope" --json "$work/keep.json"

@@ -1,0 +1,40 @@
+#include "json_io.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+
+namespace gradtrace::diff {
+
+std::string DumpJson(const Json& j) { return j.dump(2) + "\n"; }
+
+Json NumberOrNull(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+Json ConfigToJson(const pb::Config& c) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  opts.always_print_enums_as_ints = false;
+  if (!google::protobuf::util::MessageToJsonString(c, &text, opts).ok()) return Json::object();
+  return Json::parse(text);
+}
+
+Status ConfigFromJson(const Json& j, pb::Config* c) {
+  if (!j.is_object()) return Status::InvalidArgument("config is not an object");
+  auto st = google::protobuf::util::JsonStringToMessage(j.dump(), c);
+  if (!st.ok()) return Status::InvalidArgument("config: " + std::string(st.message()));
+  return Status();
+}
+
+Json TraceSideToJson(const TraceSide& s) {
+  Json j = Json::object();
+  j["dir"] = s.dir;
+  j["producer"] = s.producer;
+  j["run_id"] = s.run_id;
+  j["world"] = s.world;
+  j["truncated"] = s.truncated;
+  return j;
+}
+
+}  // namespace gradtrace::diff

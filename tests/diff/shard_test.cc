@@ -1,0 +1,374 @@
+// --shard K/N and --merge: the partition, the partial report's round trip, the
+// merge's checks, and the contract that matters: the merged report is the
+// single-process report, byte for byte and field by field, for N in {1,2,3,5}.
+#include "shard.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "atomic_file.h"
+#include "diff_engine.h"
+#include "merge.h"
+#include "partial_report.h"
+#include "test_dirs.h"
+
+namespace gradtrace::diff {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Config;
+using testing::Reference;
+using testing::Synth;
+
+TEST(ParseShard, AcceptsKOfN) {
+  auto s = ParseShard("4/5");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->k, 4);
+  EXPECT_EQ(s->n, 5);
+  EXPECT_TRUE(ParseShard("0/1").ok());
+}
+
+TEST(ParseShard, RefusesWhatIsNotKOfN) {
+  EXPECT_EQ(ParseShard("3/3").status().message(), "--shard 3/3: K must be below N (expected K/N with 0 <= K < N)");
+  EXPECT_EQ(ParseShard("0/0").status().message(), "--shard 0/0: N must be at least 1 (expected K/N with 0 <= K < N)");
+  for (const char* bad : {"-1/2", "1", "/2", "1/", "a/b", "1/2/3", " 1/2", "1/99999999999"}) {
+    auto s = ParseShard(bad);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().message(), std::string("--shard ") + bad + ": not K/N (expected K/N with 0 <= K < N)");
+  }
+}
+
+TEST(ShardItems, GreedyByWeightIsTheDocumentedPartition) {
+  // Decreasing weight to the least-loaded share: 5->0, 4->1, 3->1 (4<5), 3->0 (5<7), 2->1 (7<8), 1->0 (8<9).
+  std::vector<int64_t> w = {5, 4, 3, 3, 2, 1};
+  EXPECT_EQ(ShardItems(w, {0, 2}), (std::vector<size_t>{0, 3, 5}));
+  EXPECT_EQ(ShardItems(w, {1, 2}), (std::vector<size_t>{1, 2, 4}));
+  EXPECT_EQ(ShardItems(w, {0, 1}), (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST(ShardItems, EveryItemOnceAndLoadsWithinTheLargestItem) {
+  std::vector<int64_t> w;
+  for (int i = 0; i < 40; ++i) w.push_back((i * 7919) % 1000 + (i % 5 == 0 ? 0 : 1));
+  for (int n : {1, 2, 3, 5, 7, 64}) {
+    std::vector<int> seen(w.size(), 0);
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int k = 0; k < n; ++k) {
+      int64_t load = 0;
+      for (size_t i : ShardItems(w, {k, n})) {
+        ++seen[i];
+        load += w[i];
+      }
+      lo = std::min(lo, load);
+      hi = std::max(hi, load);
+    }
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(seen[i], 1) << "item " << i << " N=" << n;
+    EXPECT_LE(hi - lo, *std::max_element(w.begin(), w.end())) << "N=" << n;
+  }
+}
+
+TEST(Fingerprint, IsFnv1a64InHex) {
+  EXPECT_EQ(Fingerprint(""), "cbf29ce484222325");
+  EXPECT_EQ(Fingerprint("a"), "af63dc4c8601ec8c");
+}
+
+TraceSet Load(const std::string& dir) {
+  auto s = TraceSet::Load(dir);
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return std::move(*s);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs the N shards as N processes would, each writing part-K.json in `dir`; returns the paths.
+std::vector<std::string> WriteParts(const TraceSet& a, const TraceSet& b, const TraceSet* noise, DiffOptions o, int n,
+                                    const std::string& dir) {
+  fs::create_directories(dir);
+  std::vector<std::string> paths;
+  for (int k = 0; k < n; ++k) {
+    o.shard = {k, n};
+    auto c = CompareSets(a, b, o, noise);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    if (!c.ok()) return {};
+    std::string path = dir + "/part-" + std::to_string(k) + ".json";
+    EXPECT_TRUE(WriteFileAtomic(path, RenderPartialJson(*c)).ok());
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+// The merged report equals the single-process one: same bytes, same document,
+// and (for a readable failure) the same fields one by one.
+void ExpectMergeEqualsSingle(const Report& single, const std::vector<std::string>& parts) {
+  auto merged = MergeParts(parts);
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  auto report = JudgeComparison(*merged);
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->ExitCode(), single.ExitCode());
+  json m = json::parse(RenderJson(*report)), s = json::parse(RenderJson(single));
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    if (it.value().is_array() && m[it.key()].is_array() && it.value().size() == m[it.key()].size()) {
+      for (size_t i = 0; i < it.value().size(); ++i)
+        EXPECT_EQ(m[it.key()][i], it.value()[i]) << it.key() << "[" << i << "]";
+    } else {
+      EXPECT_EQ(m[it.key()], it.value()) << it.key();
+    }
+  }
+  EXPECT_EQ(m, s);
+  EXPECT_EQ(RenderJson(*report), RenderJson(single));
+}
+
+// #5248 at dp 2 x sp 2 with one scrambled parameter and a rank whose replicas
+// disagree: scaled, mismatch and replica findings in one diff.
+TEST(ShardMerge, MergedReportEqualsTheSingleProcessReport) {
+  TraceSet a = Load(Synth("ref", Reference()));
+  auto spec = Config(2, 2, 0, "ds-4530", "local-mean");  // ZeRO-0: every rank a full replica
+  spec.scramble = {"head.weight"};
+  spec.disagree_rank = 3;
+  TraceSet b = Load(Synth("b", spec));
+  auto single = DiffSets(a, b, {});
+  ASSERT_TRUE(single.ok()) << single.status().message();
+  // The single-process answer, in numbers.
+  EXPECT_EQ(single->verdict, "mismatch");
+  EXPECT_EQ(single->ExitCode(), 1);
+  ASSERT_EQ(single->params.size(), 14u);
+  ASSERT_GE(single->groups.size(), 2u);
+  EXPECT_NEAR(*single->groups[0].scale, 2.0, 1e-5);
+  EXPECT_EQ(single->groups[0].count, 13);
+  EXPECT_EQ(single->params[0].name, "head.weight");
+  int replica = 0;
+  for (const auto& f : single->findings) replica += f.kind == "replica";
+  EXPECT_EQ(replica, 14);
+
+  std::string dir = testing::FreshDir("parts");
+  for (int n : {1, 2, 3, 5}) {
+    SCOPED_TRACE("N=" + std::to_string(n));
+    auto parts = WriteParts(a, b, nullptr, {}, n, dir + "/n" + std::to_string(n));
+    ASSERT_EQ(parts.size(), size_t(n));
+    // Each part holds its share only; together every parameter once, elements balanced.
+    size_t params = 0;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (const auto& path : parts) {
+      auto c = ReadPartialJson(path);
+      ASSERT_TRUE(c.ok()) << c.status().message();
+      EXPECT_EQ(c->param_count, 14u);
+      params += c->params.size();
+      int64_t elems = 0;
+      for (const auto& p : c->params) elems += p.numel;
+      lo = std::min(lo, elems);
+      hi = std::max(hi, elems);
+    }
+    EXPECT_EQ(params, 14u);
+    EXPECT_LE(hi - lo, 64 * 32);  // the largest parameter (head.weight, 64 x 32)
+    ExpectMergeEqualsSingle(*single, parts);
+    std::vector<std::string> reversed(parts.rbegin(), parts.rend());  // order of the files does not matter
+    ExpectMergeEqualsSingle(*single, reversed);
+  }
+}
+
+// --noise (a per-parameter tolerance whose fallback is the largest over all
+// parameters) and a truncated file (findings from the loaded sets) survive the split.
+TEST(ShardMerge, NoiseToleranceAndTruncationMergeExactly) {
+  auto ref = Config(2, 1, 0, "mean", "local-mean");
+  TraceSet a = Load(Synth("ref", ref));
+  ref.split_seed = 99;
+  ref.run_id = "ref2";
+  TraceSet a2 = Load(Synth("ref2", ref));
+  std::string bdir = Synth("b", Config(2, 2, 2, "ds-4530", "local-mean"));
+  std::string victim = bdir + "/rank-00001.gtrace";
+  ASSERT_TRUE(testing::TruncateFile(victim, fs::file_size(victim) - 300).ok());
+  TraceSet b = Load(bdir);
+  DiffOptions o;
+  o.noise_dir = a2.dir();
+  auto single = DiffSets(a, b, o, &a2);
+  ASSERT_TRUE(single.ok()) << single.status().message();
+  EXPECT_EQ(single->tolerance.source, "noise");
+  EXPECT_EQ(single->ExitCode(), 1);
+  int truncated = 0;
+  for (const auto& f : single->findings) truncated += f.kind == "truncated";
+  EXPECT_EQ(truncated, 1);
+  std::string dir = testing::FreshDir("parts");
+  for (int n : {2, 3, 5}) {
+    SCOPED_TRACE("N=" + std::to_string(n));
+    ExpectMergeEqualsSingle(*single, WriteParts(a, b, &a2, o, n, dir + "/n" + std::to_string(n)));
+  }
+}
+
+TEST(ShardMerge, APartIsNotJudgedAlone) {
+  TraceSet a = Load(Synth("ref", Reference()));
+  TraceSet b = Load(Synth("b", Config(1, 2, 2, "ds-4530", "local-mean")));
+  DiffOptions o;
+  o.shard = {1, 3};
+  auto c = CompareSets(a, b, o);
+  ASSERT_TRUE(c.ok());
+  auto r = JudgeComparison(*c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "the comparison holds " + std::to_string(c->params.size()) +
+                                      " of 14 parameters (shard 1/3): merge the parts before judging");
+}
+
+// Non-finite metrics must come back as they went: a NaN residual and an
+// infinite scale judge differently from null.
+TEST(PartialReport, RoundTripsNonFiniteNumbersAndEveryField) {
+  TraceSet a = Load(Synth("ref", Reference()));
+  TraceSet b = Load(Synth("b", Config(2, 1, 0, "mean", "local-mean")));
+  auto c = CompareSets(a, b, {});
+  ASSERT_TRUE(c.ok());
+  c->params[0].metrics.scale = std::numeric_limits<double>::infinity();
+  c->params[0].metrics.residual = std::nan("");
+  c->params[0].metrics.cosine = -std::numeric_limits<double>::infinity();
+  c->params[1].noise_rel_error = 0.1;
+  c->params[2].replica[1] = {0.25, 0, 1, "b/rank-00001.gtrace"};
+  std::string path = testing::FreshDir("p") + ".json";
+  ASSERT_TRUE(WriteFileAtomic(path, RenderPartialJson(*c)).ok());
+  auto back = ReadPartialJson(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(RenderPartialJson(*back), RenderPartialJson(*c));
+  const Metrics& m = back->params[0].metrics;
+  EXPECT_EQ(m.scale, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(m.residual));
+  EXPECT_EQ(m.cosine, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(back->params[1].noise_rel_error, 0.1);
+  EXPECT_FALSE(back->params[0].noise_rel_error.has_value());
+  EXPECT_EQ(back->params[2].replica[1].other_path, "b/rank-00001.gtrace");
+  EXPECT_EQ(back->params[2].replica[1].rel, 0.25);
+  EXPECT_EQ(back->a.config.SerializeAsString(), c->a.config.SerializeAsString());
+  EXPECT_EQ(back->b.config.SerializeAsString(), c->b.config.SerializeAsString());
+  EXPECT_EQ(ReadFile(path).find("\"scale\": \"Infinity\""), ReadFile(path).find("\"scale\": "));
+}
+
+class MergeErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = Load(Synth("ref", Reference()));
+    b_ = Load(Synth("b", Config(1, 2, 2, "ds-4530", "local-mean")));
+    dir_ = testing::FreshDir("parts");
+    parts_ = WriteParts(a_, b_, nullptr, {}, 3, dir_);
+    ASSERT_EQ(parts_.size(), 3u);
+  }
+  // The merge fails with exactly `message` (one line).
+  void ExpectError(const std::vector<std::string>& paths, const std::string& message) {
+    auto m = MergeParts(paths);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().message(), message);
+    EXPECT_EQ(m.status().message().find('\n'), std::string::npos);
+  }
+  // Part 2 rewritten with `edit` applied to its JSON.
+  std::string Edited(const std::function<void(json&)>& edit) {
+    json j = json::parse(ReadFile(parts_[2]));
+    edit(j);
+    std::string path = dir_ + "/edited.json";
+    EXPECT_TRUE(WriteFileAtomic(path, j.dump(2)).ok());
+    return path;
+  }
+  TraceSet a_, b_;
+  std::string dir_;
+  std::vector<std::string> parts_;
+};
+
+TEST_F(MergeErrors, AMissingPartIsNamed) {
+  ExpectError({parts_[0], parts_[2]}, "--merge: shard 1/3 missing (parts given: " + parts_[0] + ", " + parts_[2] + ")");
+}
+
+TEST_F(MergeErrors, ADuplicatePartIsNamed) {
+  fs::copy_file(parts_[1], dir_ + "/copy.json");
+  ExpectError({parts_[0], parts_[1], dir_ + "/copy.json", parts_[2]},
+              dir_ + "/copy.json: shard 1/3 given twice (also " + parts_[1] + ")");
+}
+
+TEST_F(MergeErrors, APartOfAnotherDiffIsRefused) {
+  TraceSet other = Load(Synth("other", Config(1, 4, 2, "ds-4530", "local-mean")));
+  auto foreign = WriteParts(a_, other, nullptr, {}, 3, dir_ + "/foreign");
+  auto mine = ReadPartialJson(parts_[0]);
+  auto theirs = ReadPartialJson(foreign[1]);
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  EXPECT_NE(mine->fingerprint, theirs->fingerprint);
+  ExpectError({parts_[0], foreign[1], parts_[2]}, foreign[1] + ": a part of a different diff (inputs fingerprint " +
+                                                      theirs->fingerprint + ", " + parts_[0] + " has " +
+                                                      mine->fingerprint + ")");
+  // Different options over the same traces are a different diff too.
+  DiffOptions o;
+  o.rtol = 0.5;
+  auto loose = WriteParts(a_, b_, nullptr, o, 3, dir_ + "/loose");
+  EXPECT_FALSE(MergeParts({parts_[0], loose[1], parts_[2]}).ok());
+}
+
+// Nodes may mount the traces at different paths: the fingerprint leaves the
+// directories out, and the merged report names shard 0's.
+TEST_F(MergeErrors, TheSameTracesElsewhereAreTheSameDiff) {
+  std::string copy = dir_ + "/elsewhere";
+  fs::copy(b_.dir(), copy);
+  TraceSet moved = Load(copy);
+  auto elsewhere = WriteParts(a_, moved, nullptr, {}, 3, dir_ + "/node2");
+  auto merged = MergeParts({elsewhere[1], parts_[2], parts_[0]});
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  EXPECT_EQ(merged->b.dir, b_.dir());
+  auto single = DiffSets(a_, b_, {});
+  auto report = JudgeComparison(*merged);
+  ASSERT_TRUE(single.ok() && report.ok());
+  EXPECT_EQ(RenderJson(*report), RenderJson(*single));
+}
+
+TEST_F(MergeErrors, PartsOfDifferentNAreRefused) {
+  auto halves = WriteParts(a_, b_, nullptr, {}, 2, dir_ + "/halves");
+  ExpectError({parts_[0], halves[1], parts_[2]},
+              halves[1] + ": shard 1/2, but " + parts_[0] + " is shard 0/3 (all parts must come from one N)");
+}
+
+TEST_F(MergeErrors, MalformedFilesAreOneLineNamingTheFile) {
+  std::string cut = dir_ + "/cut.json";
+  std::string text = ReadFile(parts_[2]);
+  ASSERT_TRUE(WriteFileAtomic(cut, text.substr(0, text.size() / 2)).ok());
+  auto m = MergeParts({parts_[0], parts_[1], cut});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message().rfind(cut + ": not JSON: parse error at line ", 0), 0u) << m.status().message();
+
+  ExpectError({parts_[0], parts_[1], dir_ + "/absent.json"}, dir_ + "/absent.json: cannot open");
+  std::string path = Edited([](json& j) { j["params"][0]["scale"] = "two"; });
+  ExpectError({parts_[0], parts_[1], path},
+              path +
+                  ": not a gradtrace-diff partial report: params[0].scale: expected a number, \"NaN\", "
+                  "\"Infinity\" or \"-Infinity\", found \"two\"");
+  path = Edited([](json& j) { j["params"][0].erase("replicas"); });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: params[0].replicas: missing");
+  path = Edited([](json& j) { j["kind"] = "report"; });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: kind: 'report', expected 'partial'");
+  path = Edited([](json& j) { j["schema_version"] = "2.0"; });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: schema_version: '2.0' (this gradtrace-diff reads 1.x)");
+  path = Edited([](json& j) { j = json::array(); });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: top level: expected an object");
+
+  // A full report is not a part.
+  auto single = DiffSets(a_, b_, {});
+  ASSERT_TRUE(single.ok());
+  std::string full = dir_ + "/full.json";
+  ASSERT_TRUE(WriteFileAtomic(full, RenderJson(*single)).ok());
+  ExpectError({full}, full +
+                          ": not a gradtrace-diff partial report: kind: missing: this is a full report; --merge "
+                          "reads the files --shard K/N --json wrote");
+}
+
+TEST_F(MergeErrors, AParameterInTwoPartsIsRefused) {
+  // Part 2 claims a parameter of part 0 (same fingerprint: a hand-edited or buggy part).
+  json p0 = json::parse(ReadFile(parts_[0]));
+  std::string path = Edited([&](json& j) { j["params"].push_back(p0["params"][0]); });
+  std::string name = p0["params"][0]["name"];
+  ExpectError({parts_[0], parts_[1], path}, path + ": parameter '" + name + "' (index " +
+                                                std::to_string(p0["params"][0]["index"].get<int>()) + ") also in " +
+                                                parts_[0]);
+}
+
+}  // namespace
+}  // namespace gradtrace::diff
