@@ -1,5 +1,6 @@
 #include "atomic_file.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,7 +9,24 @@
 
 namespace gradtrace::diff {
 
+namespace {
+
+Status WriteInPlace(const std::string& path, const std::string& content) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+  bool ok = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+  ok = (std::fflush(f) == 0) && ok;
+  int err = errno;
+  ok = (std::fclose(f) == 0) && ok;
+  return ok ? Status::Ok() : Status::IoError(path + ": write failed: " + std::strerror(err));
+}
+
+}  // namespace
+
 Status WriteFileAtomic(const std::string& path, const std::string& content) {
+  // Regression: `--json /dev/null` run as root renamed a regular file over /dev/null.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return WriteInPlace(path, content);
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return Status::IoError(path + ": cannot create: " + std::strerror(errno));

@@ -9,7 +9,10 @@
 namespace gradtrace::diff {
 
 // Writes `content` to `path` atomically (temp file in the same directory, then
-// rename). On failure `path` is untouched and the temp file removed.
+// rename). On failure `path` is untouched and the temp file removed. A path
+// that exists and is not a regular file (/dev/null, /dev/stdout, a FIFO) is
+// written directly: renaming over it would replace the device with a file.
+Status WriteFileAtomic(const std::string& path, const std::string& content);
 Status WriteFileAtomic(const std::string& path, const std::string& content);
 
 }  // namespace gradtrace::diff

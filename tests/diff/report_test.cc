@@ -1,7 +1,9 @@
 #include "report.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -105,6 +107,34 @@ TEST(AtomicFile, ReplacesWholeOrLeavesUntouched) {
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(st.message().rfind(dir + "/no/such/dir/x.json: ", 0), 0u) << st.message();
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // no temp files left
+}
+
+}  // namespace
+}  // namespace gradtrace::diff
+
+namespace gradtrace::diff {
+namespace {
+
+// Regression (found benchmarking as root): `--json /dev/null` renamed a regular
+// file over /dev/null. A path that is not a regular file is written in place.
+TEST(AtomicFile, DevNullStaysACharacterDevice) {
+  ASSERT_TRUE(WriteFileAtomic("/dev/null", "{}\n").ok());
+  struct stat st;
+  ASSERT_EQ(0, ::stat("/dev/null", &st));
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST(AtomicFile, RegularFileIsReplacedWhole) {
+  const std::string path = ::testing::TempDir() + "/gradtrace_atomic_file.json";
+  ASSERT_TRUE(WriteFileAtomic(path, "first, longer content\n").ok());
+  ASSERT_TRUE(WriteFileAtomic(path, "second\n").ok());
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(nullptr, f);
+  char buf[64] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  EXPECT_EQ("second\n", std::string(buf, n));
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+"""Format 1.0 traces (tests/fixtures/format-1.0, written by the 1.0 writer) read
+through the Python package as they did; 1.1 files carry the index catalogue."""
+
+import numpy as np
+
+import gradtrace
+from conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "format-1.0"
+
+
+def test_version_10_set_reads_with_its_index_but_no_catalogue():
+    readers = gradtrace.read_trace_set(FIXTURES / "sp2")
+    assert [r.rank for r in readers] == [0, 1]
+    for r in readers:
+        assert r.format_version == (1, 0)
+        assert r.has_index and not r.catalogued
+        buckets = [e for e in r.index() if e["type"] == "bucket"]
+        assert buckets and all(e["param_ids"] == [] and e["raw_len"] == 0 for e in buckets)
+        gradtrace.verify(r.path)
+        frames = [f for f in r.frames() if f["type"] == "bucket"]
+        assert len(frames) == len(buckets)
+        assert all(f["slices"] for f in frames)
+
+
+def test_version_11_index_catalogues_each_bucket_frame(tmp_path):
+    run_info = {"producer": "pytest", "rank": 0, "config": {"world": 1, "dp": 1, "sp": 1},
+                "params": [{"name": "a", "shape": [4], "dtype": "fp32"},
+                           {"name": "b", "shape": [3], "dtype": "fp32"}]}
+    path = tmp_path / "rank-00000.gtrace"
+    with gradtrace.TraceWriter(path, run_info) as w:
+        w.write_bucket({"step": 0, "phase": "POST_REDUCE", "group": "dp", "divisor": 2.0,
+                        "slices": [{"param_id": 1, "values": np.ones(3, np.float32)},
+                                   {"param_id": 0, "values": np.ones(4, np.float32)}]})
+    r = gradtrace.TraceReader(path)
+    assert r.format_version == gradtrace.FORMAT_VERSION and r.catalogued
+    (entry,) = r.index()
+    assert entry["param_ids"] == [0, 1]
+    assert entry["group"] == "dp" and entry["divisor"] == 2.0 and entry["raw_len"] > 0
