@@ -398,7 +398,7 @@ Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOption
   return JudgeComparison(*c);
 }
 
-Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+Expected<LoadedSets> LoadSets(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
   LoadOptions lo;
   lo.threads = options.threads;
   Progress reading("gradtrace-diff: reading", options.progress);
@@ -411,14 +411,20 @@ Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_d
   if (!a.ok()) return a.status();
   auto b = TraceSet::Load(b_dir, lo);
   if (!b.ok()) return b.status();
+  LoadedSets sets{std::move(*a), std::move(*b), std::nullopt};
   if (!options.noise_dir.empty()) {
     auto n = TraceSet::Load(options.noise_dir, lo);
     if (!n.ok()) return n.status();
-    reading.Finish();
-    return CompareSets(*a, *b, options, &*n);
+    sets.noise = std::move(*n);
   }
   reading.Finish();
-  return CompareSets(*a, *b, options, nullptr);
+  return sets;
+}
+
+Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  auto sets = LoadSets(a_dir, b_dir, options);
+  if (!sets.ok()) return sets.status();
+  return CompareSets(sets->a, sets->b, options, sets->noise ? &*sets->noise : nullptr);
 }
 
 Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {

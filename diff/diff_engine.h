@@ -70,6 +70,13 @@ struct Comparison {
   std::vector<ComparedParam> params;  // this shard's parameters, ascending index
 };
 
+// A, B and the optional --noise set, loaded (catalogued) with a progress line.
+struct LoadedSets {
+  TraceSet a, b;
+  std::optional<TraceSet> noise;
+};
+Expected<LoadedSets> LoadSets(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options);
+
 // Compare phase: B against A for the parameters of options.shard. Errors (bad
 // input) carry one line naming the file or directory.
 Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,

@@ -26,6 +26,9 @@ Json ConfigToJson(const pb::Config& c);
 // The inverse; InvalidArgument with protobuf's reason when `j` is not a Config.
 Status ConfigFromJson(const Json& j, pb::Config* c);
 
+// A whole report as --json writes it (report_json.cc).
+Json ReportToJson(const Report& r);
+
 // {"dir", "producer", "run_id", "world", "truncated"}; the config is separate.
 Json TraceSideToJson(const TraceSide& s);
 

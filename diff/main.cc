@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "partial_report.h"
 #include "report.h"
 #include "self_check.h"
+#include "step_table.h"
 
 namespace {
 
@@ -55,6 +57,31 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
   return 0;
 }
 
+// --step all: a row per step, then the first differing step in full. --html
+// gets that step's report (or the last step's when all match).
+int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtrace::diff::DiffOptions& o,
+                const std::string& json_path, const std::string& md_path, const std::string& html_path, size_t top) {
+  using namespace gradtrace;
+  auto table = diff::RunDiffAllSteps(a_dir, b_dir, o);
+  if (!table.ok()) return Fail(table.status().message());
+  const diff::Report* detail = table->FirstDifference();
+  if (detail == nullptr) detail = &table->steps.back();
+  const std::pair<const std::string&, std::string> outputs[] = {
+      {json_path, json_path.empty() ? "" : diff::RenderStepTableJson(*table)},
+      {md_path, md_path.empty() ? "" : diff::RenderStepTableMarkdown(*table)},
+      {html_path, html_path.empty() ? "" : diff::RenderHtml(*detail)}};
+  for (const auto& [path, content] : outputs) {
+    if (path.empty()) continue;
+    Status st = diff::WriteFileAtomic(path, content);
+    if (!st.ok()) return Fail(st.message());
+  }
+  bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+  std::string text = diff::RenderStepTableText(*table, colour, top);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return table->ExitCode();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,7 +94,7 @@ int main(int argc, char** argv) {
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
   std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path, shard_text;
   std::vector<std::string> merge_paths;
-  std::optional<int64_t> step;
+  std::string step_text;
   std::optional<double> rtol;
   std::vector<std::string> renames;
   int threads = 0;
@@ -77,7 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
   app.add_option("--phase", phase, "phase to compare: final, post or pre")
       ->check(CLI::IsMember({"final", "post", "pre"}));
-  app.add_option("--step", step, "step to compare (default: first step both sets recorded)");
+  app.add_option("--step", step_text,
+                 "step to compare, or 'all' for a table with a row per step (default: first step both sets recorded)");
   app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)")
       ->check(CLI::PositiveNumber);
   app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
@@ -98,6 +126,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return Fail(e.what());
   }
+
+  std::optional<int64_t> step;
+  const bool all_steps = step_text == "all";
+  if (!step_text.empty() && !all_steps) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(step_text.c_str(), &end, 10);
+    if (errno != 0 || end == step_text.c_str() || *end != '\0' || n < 0) {
+      return Fail("--step: expected a step number or 'all', got '" + step_text + "'");
+    }
+    step = n;
+  }
+  if (all_steps && (!self_dir.empty() || !shard_text.empty())) return Fail("--step all is for A B diffs only");
 
   Expected<diff::Report> report = Status::InvalidArgument("");
   if (!merge_paths.empty()) {
@@ -136,6 +177,7 @@ int main(int argc, char** argv) {
     o.threads = threads;
     o.progress = true;
     if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
+    if (all_steps) return RunAllSteps(a_dir, b_dir, o, json_path, md_path, html_path, top);
     report = diff::RunDiff(a_dir, b_dir, o);
   }
   if (!report.ok()) return Fail(report.status().message());

@@ -63,7 +63,7 @@ Json SelfParamJson(const SelfParam& p) {
 
 }  // namespace
 
-std::string RenderJson(const Report& r) {
+Json ReportToJson(const Report& r) {
   bool self = r.mode == "self";
   Json j = Json::object();
   j["schema_version"] = kSchemaVersion;
@@ -88,7 +88,9 @@ std::string RenderJson(const Report& r) {
   for (const auto& f : r.findings) j["findings"].push_back({{"kind", f.kind}, {"message", f.message}});
   j["self_params"] = Json::array();
   for (const auto& p : r.self_params) j["self_params"].push_back(SelfParamJson(p));
-  return DumpJson(j);
+  return j;
 }
+
+std::string RenderJson(const Report& r) { return DumpJson(ReportToJson(r)); }
 
 }  // namespace gradtrace::diff

@@ -166,6 +166,18 @@ truncate -s $(($(stat -c %s "$work/trunc/rank-00001.gtrace") - 200)) "$work/trun
 expect 1 "$diff_bin" "$work/ref" "$work/trunc"
 grep -qF '[truncated]' "$work/out" || fail "truncation not reported"
 
+# --step all: a row per step; exit 1 when any step differs, 0 when all match, 2 for a bad --step.
+"$synth" "$work/ref3" --steps 3
+"$synth" "$work/sp2_3" --steps 3 --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean
+expect 1 "$diff_bin" "$work/ref3" "$work/sp2_3" --step all --json "$work/steps.json"
+[ "$(grep -c '^ *[0-9]\+  scaled ' "$work/out")" = 3 ] || fail "--step all: 3 scaled rows expected: $(cat "$work/out")"
+grep -q '"mode": "steps"' "$work/steps.json" || fail "--step all JSON mode"
+expect 0 "$diff_bin" "$work/ref3" "$work/ref3" --step all
+expect 2 "$diff_bin" "$work/ref3" "$work/ref3" --step -1
+expect_one_line_error "--step: expected a step number or 'all'"
+expect 2 "$diff_bin" --self "$work/ref3" --step all
+expect_one_line_error "--step all is for A B diffs only"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1
