@@ -30,7 +30,7 @@ struct DiffOptions {
   int threads = 0;                   // 0 = all cores
   bool progress = false;             // allow a progress bar (still only on a TTY for large input)
   // Work unit: parameters read together, at most this many elements (or one parameter).
-  int64_t unit_elements = int64_t{1} << 22;
+  int64_t unit_elements = int64_t{1} << 20;
   Shard shard;  // --shard K/N: compare only this share of the aligned parameters
 };
 

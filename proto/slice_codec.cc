@@ -160,24 +160,25 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
 namespace {
 
 // out[i] += element i, for n elements W bytes wide, stored plain or
-// byte-shuffled; shuffled input is transposed a block at a time into a small
-// buffer that stays in L1.
-template <size_t W, typename ToDouble>
+// byte-shuffled. Shuffled input is reassembled straight from its W byte
+// planes (plane k holds byte k of every element), with no transposition
+// buffer: the loop vectorizes.
+template <size_t W, typename Bits, typename ToDouble>
 void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_double, double* out) {
-  constexpr size_t kBlock = 2048;
-  alignas(64) uint8_t buf[kBlock * W];
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t m = std::min(kBlock, n - begin);
-    const uint8_t* p = data + begin * W;
-    if (shuffled) {
-      for (size_t k = 0; k < W; ++k) {
-        const uint8_t* src = data + k * n + begin;
-        for (size_t i = 0; i < m; ++i) buf[i * W + k] = src[i];
-      }
-      p = buf;
+  if (!shuffled) {
+    for (size_t i = 0; i < n; ++i) {
+      Bits bits;
+      std::memcpy(&bits, data + i * W, W);
+      out[i] += to_double(bits);
     }
-    double* o = out + begin;
-    for (size_t i = 0; i < m; ++i) o[i] += to_double(p + i * W);
+    return;
+  }
+  const uint8_t* plane[W];
+  for (size_t k = 0; k < W; ++k) plane[k] = data + k * n;
+  for (size_t i = 0; i < n; ++i) {
+    Bits bits = 0;
+    for (size_t k = 0; k < W; ++k) bits |= static_cast<Bits>(plane[k][i]) << (8 * k);
+    out[i] += to_double(bits);
   }
 }
 
@@ -199,39 +200,25 @@ Status AddFullValues(const pb::Slice& slice, double* out) {
   const bool sh = slice.full().shuffled();
   switch (slice.dtype()) {
     case pb::FP32:
-      AddElements<4>(
-          p, n, sh,
-          [](const uint8_t* e) {
-            float f;
-            std::memcpy(&f, e, 4);
-            return static_cast<double>(f);
-          },
-          out);
+      AddElements<4, uint32_t>(
+          p, n, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); }, out);
       break;
     case pb::FP64:
-      AddElements<8>(
-          p, n, sh,
-          [](const uint8_t* e) {
-            double d;
-            std::memcpy(&d, e, 8);
-            return d;
-          },
-          out);
+      AddElements<8, uint64_t>(
+          p, n, sh, [](uint64_t b) { return std::bit_cast<double>(b); }, out);
       break;
     case pb::BF16:
-      AddElements<2>(
-          p, n, sh,
-          [](const uint8_t* e) {
-            const uint32_t bits = (static_cast<uint32_t>(e[0]) | static_cast<uint32_t>(e[1]) << 8) << 16;
-            float f;
-            std::memcpy(&f, &bits, 4);
-            return static_cast<double>(f);
-          },
-          out);
+      AddElements<2, uint16_t>(
+          p, n, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
       break;
     default:  // FP16: the exact widening lives in ElementToDouble
-      AddElements<2>(
-          p, n, sh, [](const uint8_t* e) { return ElementToDouble(pb::FP16, e); }, out);
+      AddElements<2, uint16_t>(
+          p, n, sh,
+          [](uint16_t b) {
+            const uint8_t e[2] = {static_cast<uint8_t>(b), static_cast<uint8_t>(b >> 8)};
+            return ElementToDouble(pb::FP16, e);
+          },
+          out);
       break;
   }
   return Status::Ok();

@@ -143,8 +143,8 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   if (left < h.stored_len) {
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
   }
-  // Buffers are reused across frames: a fresh 48 MiB allocation per frame
-  // costs more in page faults than the decompression itself.
+  // Buffers are reused across frames: a fresh allocation per frame costs
+  // more in page faults than the decompression itself.
   std::string& stored = stored_scratch_;
   stored.resize(h.stored_len);
   if (!ReadExact(file_, offset + format::kFrameHeaderSize, stored.data(), stored.size())) {

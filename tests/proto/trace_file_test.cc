@@ -179,7 +179,7 @@ TEST(TraceFile, EveryModeAndDTypeThroughAFile) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(raw[i], *DecodeFullBytes(full.slices(i))) << DTypeName(dtypes[i]);
 }
 
-// One record larger than kChunkTarget (~52 MB of fp32): written as several
+// One record larger than kChunkTarget (~8 MB of fp32): written as several
 // frames, none above kMaxFramePayload, joined back byte for byte.
 TEST(TraceFile, LargeRecordIsChunkedAndReassembled) {
   TempDir dir;

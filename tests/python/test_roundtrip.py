@@ -170,7 +170,7 @@ def test_dtype_conversion_on_write(tmp_path):
 
 
 def test_large_record_is_chunked_and_merged(tmp_path):
-    """A record above the codec's chunk target (48 MiB raw) is split across
+    """A record above the codec's chunk target (4 MiB raw) is split across
     frames; frames() joins it back unless asked not to."""
     path = tmp_path / "big.gtrace"
     n = 13_000_000  # 52 MB of fp32

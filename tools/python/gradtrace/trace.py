@@ -167,7 +167,7 @@ class TraceReader:
         "bucket_id", "phase" ("PRE_REDUCE" | "POST_REDUCE" | "FINAL"),
         "group", "bucket_numel", "partition_offset", "partition_count",
         "divisor", "chunk", "chunk_count", "last_slice_continues", "slices":
-        [...]}``. A record the writer split across frames (above ~48 MiB)
+        [...]}``. A record the writer split across frames (above ~4 MiB)
         arrives merged into one dict, its cut slices joined, unless
         ``merge_chunks=False`` (then one dict per chunk, ``chunk`` telling
         which). A record whose chunks a truncated file cut short is dropped,
