@@ -26,6 +26,7 @@ Combine CombineFor(pb::Phase phase) { return phase == pb::PRE_REDUCE ? Combine::
 Moments MomentsOf(const SideValues& v) {
   Moments m;
   for (double x : v.dense) m.Add(x);
+  for (float x : v.dense32) m.Add(x);
   return m;
 }
 
@@ -39,11 +40,16 @@ std::string Coverage(const char* side, const SideValues& v) {
 
 // B against A for one parameter, on the richest basis both sides share.
 Metrics CompareSides(const SideValues& a, const SideValues& b, std::string* note) {
-  if (a.complete() && b.complete()) return CompareValues(a.dense.data(), b.dense.data(), a.numel, Basis::kFull);
+  if (a.complete() && b.complete()) {
+    if (a.narrow && b.narrow) return CompareValues(a.dense32.data(), b.dense32.data(), a.numel, Basis::kFull);
+    if (a.narrow) return CompareValues(a.dense32.data(), b.dense.data(), a.numel, Basis::kFull);
+    if (b.narrow) return CompareValues(a.dense.data(), b.dense32.data(), a.numel, Basis::kFull);
+    return CompareValues(a.dense.data(), b.dense.data(), a.numel, Basis::kFull);
+  }
   // Sketch: shared positions, taking dense values where a side has them.
   auto value_at = [](const SideValues& v, int64_t pos, double* out) {
     if (v.has_full() && v.filled[pos]) {
-      *out = v.dense[pos];
+      *out = v.at(pos);
       return true;
     }
     auto it = v.sparse.find(pos);

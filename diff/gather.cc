@@ -15,11 +15,17 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
   }
   switch (slice.payload_case()) {
     case pb::Slice::kFull: {
-      if (v->dense.empty()) {
-        v->dense.assign(numel, 0.0);
+      if (v->narrow && slice.dtype() == pb::FP64) v->Widen();
+      if (!v->has_full()) {
+        if (v->narrow) {
+          v->dense32.assign(numel, 0.0f);
+        } else {
+          v->dense.assign(numel, 0.0);
+        }
         v->filled.assign(numel, 0);
       }
-      GT_RETURN_IF_ERROR(AddFullValues(slice, v->dense.data() + slice.offset()));
+      GT_RETURN_IF_ERROR(v->narrow ? AddFullValues(slice, v->dense32.data() + slice.offset())
+                                   : AddFullValues(slice, v->dense.data() + slice.offset()));
       uint8_t* filled = v->filled.data() + slice.offset();
       int64_t fresh = 0;
       for (int64_t i = 0; i < slice.count(); ++i) {
@@ -62,6 +68,54 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
   }
 }
 
+void SideValues::Widen() {
+  if (!narrow) return;
+  narrow = false;
+  dense.assign(dense32.begin(), dense32.end());
+  dense32 = {};
+}
+
+namespace {
+
+// Full values of one rank into the side's (same storage type): fills, sums or compares.
+template <typename T>
+void MergeDense(int rank, const std::vector<T>& in, const std::vector<uint8_t>& in_filled, int64_t numel,
+                Combine combine, std::vector<T>* dense, SideValues* side) {
+  if (dense->empty()) {
+    dense->assign(numel, T{0});
+    side->filled.assign(numel, 0);
+  }
+  double d2 = 0, ref2 = 0;
+  for (int64_t e = 0; e < numel; ++e) {
+    if (!in_filled[e]) continue;
+    if (!side->filled[e]) {
+      side->filled[e] = 1;
+      (*dense)[e] = in[e];
+      ++side->covered;
+    } else if (combine == Combine::kSum) {
+      (*dense)[e] += in[e];
+    } else {
+      double diff = static_cast<double>(in[e]) - static_cast<double>((*dense)[e]);
+      const double ref = static_cast<double>((*dense)[e]);
+      d2 += diff * diff;
+      ref2 += ref * ref;
+      side->replica_max_abs = std::max(side->replica_max_abs, std::fabs(diff));
+      ++side->replica_elems;
+    }
+  }
+  if (combine == Combine::kReplicas && ref2 + d2 > 0) {
+    side->replica_diff2 += d2;
+    side->replica_ref2 += ref2;
+    double rel = ref2 > 0 ? std::sqrt(d2 / ref2) : 1.0;
+    if (rel > side->replica_worst) {
+      side->replica_worst = rel;
+      side->replica_other = rank;
+    }
+  }
+}
+
+}  // namespace
+
 void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideValues* side) {
   side->numel = r.numel;
   side->ranks += 1;
@@ -76,35 +130,17 @@ void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideVa
     return;
   }
   if (r.has_full()) {
-    if (side->dense.empty()) {
-      side->dense.assign(r.numel, 0.0);
-      side->filled.assign(r.numel, 0);
+    // One storage type for both: a side without full values takes r's.
+    if (!side->has_full()) {
+      side->narrow = r.narrow;
+    } else if (r.narrow != side->narrow) {
+      r.Widen();
+      side->Widen();
     }
-    double d2 = 0, ref2 = 0;
-    for (int64_t e = 0; e < r.numel; ++e) {
-      if (!r.filled[e]) continue;
-      if (!side->filled[e]) {
-        side->filled[e] = 1;
-        side->dense[e] = r.dense[e];
-        ++side->covered;
-      } else if (combine == Combine::kSum) {
-        side->dense[e] += r.dense[e];
-      } else {
-        double diff = r.dense[e] - side->dense[e];
-        d2 += diff * diff;
-        ref2 += side->dense[e] * side->dense[e];
-        side->replica_max_abs = std::max(side->replica_max_abs, std::fabs(diff));
-        ++side->replica_elems;
-      }
-    }
-    if (combine == Combine::kReplicas && ref2 + d2 > 0) {
-      side->replica_diff2 += d2;
-      side->replica_ref2 += ref2;
-      double rel = ref2 > 0 ? std::sqrt(d2 / ref2) : 1.0;
-      if (rel > side->replica_worst) {
-        side->replica_worst = rel;
-        side->replica_other = rank;
-      }
+    if (side->narrow) {
+      MergeDense(rank, r.dense32, r.filled, r.numel, combine, &side->dense32, side);
+    } else {
+      MergeDense(rank, r.dense, r.filled, r.numel, combine, &side->dense, side);
     }
   }
   for (const auto& [pos, val] : r.sparse) {
@@ -170,6 +206,10 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
   for (int rank = 0; rank < set.world(); ++rank) {
     std::vector<SideValues> mine(ids.size());
     std::vector<uint8_t> touched(ids.size(), 0);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      // Float storage only where values are copied (replicas) and exact in float.
+      mine[i].narrow = combine == Combine::kReplicas && table[ids[i]].dtype() != pb::FP64;
+    }
     for (const FrameRef* f : frames[rank]) {
       bool wanted = std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return slot.count(id); });
       if (!wanted) continue;

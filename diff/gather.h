@@ -27,8 +27,13 @@ namespace gradtrace::diff {
 // One parameter's values on one side, in whatever modes the slices carried.
 struct SideValues {
   int64_t numel = 0;
-  // Full mode: dense values and which elements were seen.
-  std::vector<double> dense;
+  // Full mode: dense values and which elements were seen. Values are kept as
+  // float (`narrow`, set by the gatherer before the first slice) when they are
+  // exact in float and only copied, not summed: half the memory and memory
+  // traffic; otherwise (fp64, or sums over ranks) as double.
+  bool narrow = false;
+  std::vector<float> dense32;  // narrow
+  std::vector<double> dense;   // !narrow
   std::vector<uint8_t> filled;
   int64_t covered = 0;
   // Sketch mode: position -> value.
@@ -45,7 +50,10 @@ struct SideValues {
   double replica_worst = 0;                   // worst per-rank relative disagreement
   int ranks = 0;                              // ranks that contributed
 
-  bool has_full() const { return !dense.empty(); }
+  bool has_full() const { return !dense.empty() || !dense32.empty(); }
+  double at(int64_t e) const { return narrow ? static_cast<double>(dense32[e]) : dense[e]; }
+  // Switches to double storage (an fp64 slice arrived, or merging with a wide side).
+  void Widen();
   bool complete() const { return has_full() && covered == numel; }
 };
 

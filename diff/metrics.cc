@@ -71,7 +71,10 @@ void Moments::Merge(const Moments& o) {
   nonfinite += o.nonfinite;
 }
 
-Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis) {
+template <typename A, typename B>
+Metrics CompareValues(const A* a_in, const B* b_in, int64_t n, Basis basis) {
+  auto a = [a_in](int64_t i) { return static_cast<double>(a_in[i]); };
+  auto b = [b_in](int64_t i) { return static_cast<double>(b_in[i]); };
   Metrics m;
   m.basis = basis;
   m.compared = n;
@@ -82,11 +85,11 @@ Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis) 
   int64_t bad_a = 0, bad_b = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int lane = static_cast<int>(i & 3);
-    bad_a += !std::isfinite(a[i]);
-    bad_b += !std::isfinite(b[i]);
-    aa4[lane] += a[i] * a[i];
-    ab4[lane] += a[i] * b[i];
-    bb4[lane] += b[i] * b[i];
+    bad_a += !std::isfinite(a(i));
+    bad_b += !std::isfinite(b(i));
+    aa4[lane] += a(i) * a(i);
+    ab4[lane] += a(i) * b(i);
+    bb4[lane] += b(i) * b(i);
   }
   m.nonfinite_a = bad_a;
   m.nonfinite_b = bad_b;
@@ -102,8 +105,8 @@ Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis) 
   const double s = aa > 0 ? m.scale : 0;
   for (int64_t i = 0; i < n; ++i) {
     const int lane = static_cast<int>(i & 3);
-    double r = b[i] - s * a[i];
-    double e = b[i] - a[i];
+    double r = b(i) - s * a(i);
+    double e = b(i) - a(i);
     res4[lane] += r * r;
     err4[lane] += e * e;
     max_abs = std::max(max_abs, std::fabs(e));
@@ -121,6 +124,11 @@ Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis) 
   }
   return m;
 }
+
+template Metrics CompareValues(const double*, const double*, int64_t, Basis);
+template Metrics CompareValues(const float*, const float*, int64_t, Basis);
+template Metrics CompareValues(const float*, const double*, int64_t, Basis);
+template Metrics CompareValues(const double*, const float*, int64_t, Basis);
 
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
   Metrics m;

@@ -41,7 +41,10 @@ struct Metrics {
 
 // a and b are n aligned values. Two-pass (s first, then the residual directly),
 // so a residual far below sqrt(double epsilon) is still measured, not cancelled.
-Metrics CompareValues(const double* a, const double* b, int64_t n, Basis basis);
+// A and B are double or float (full values of at most 32-bit dtypes are kept
+// as float); sums are always double.
+template <typename A, typename B>
+Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis);
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only);
 
 // match: rel_error <= rtol; scaled: residual <= rtol (B is s·A, s != 1);

@@ -218,7 +218,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
           for (int64_t e = 0; e < p.numel; ++e) {
             if (!p.filled[e]) continue;
             ++held_total;
-            if (s.filled[e]) add(s.dense[e], p.dense[e]);
+            if (s.filled[e]) add(s.at(e), p.at(e));
           }
         } else if (!p.sparse.empty()) {
           for (const auto& [pos, pv] : p.sparse) {
@@ -226,7 +226,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
             if (it != s.sparse.end())
               add(it->second, pv);
             else if (s.has_full() && s.filled[pos])
-              add(s.dense[pos], pv);
+              add(s.at(pos), pv);
           }
         } else if (p.has_stats && s.has_stats) {
           add(s.moments.sum, p.moments.sum);  // sums only: exact when POST covers what PRE summed

@@ -163,13 +163,13 @@ namespace {
 // byte-shuffled. Shuffled input is reassembled straight from its W byte
 // planes (plane k holds byte k of every element), with no transposition
 // buffer: the loop vectorizes.
-template <size_t W, typename Bits, typename ToDouble>
-void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_double, double* out) {
+template <size_t W, typename Bits, typename ToDouble, typename T>
+void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_double, T* out) {
   if (!shuffled) {
     for (size_t i = 0; i < n; ++i) {
       Bits bits;
       std::memcpy(&bits, data + i * W, W);
-      out[i] += to_double(bits);
+      out[i] += static_cast<T>(to_double(bits));
     }
     return;
   }
@@ -178,13 +178,14 @@ void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_doubl
   for (size_t i = 0; i < n; ++i) {
     Bits bits = 0;
     for (size_t k = 0; k < W; ++k) bits |= static_cast<Bits>(plane[k][i]) << (8 * k);
-    out[i] += to_double(bits);
+    out[i] += static_cast<T>(to_double(bits));
   }
 }
 
 }  // namespace
 
-Status AddFullValues(const pb::Slice& slice, double* out) {
+template <typename T>
+Status AddFullValues(const pb::Slice& slice, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
   if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
   const size_t w = DTypeSize(slice.dtype());
@@ -195,6 +196,7 @@ Status AddFullValues(const pb::Slice& slice, double* out) {
     return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
                               std::to_string(w) + " bytes, got " + std::to_string(data.size()) + ")");
   }
+  if (sizeof(T) < 8 && slice.dtype() == pb::FP64) return Status::InvalidArgument("fp64 slice into float values");
   const auto* p = reinterpret_cast<const uint8_t*>(data.data());
   const auto n = static_cast<size_t>(count);
   const bool sh = slice.full().shuffled();
@@ -223,6 +225,9 @@ Status AddFullValues(const pb::Slice& slice, double* out) {
   }
   return Status::Ok();
 }
+
+template Status AddFullValues<double>(const pb::Slice& slice, double* out);
+template Status AddFullValues<float>(const pb::Slice& slice, float* out);
 
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {
   Expected<std::string> bytes = DecodeFullBytes(slice);

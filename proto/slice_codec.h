@@ -48,10 +48,13 @@ pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, p
 // Values of a full slice widened to double, in element order. Checks that the
 // payload size matches count * DTypeSize(dtype).
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice);
-// Adds the values of a full slice, widened to double, onto out[0, count):
-// unshuffle, widening and accumulation in one pass, without a temporary the
-// size of the slice. Checks the payload size as DecodeFullValues does.
-Status AddFullValues(const pb::Slice& slice, double* out);
+// Adds the values of a full slice onto out[0, count): unshuffle, widening and
+// accumulation in one pass, without a temporary the size of the slice. Checks
+// the payload size as DecodeFullValues does. T is double, or float for slices
+// of at most 32-bit dtypes (exact: fp32, bf16 and fp16 values are floats);
+// an fp64 slice into float is InvalidArgument.
+template <typename T>
+Status AddFullValues(const pb::Slice& slice, T* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 
