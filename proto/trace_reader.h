@@ -40,6 +40,9 @@ class TraceReader {
   uint64_t file_size() const { return file_size_; }
   bool has_index() const { return has_index_; }
   const pb::Index& index() const { return index_; }  // empty when !has_index()
+  // Why the index was ignored, when a frame of it exceeded the parse limits
+  // (LimitExceeded, naming the frame); ok otherwise. VerifyFile reports it.
+  const Status& index_status() const { return index_status_; }
 
   // Reads the next StepInfo or BucketRecord frame (index frames are skipped).
   // Returns true and fills *frame; returns false at the end of the frames,
@@ -82,6 +85,7 @@ class TraceReader {
   pb::RunInfo run_;
   pb::Index index_;
   bool has_index_ = false;
+  Status index_status_;
   Status status_;
   uint64_t stop_offset_ = 0;
   uint64_t stored_bytes_ = 0;

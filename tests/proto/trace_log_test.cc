@@ -304,6 +304,26 @@ TEST_F(TraceLogTest, TrailingBytesAfterTheZstdFrame) {
   EXPECT_EQ(At(prefix.size()) + "payload is not exactly one zstd frame", Read().status.message());
 }
 
+// Issue 12: a zstd skippable frame decodes to zero bytes, so with raw_len 0
+// it passed as an empty (valid) StepInfo. Every magic 0x184D2A50..5F is refused.
+TEST_F(TraceLogTest, ZstdSkippableFrameIsNotAPayload) {
+  const std::string prefix = testing::CraftedPrefix();
+  for (uint8_t variant : {0x50, 0x5a, 0x5f}) {
+    std::string skippable(
+        "\x00\x2a\x4d\x18\x04\x00\x00\x00"
+        "abcd",
+        12);  // magic, size 4, user data
+    skippable[0] = static_cast<char>(variant);
+    ASSERT_EQ(0u, ZSTD_getFrameContentSize(skippable.data(), skippable.size()));
+    ASSERT_EQ(skippable.size(), ZSTD_findFrameCompressedSize(skippable.data(), skippable.size()));
+    testing::WriteBytes(path_, prefix + testing::EncodeFrame(2, 1, skippable, 0));
+    ReadResult r = Read();
+    EXPECT_EQ(Status::Code::kCorruption, r.status.code());
+    EXPECT_EQ(At(prefix.size()) + "payload is a zstd skippable frame, not data", r.status.message());
+    EXPECT_EQ(r.status.message(), VerifyFile(path_).message());
+  }
+}
+
 // --- payloads ---------------------------------------------------------------------
 
 TEST_F(TraceLogTest, UnparsableProtobuf) {
@@ -418,6 +438,29 @@ TEST_F(TraceLogTest, VerifyFindsAnIndexThatOmitsAFrame) {
   Status s = VerifyFile(path_);
   EXPECT_EQ(Status::Code::kCorruption, s.code());
   EXPECT_EQ(At(FrameOffset(7)) + "index lists 5 frames, the file holds 6", s.message());
+}
+
+// Issue 12: VerifyFile counted frames of unknown (newer minor) types as data
+// frames, then rejected the index, which rightly omits them.
+TEST_F(TraceLogTest, VerifyIgnoresFramesOfNewerTypesThatTheIndexOmits) {
+  auto reader = TraceReader::Open(path_);
+  const pb::Index index = (*reader)->index();
+  ASSERT_EQ(6, index.entries_size());
+  // A type-9 frame after the last data frame; the index and footer move by its size.
+  const std::string extra = testing::PlainFrame(static_cast<format::FrameType>(9), "from minor 1");
+  uint8_t footer[format::kFooterSize];
+  frame_io::PutU64(footer, FrameOffset(7) + extra.size());
+  std::memcpy(footer + 8, format::kFooterMagic, 8);
+  bytes_ = bytes_.substr(0, FrameOffset(7)) + extra + bytes_.substr(FrameOffset(7), IndexEnd() - FrameOffset(7)) +
+           std::string(reinterpret_cast<const char*>(footer), sizeof footer);
+  SetByte(10, 1);  // minor 1, which may define type 9
+  ASSERT_TRUE((*TraceReader::Open(path_))->has_index());
+  ReadResult r = Read();
+  EXPECT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(written_, r.messages);
+  EXPECT_EQ(7u, r.offsets.size());  // the newer frame is returned, with no message set
+  Status s = VerifyFile(path_);
+  EXPECT_TRUE(s.ok()) << s.message();
 }
 
 // --- sweeps ---------------------------------------------------------------------------
