@@ -1,5 +1,6 @@
 #include "fuzz_common.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,6 +16,15 @@
 #include "trace_writer.h"
 
 namespace gradtrace::fuzz {
+namespace {
+
+// protobuf logs every invalid UTF-8 string it refuses; the fuzzer makes many.
+const bool kQuietProtobuf = [] {
+  google::protobuf::SetLogHandler(nullptr);
+  return true;
+}();
+
+}  // namespace
 
 pb::RunInfo FuzzRun() {
   pb::RunInfo run;
@@ -160,10 +170,14 @@ void Fail(const std::string& what) {
   std::abort();
 }
 
+void CheckOneLine(const Status& s) {
+  if (s.message().find_first_of("\n\r") != std::string::npos) Fail("error message spans lines: " + s.message());
+}
+
 void CheckErrorLine(const Status& s, const std::string& path) {
   if (s.ok()) return;
   const std::string& m = s.message();
-  if (m.find('\n') != std::string::npos) Fail("error message spans lines: " + m);
+  CheckOneLine(s);
   if (m.rfind(path + ": ", 0) != 0) Fail("error message does not start with the path: " + m);
   if (s.code() != Status::Code::kIoError && m.rfind(path + ": offset ", 0) != 0) {
     Fail("error message names no offset: " + m);

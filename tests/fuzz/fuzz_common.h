@@ -48,5 +48,7 @@ std::string Footer(uint64_t index_offset);
 [[noreturn]] void Fail(const std::string& what);
 // Every error of a reader is one line naming the file and an offset.
 void CheckErrorLine(const Status& s, const std::string& path);
+// A message without a location (from validate.h, parse_limits.h) is one line.
+void CheckOneLine(const Status& s);
 
 }  // namespace gradtrace::fuzz

@@ -17,8 +17,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static fuzz::MemFile* file = new fuzz::MemFile();
   pb::RunInfo run;
   const std::string payload(reinterpret_cast<const char*>(data), size);
-  if (!ParseBounded(payload, ParseLimitsFor(format::FrameType::kRunInfo), &run).ok()) return 0;
-  if (!ValidateRunInfo(run).ok()) return 0;
+  if (Status s = ParseBounded(payload, ParseLimitsFor(format::FrameType::kRunInfo), &run); !s.ok()) {
+    fuzz::CheckOneLine(s);
+    return 0;
+  }
+  if (Status s = ValidateRunInfo(run); !s.ok()) {
+    fuzz::CheckOneLine(s);
+    return 0;
+  }
   const std::string fingerprint = ModelFingerprint(run);
   for (int i = 0; i < run.params_size() && i < 8; ++i) {
     const std::vector<int64_t> pos = SketchPositions(run.params(i).name(), run.params(i).numel(), 4);

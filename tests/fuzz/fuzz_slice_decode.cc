@@ -52,8 +52,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const pb::RunInfo* run = new pb::RunInfo(fuzz::FuzzRun());
   pb::BucketRecord rec;
   const std::string payload(reinterpret_cast<const char*>(data), size);
-  if (!ParseBounded(payload, ParseLimitsFor(format::FrameType::kBucketRecord), &rec).ok()) return 0;
-  if (!ValidateBucketRecord(*run, rec).ok()) return 0;
+  if (Status s = ParseBounded(payload, ParseLimitsFor(format::FrameType::kBucketRecord), &rec); !s.ok()) {
+    fuzz::CheckOneLine(s);
+    return 0;
+  }
+  if (Status s = ValidateBucketRecord(*run, rec); !s.ok()) {
+    fuzz::CheckOneLine(s);
+    return 0;
+  }
   for (const pb::Slice& s : rec.slices()) CheckSlice(*run, s);
 
   // Split into small chunks and merge back, as the writer and readers do.
