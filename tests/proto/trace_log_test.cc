@@ -266,6 +266,34 @@ TEST_F(TraceLogTest, TooManyParamsIsRefused) {
   EXPECT_EQ(At(16) + "RunInfo lists 1048577 params (limit 1048576)", r.status.message());
 }
 
+// Fuzz finding (fuzz_run_info, crash-a595827d): a parameter name holding a
+// newline split the error message over two lines. Names are now escaped.
+TEST_F(TraceLogTest, FuzzParamNameWithANewlineStaysOnOneLine) {
+  pb::RunInfo run = testing::SmallRun();
+  run.mutable_params(0)->set_name("\nkale");
+  run.mutable_params(0)->set_id(4);
+  testing::WriteBytes(
+      path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+  ReadResult r = Read();
+  EXPECT_EQ(Status::Code::kCorruption, r.status.code());
+  EXPECT_EQ(At(16) + "param 0 '\\x0akale': id 4, expected 0", r.status.message());
+}
+
+// The same finding: a name of any length stays a short line (96 bytes, cut
+// between UTF-8 characters, never inside one).
+TEST_F(TraceLogTest, FuzzLongParamNameIsCutInTheMessage) {
+  pb::RunInfo run = testing::SmallRun();
+  std::string name = "x";
+  for (int i = 0; i < 100; ++i) name += "\xc3\xa9";  // 'é', 2 bytes each
+  run.mutable_params(1)->set_name(name);
+  run.mutable_params(1)->set_dtype(pb::DTYPE_UNSPECIFIED);
+  testing::WriteBytes(
+      path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+  std::string shown = "x";
+  for (int i = 0; i < 47; ++i) shown += "\xc3\xa9";  // 95 bytes: byte 96 would split a character
+  EXPECT_EQ(At(16) + "param 1 '" + shown + "'...: unknown dtype 0", Read().status.message());
+}
+
 // GitHub-style regression for a decompression bomb: a few hundred stored bytes
 // that inflate to 32 MiB, in a frame whose header claims 100 bytes. Must be
 // refused from the zstd frame header, with only raw_len bytes ever allocated.
