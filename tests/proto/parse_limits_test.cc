@@ -14,11 +14,12 @@
 
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define GT_ASAN 1
+// ASan and TSan reserve terabytes of address space up front: no RLIMIT_AS there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GT_RESERVING_SANITIZER 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GT_ASAN 1
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define GT_RESERVING_SANITIZER 1
 #endif
 #endif
 
@@ -174,11 +175,11 @@ std::string Describe(const Status& s) {
 
 // Runs `fn` in a child process whose address space may grow by `budget`
 // bytes at most (setrlimit(RLIMIT_AS)) and returns Describe() of its status,
-// or how the child died: a reader that allocates per object fails here. ASan
-// reserves terabytes of address space, so its builds run `fn` in-process.
+// or how the child died: a reader that allocates per object fails here.
+// Sanitizer builds that reserve address space run `fn` in-process.
 template <typename F>
 std::string ReadWithin(size_t budget, F fn) {
-#ifdef GT_ASAN
+#ifdef GT_RESERVING_SANITIZER
   (void)budget;
   return Describe(fn());
 #else
@@ -190,7 +191,12 @@ std::string ReadWithin(size_t budget, F fn) {
     const rlim_t cap = static_cast<rlim_t>(VmSizeBytes()) + budget;
     rlimit rl{cap, cap};
     setrlimit(RLIMIT_AS, &rl);
-    const std::string out = Describe(fn());
+    std::string out;
+    try {
+      out = Describe(fn());
+    } catch (const std::bad_alloc&) {  // the child must never return into gtest
+      out = "out of memory (std::bad_alloc)";
+    }
     ssize_t w = write(fds[1], out.data(), out.size());
     _exit(w == static_cast<ssize_t>(out.size()) ? 0 : 1);
   }
@@ -202,6 +208,7 @@ std::string ReadWithin(size_t budget, F fn) {
   int status = 0;
   waitpid(pid, &status, 0);
   if (WIFSIGNALED(status)) return "child killed by signal " + std::to_string(WTERMSIG(status));
+  if (WEXITSTATUS(status) != 0) return "child exited with status " + std::to_string(WEXITSTATUS(status));
   return out;
 #endif
 }
