@@ -270,7 +270,7 @@ bool TraceReader::TryLoadIndex() {
     pb::Index part;
     if (Status s = ParseBounded(raw.payload, ParseLimitsFor(format::FrameType::kIndex), &part); !s.ok()) {
       // Kept for VerifyFile: scanning does not parse index frames, so it would not see this.
-      if (s.code() == Status::Code::kLimitExceeded) index_status_ = At(Where(off), s);
+      index_status_ = At(Where(off), s);
       return false;
     }
     if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) return false;

@@ -40,8 +40,9 @@ class TraceReader {
   uint64_t file_size() const { return file_size_; }
   bool has_index() const { return has_index_; }
   const pb::Index& index() const { return index_; }  // empty when !has_index()
-  // Why the index was ignored, when a frame of it exceeded the parse limits
-  // (LimitExceeded, naming the frame); ok otherwise. VerifyFile reports it.
+  // Why the index was ignored when an index frame's payload could not be
+  // parsed within the limits (LimitExceeded or Corruption, naming the frame);
+  // ok otherwise. Scanning does not parse index frames; VerifyFile reports it.
   const Status& index_status() const { return index_status_; }
 
   // Reads the next StepInfo or BucketRecord frame (index frames are skipped).

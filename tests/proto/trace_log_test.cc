@@ -491,6 +491,23 @@ TEST_F(TraceLogTest, VerifyIgnoresFramesOfNewerTypesThatTheIndexOmits) {
   EXPECT_TRUE(s.ok()) << s.message();
 }
 
+// Issue 12: scanning does not parse index frames, so --verify called a file
+// valid whose index frame has a good CRC but an unparsable payload.
+TEST_F(TraceLogTest, VerifyReportsAnUnparsableIndexFrame) {
+  bytes_ = bytes_.substr(0, FrameOffset(7)) + testing::PlainFrame(format::FrameType::kIndex, "\xff\xff\xff");
+  uint8_t footer[format::kFooterSize];
+  frame_io::PutU64(footer, FrameOffset(7));
+  std::memcpy(footer + 8, format::kFooterMagic, 8);
+  bytes_ += std::string(reinterpret_cast<const char*>(footer), sizeof footer);
+  Commit();
+  ReadResult r = Read();
+  EXPECT_TRUE(r.status.ok()) << r.status.message();  // reading scans and returns every frame
+  EXPECT_EQ(written_, r.messages);
+  Status s = VerifyFile(path_);
+  EXPECT_EQ(Status::Code::kCorruption, s.code());
+  EXPECT_EQ(At(FrameOffset(7)) + "cannot parse Index payload (3 bytes)", s.message());
+}
+
 // --- sweeps ---------------------------------------------------------------------------
 
 // The offset where a reader of the file cut to `size` bytes must stop: the
