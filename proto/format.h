@@ -54,6 +54,31 @@ inline constexpr int64_t kMaxIndexEntries = 1 << 26;
 // their serialized size would pass kChunkTarget (entries carry param ids).
 inline constexpr int64_t kIndexEntriesPerFrame = 1 << 19;
 
+// Bounds on what parsing one frame payload may allocate, enforced by a
+// pre-pass over the wire bytes before ParseFromString (parse_limits.h).
+// Without them 64 MiB of 2-byte empty sub-messages become 32 million objects
+// (~3 GB). "Objects" are sub-messages (map entries included), repeated
+// string elements and unknown fields; parsed, each costs at most ~160 bytes
+// (a ParamInfo with its name and shape). Measured at these limits, a parse
+// peaks at 177 MB (RunInfo), 157 MB (BucketRecord), 77 MB (Index): under
+// three frame buffers (FORMAT.md 3.4). Each limit is what the largest
+// legitimate frame needs plus kParseObjectSlack (config, groups, map entries,
+// fields of newer minor versions):
+//   RunInfo: one ParamInfo per parameter (kMaxParams);
+//   StepInfo: no sub-messages;
+//   BucketRecord: a slice and its payload per parameter of the bucket;
+//   Index frame: an entry, and room for one sub-message each, per entry.
+inline constexpr int64_t kParseObjectSlack = 1 << 16;
+inline constexpr int64_t kMaxRunInfoObjects = kMaxParams + kParseObjectSlack;
+inline constexpr int64_t kMaxStepInfoObjects = kParseObjectSlack;
+inline constexpr int64_t kMaxBucketRecordObjects = 2 * kMaxParams + kParseObjectSlack;
+inline constexpr int64_t kMaxIndexFrameObjects = 2 * kIndexEntriesPerFrame + kParseObjectSlack;
+// Repeated numbers (packed or not) decode from as little as 1 wire byte to 8
+// bytes; a legitimate sketch (a position and a double, >= 9 wire bytes per
+// pair, 16 in memory) needs under 2 bytes per payload byte, so two frame
+// buffers.
+inline constexpr int64_t kMaxRepeatedScalarBytes = 2 * int64_t{kMaxFramePayload};
+
 enum class FrameType : uint8_t {
   kRunInfo = 1,
   kStepInfo = 2,

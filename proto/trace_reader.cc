@@ -1,7 +1,15 @@
 // Reads a trace file without trusting it. Order of checks for every frame:
-// declared sizes against the limits (before any allocation), then against the
-// bytes left (truncation), then the CRC, then type/codec/reserved, then the
-// decompressed size, then the protobuf, then the record's contents.
+//  1. declared sizes against the limits (before any allocation);
+//  2. against the bytes left (truncation);
+//  3. the CRC;
+//  4. type, reserved bits, codec;
+//  5. for zstd: not a skippable frame, content size == raw_len, exactly one
+//     frame, then the decompressed size;
+//  6. the protobuf: a pre-pass over the wire bytes counts the objects the
+//     parse would create and refuses more than the frame type's limit
+//     (parse_limits.h), so memory stays bounded while parsing, not after;
+//     then the parse itself;
+//  7. the record's contents (validate.h).
 #include "trace_reader.h"
 
 #include <sys/stat.h>
@@ -14,6 +22,7 @@
 #include "format.h"
 #include "frame_io.h"
 #include "index_entry.h"
+#include "parse_limits.h"
 #include "validate.h"
 
 namespace gradtrace {
@@ -36,6 +45,18 @@ std::string Hex(uint32_t v) {
 bool ReadExact(std::FILE* f, uint64_t offset, void* out, size_t n) {
   if (fseeko(f, static_cast<off_t>(offset), SEEK_SET) != 0) return false;
   return std::fread(out, 1, n, f) == n;
+}
+
+// `s` (Corruption or LimitExceeded, no location) prefixed with "<path>: offset <N>: ".
+Status At(const std::string& where, const Status& s) {
+  return s.code() == Status::Code::kLimitExceeded ? Status::LimitExceeded(where + s.message())
+                                                  : Status::Corruption(where + s.message());
+}
+
+// A zstd skippable frame decodes to nothing: it must not pass as an empty payload.
+bool IsSkippableZstdFrame(const std::string& stored) {
+  return stored.size() >= 4 && (frame_io::GetU32(reinterpret_cast<const uint8_t*>(stored.data())) &
+                                ZSTD_MAGIC_SKIPPABLE_MASK) == ZSTD_MAGIC_SKIPPABLE_START;
 }
 
 }  // namespace
@@ -100,14 +121,10 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
     return Status::Corruption(r->Where(at) + "first frame has type " + std::to_string(run.type) +
                               ", expected RunInfo (" + std::to_string(kRunInfo) + ")");
   }
-  if (!r->run_.ParseFromString(run.payload)) {
-    return Status::Corruption(r->Where(at) + "cannot parse RunInfo payload (" + std::to_string(run.raw_len) +
-                              " bytes)");
+  if (Status s = ParseBounded(run.payload, ParseLimitsFor(format::FrameType::kRunInfo), &r->run_); !s.ok()) {
+    return At(r->Where(at), s);
   }
-  if (Status s = ValidateRunInfo(r->run_); !s.ok()) {
-    return s.code() == Status::Code::kLimitExceeded ? Status::LimitExceeded(r->Where(at) + s.message())
-                                                    : Status::Corruption(r->Where(at) + s.message());
-  }
+  if (Status s = ValidateRunInfo(r->run_); !s.ok()) return At(r->Where(at), s);
   r->stored_bytes_ += run.stored_len;
   r->raw_bytes_ += run.raw_len;
   r->first_data_offset_ = r->pos_ = next;
@@ -178,6 +195,9 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
       // The zstd frame's own content size must agree with raw_len, so the
       // output buffer (raw_len <= kMaxFramePayload) is the only allocation and
       // decompression cannot write past it.
+      if (IsSkippableZstdFrame(stored)) {
+        return Status::Corruption(Where(offset) + "payload is a zstd skippable frame, not data");
+      }
       const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
       if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content != h.raw_len) {
         return Status::Corruption(Where(offset) + "zstd frame content size does not match raw_len " +
@@ -217,17 +237,16 @@ Status TraceReader::ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next) {
       return Status::Corruption(Where(offset) + "unexpected RunInfo frame (only the first frame may be RunInfo)");
     case kStepInfo:
       frame->step = std::make_unique<pb::StepInfo>();
-      if (!frame->step->ParseFromString(raw.payload)) {
+      if (Status s = ParseBounded(raw.payload, ParseLimitsFor(format::FrameType::kStepInfo), frame->step.get());
+          !s.ok()) {
         frame->step.reset();
-        return Status::Corruption(Where(offset) + "cannot parse StepInfo payload (" + std::to_string(raw.raw_len) +
-                                  " bytes)");
+        return At(Where(offset), s);
       }
       return Status::Ok();
     case kBucketRecord: {
       auto rec = std::make_unique<pb::BucketRecord>();
-      if (!rec->ParseFromString(raw.payload)) {
-        return Status::Corruption(Where(offset) + "cannot parse BucketRecord payload (" + std::to_string(raw.raw_len) +
-                                  " bytes)");
+      if (Status s = ParseBounded(raw.payload, ParseLimitsFor(format::FrameType::kBucketRecord), rec.get()); !s.ok()) {
+        return At(Where(offset), s);
       }
       if (Status s = ValidateBucketRecord(run_, *rec); !s.ok()) return Status::Corruption(Where(offset) + s.message());
       frame->bucket = std::move(rec);
@@ -254,7 +273,11 @@ bool TraceReader::TryLoadIndex() {
     uint64_t next = 0;
     if (!ReadRaw(off, footer, &raw, &next).ok() || raw.type != kIndex) return false;
     pb::Index part;
-    if (!part.ParseFromString(raw.payload)) return false;
+    if (Status s = ParseBounded(raw.payload, ParseLimitsFor(format::FrameType::kIndex), &part); !s.ok()) {
+      // Kept for VerifyFile: scanning does not parse index frames, so it would not see this.
+      index_status_ = At(Where(off), s);
+      return false;
+    }
     if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) return false;
     for (const pb::IndexEntry& e : part.entries()) {
       // Entries point at data frames, strictly ascending.
@@ -361,13 +384,14 @@ Status VerifyFile(const std::string& path) {
       e = CatalogueEntry(*f.bucket);
       e.set_raw_len(f.raw_len);
     } else {
-      continue;  // a frame type of a newer minor version: indexes do not list those
+      continue;  // a frame type of a newer minor version: not a data frame, and indexes rightly omit it
     }
     e.set_offset(f.offset);
     e.set_type(f.type);
     seen.push_back(std::move(e));
   }
   if (!r.status().ok()) return r.status();
+  if (!r.index_status().ok()) return r.index_status();
   if (!r.has_index()) return Status::Ok();
   const auto& entries = r.index().entries();
   for (size_t i = 0; i < seen.size() || i < static_cast<size_t>(entries.size()); ++i) {

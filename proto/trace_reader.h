@@ -47,6 +47,10 @@ class TraceReader {
   // then pick frames without decompressing any of them. Param ids are checked
   // against RunInfo's table.
   bool catalogued() const { return has_index_ && minor_ >= format::kMinorCataloguedIndex; }
+  // Why the index was ignored when an index frame's payload could not be
+  // parsed within the limits (LimitExceeded or Corruption, naming the frame);
+  // ok otherwise. Scanning does not parse index frames; VerifyFile reports it.
+  const Status& index_status() const { return index_status_; }
 
   // Reads the next StepInfo or BucketRecord frame (index frames are skipped).
   // Returns true and fills *frame; returns false at the end of the frames,
@@ -89,6 +93,7 @@ class TraceReader {
   pb::RunInfo run_;
   pb::Index index_;
   bool has_index_ = false;
+  Status index_status_;
   Status status_;
   uint64_t stop_offset_ = 0;
   uint64_t stored_bytes_ = 0;

@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -8,6 +9,29 @@
 
 namespace gradtrace {
 namespace {
+
+// A name from the file, safe inside a one-line message: control bytes
+// escaped as \xNN, at most kMaxQuoted bytes (cut at a UTF-8 boundary).
+std::string Quoted(const std::string& name) {
+  constexpr size_t kMaxQuoted = 96;
+  size_t n = name.size();
+  if (n > kMaxQuoted) {
+    n = kMaxQuoted;
+    while (n > 0 && (static_cast<uint8_t>(name[n]) & 0xc0) == 0x80) --n;  // not inside a character
+  }
+  std::string out = "'";
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<uint8_t>(name[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + (n < name.size() ? "'..." : "'");
+}
 
 std::string SliceWhere(int i, const pb::Slice& s) {
   return "slice " + std::to_string(i) + " (param " + std::to_string(s.param_id()) + ", elements [" +
@@ -69,7 +93,7 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
   }
   for (int i = 0; i < run.params_size(); ++i) {
     const pb::ParamInfo& p = run.params(i);
-    const std::string where = "param " + std::to_string(i) + " '" + p.name() + "'";
+    const std::string where = "param " + std::to_string(i) + " " + Quoted(p.name());
     if (p.id() != i)
       return Status::Corruption(where + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
     if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where + ": unknown dtype " + std::to_string(p.dtype()));

@@ -270,6 +270,34 @@ TEST_F(TraceLogTest, TooManyParamsIsRefused) {
   EXPECT_EQ(At(16) + "RunInfo lists 1048577 params (limit 1048576)", r.status.message());
 }
 
+// Fuzz finding (fuzz_run_info, crash-a595827d): a parameter name holding a
+// newline split the error message over two lines. Names are now escaped.
+TEST_F(TraceLogTest, FuzzParamNameWithANewlineStaysOnOneLine) {
+  pb::RunInfo run = testing::SmallRun();
+  run.mutable_params(0)->set_name("\nkale");
+  run.mutable_params(0)->set_id(4);
+  testing::WriteBytes(
+      path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+  ReadResult r = Read();
+  EXPECT_EQ(Status::Code::kCorruption, r.status.code());
+  EXPECT_EQ(At(16) + "param 0 '\\x0akale': id 4, expected 0", r.status.message());
+}
+
+// The same finding: a name of any length stays a short line (96 bytes, cut
+// between UTF-8 characters, never inside one).
+TEST_F(TraceLogTest, FuzzLongParamNameIsCutInTheMessage) {
+  pb::RunInfo run = testing::SmallRun();
+  std::string name = "x";
+  for (int i = 0; i < 100; ++i) name += "\xc3\xa9";  // 'é', 2 bytes each
+  run.mutable_params(1)->set_name(name);
+  run.mutable_params(1)->set_dtype(pb::DTYPE_UNSPECIFIED);
+  testing::WriteBytes(
+      path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+  std::string shown = "x";
+  for (int i = 0; i < 47; ++i) shown += "\xc3\xa9";  // 95 bytes: byte 96 would split a character
+  EXPECT_EQ(At(16) + "param 1 '" + shown + "'...: unknown dtype 0", Read().status.message());
+}
+
 // GitHub-style regression for a decompression bomb: a few hundred stored bytes
 // that inflate to 32 MiB, in a frame whose header claims 100 bytes. Must be
 // refused from the zstd frame header, with only raw_len bytes ever allocated.
@@ -306,6 +334,26 @@ TEST_F(TraceLogTest, TrailingBytesAfterTheZstdFrame) {
   const std::string prefix = testing::CraftedPrefix();
   testing::WriteBytes(path_, prefix + testing::EncodeFrame(2, 1, z + "junk", static_cast<uint32_t>(payload.size())));
   EXPECT_EQ(At(prefix.size()) + "payload is not exactly one zstd frame", Read().status.message());
+}
+
+// Issue 12: a zstd skippable frame decodes to zero bytes, so with raw_len 0
+// it passed as an empty (valid) StepInfo. Every magic 0x184D2A50..5F is refused.
+TEST_F(TraceLogTest, ZstdSkippableFrameIsNotAPayload) {
+  const std::string prefix = testing::CraftedPrefix();
+  for (uint8_t variant : {0x50, 0x5a, 0x5f}) {
+    std::string skippable(
+        "\x00\x2a\x4d\x18\x04\x00\x00\x00"
+        "abcd",
+        12);  // magic, size 4, user data
+    skippable[0] = static_cast<char>(variant);
+    ASSERT_EQ(0u, ZSTD_getFrameContentSize(skippable.data(), skippable.size()));
+    ASSERT_EQ(skippable.size(), ZSTD_findFrameCompressedSize(skippable.data(), skippable.size()));
+    testing::WriteBytes(path_, prefix + testing::EncodeFrame(2, 1, skippable, 0));
+    ReadResult r = Read();
+    EXPECT_EQ(Status::Code::kCorruption, r.status.code());
+    EXPECT_EQ(At(prefix.size()) + "payload is a zstd skippable frame, not data", r.status.message());
+    EXPECT_EQ(r.status.message(), VerifyFile(path_).message());
+  }
 }
 
 // --- payloads ---------------------------------------------------------------------
@@ -422,6 +470,46 @@ TEST_F(TraceLogTest, VerifyFindsAnIndexThatOmitsAFrame) {
   Status s = VerifyFile(path_);
   EXPECT_EQ(Status::Code::kCorruption, s.code());
   EXPECT_EQ(At(FrameOffset(7)) + "index lists 5 frames, the file holds 6", s.message());
+}
+
+// Issue 12: VerifyFile counted frames of unknown (newer minor) types as data
+// frames, then rejected the index, which rightly omits them.
+TEST_F(TraceLogTest, VerifyIgnoresFramesOfNewerTypesThatTheIndexOmits) {
+  auto reader = TraceReader::Open(path_);
+  const pb::Index index = (*reader)->index();
+  ASSERT_EQ(6, index.entries_size());
+  // A type-9 frame after the last data frame; the index and footer move by its size.
+  const std::string extra = testing::PlainFrame(static_cast<format::FrameType>(9), "from a newer minor");
+  uint8_t footer[format::kFooterSize];
+  frame_io::PutU64(footer, FrameOffset(7) + extra.size());
+  std::memcpy(footer + 8, format::kFooterMagic, 8);
+  bytes_ = bytes_.substr(0, FrameOffset(7)) + extra + bytes_.substr(FrameOffset(7), IndexEnd() - FrameOffset(7)) +
+           std::string(reinterpret_cast<const char*>(footer), sizeof footer);
+  SetByte(10, format::kMinorVersion + 1);  // a newer minor, which may define type 9
+  ASSERT_TRUE((*TraceReader::Open(path_))->has_index());
+  ReadResult r = Read();
+  EXPECT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_EQ(written_, r.messages);
+  EXPECT_EQ(7u, r.offsets.size());  // the newer frame is returned, with no message set
+  Status s = VerifyFile(path_);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+// Issue 12: scanning does not parse index frames, so --verify called a file
+// valid whose index frame has a good CRC but an unparsable payload.
+TEST_F(TraceLogTest, VerifyReportsAnUnparsableIndexFrame) {
+  bytes_ = bytes_.substr(0, FrameOffset(7)) + testing::PlainFrame(format::FrameType::kIndex, "\xff\xff\xff");
+  uint8_t footer[format::kFooterSize];
+  frame_io::PutU64(footer, FrameOffset(7));
+  std::memcpy(footer + 8, format::kFooterMagic, 8);
+  bytes_ += std::string(reinterpret_cast<const char*>(footer), sizeof footer);
+  Commit();
+  ReadResult r = Read();
+  EXPECT_TRUE(r.status.ok()) << r.status.message();  // reading scans and returns every frame
+  EXPECT_EQ(written_, r.messages);
+  Status s = VerifyFile(path_);
+  EXPECT_EQ(Status::Code::kCorruption, s.code());
+  EXPECT_EQ(At(FrameOffset(7)) + "cannot parse Index payload (3 bytes)", s.message());
 }
 
 // --- sweeps ---------------------------------------------------------------------------

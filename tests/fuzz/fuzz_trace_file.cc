@@ -1,0 +1,88 @@
+// libFuzzer target: a whole trace file, as gradtrace-inspect --verify reads it.
+// Opens it with and without the index, reads every frame (and every indexed
+// frame by offset), then runs VerifyFile; then the same with every frame's
+// checksum fixed, so that mutations reach the payloads. Beyond the sanitizers
+// it checks that every error is one line naming the file and an offset, and
+// that a record the reader returns decodes.
+#include <cstddef>
+#include <cstdint>
+
+#include "crc32c.h"
+#include "format.h"
+#include "frame_io.h"
+#include "fuzz_common.h"
+#include "slice_codec.h"
+#include "trace_reader.h"
+
+using namespace gradtrace;
+
+namespace {
+
+void CheckRecord(const pb::RunInfo& run, const pb::BucketRecord& rec) {
+  for (const pb::Slice& s : rec.slices()) {
+    if (!s.has_full()) continue;
+    Expected<std::vector<double>> v = DecodeFullValues(s);
+    if (!v.ok()) fuzz::Fail("a returned full slice does not decode: " + v.status().message());
+    if (static_cast<int64_t>(v->size()) != s.count()) fuzz::Fail("decoded element count differs from the slice's");
+    if (s.param_id() >= run.params_size()) fuzz::Fail("returned slice names an unknown param");
+  }
+}
+
+void ReadAndVerify(fuzz::MemFile* file) {
+  for (bool use_index : {true, false}) {
+    Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index});
+    if (!opened.ok()) {
+      fuzz::CheckErrorLine(opened.status(), file->path());
+      break;
+    }
+    TraceReader& r = **opened;
+    Frame f;
+    uint64_t last = 0;
+    while (r.Next(&f)) {
+      if (f.offset < last) fuzz::Fail("frames returned out of order");
+      last = f.offset;
+      if (f.bucket) CheckRecord(r.run_info(), *f.bucket);
+    }
+    fuzz::CheckErrorLine(r.status(), file->path());
+    fuzz::CheckErrorLine(r.index_status(), file->path());
+    if (r.has_index()) {
+      for (const pb::IndexEntry& e : r.index().entries()) {
+        Status s = r.ReadAt(e.offset(), &f);
+        fuzz::CheckErrorLine(s, file->path());
+        if (s.ok() && f.bucket) CheckRecord(r.run_info(), *f.bucket);
+      }
+    }
+  }
+  fuzz::CheckErrorLine(VerifyFile(file->path()), file->path());
+}
+
+// The input with every frame's checksum made right, walking frames by their
+// stored_len: without this almost every mutation stops at the CRC check.
+std::string FixChecksums(std::string bytes) {
+  uint64_t off = format::kFileHeaderSize;
+  while (off + format::kFrameHeaderSize <= bytes.size()) {
+    auto* p = reinterpret_cast<uint8_t*>(bytes.data()) + off;
+    const uint32_t stored = frame_io::GetU32(p);
+    if (stored > bytes.size() - off - format::kFrameHeaderSize) break;
+    const uint32_t crc =
+        crc32c::Extend(crc32c::Value(p + frame_io::kCrcCoveredHeaderOffset, 4), p + format::kFrameHeaderSize, stored);
+    frame_io::PutU32(p + 8, crc32c::Mask(crc));
+    off += format::kFrameHeaderSize + stored;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static fuzz::MemFile* file = new fuzz::MemFile();
+  file->Set(data, size);
+  ReadAndVerify(file);
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  const std::string fixed = FixChecksums(input);
+  if (fixed != input) {
+    file->Set(fixed);
+    ReadAndVerify(file);
+  }
+  return 0;
+}
