@@ -38,10 +38,10 @@ Expected<Comparison> MergeParts(const std::vector<std::string>& paths) {
     }
     owner[p.shard.k] = static_cast<int>(i);
   }
+  std::string given;  // for errors no single file is to blame for
+  for (const auto& path : paths) given += (given.empty() ? "" : ", ") + path;
   for (int k = 0; k < n; ++k) {
     if (owner[k] >= 0) continue;
-    std::string given;
-    for (const auto& path : paths) given += (given.empty() ? "" : ", ") + path;
     return Status::InvalidArgument("--merge: shard " + ShardName({k, n}) + " missing (parts given: " + given + ")");
   }
 
@@ -70,8 +70,8 @@ Expected<Comparison> MergeParts(const std::vector<std::string>& paths) {
   for (size_t index = 0; index < from.size(); ++index) {
     if (from[index] < 0) {
       return Status::InvalidArgument("--merge: parameter index " + std::to_string(index) + " of " +
-                                     std::to_string(merged.param_count) +
-                                     " is in no part (parts given: " + std::to_string(paths.size()) + ")");
+                                     std::to_string(merged.param_count) + " is in no part (parts given: " + given +
+                                     ")");
     }
   }
   std::sort(merged.params.begin(), merged.params.end(),

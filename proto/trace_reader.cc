@@ -268,6 +268,7 @@ bool TraceReader::TryLoadIndex() {
   if (index_offset < first_data_offset_ || index_offset > footer - format::kFrameHeaderSize) return false;
   pb::Index merged;
   uint64_t prev = 0;
+  bool first_entry = true;
   for (uint64_t off = index_offset; off < footer;) {
     RawFrame raw;
     uint64_t next = 0;
@@ -278,18 +279,36 @@ bool TraceReader::TryLoadIndex() {
       index_status_ = At(Where(off), s);
       return false;
     }
-    if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) return false;
-    for (const pb::IndexEntry& e : part.entries()) {
+    // From here on the frames are sound but what they say is not: the scan
+    // cannot see that, so the reason is kept for VerifyFile.
+    auto refuse = [&](const std::string& what) {
+      index_status_ = Status::Corruption(Where(off) + what + ": index ignored");
+      return false;
+    };
+    if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) {
+      return refuse("index lists more than " + std::to_string(format::kMaxIndexEntries) + " entries");
+    }
+    for (int i = 0; i < part.entries_size(); ++i) {
+      const pb::IndexEntry& e = part.entries(i);
+      auto entry = [&] { return "index entry " + std::to_string(merged.entries_size() + i); };
       // Entries point at data frames, strictly ascending.
-      if (e.offset() < first_data_offset_ || e.offset() >= index_offset ||
-          (merged.entries_size() > 0 && e.offset() <= prev)) {
-        return false;
+      if (e.offset() < first_data_offset_ || e.offset() >= index_offset) {
+        return refuse(entry() + " points at offset " + std::to_string(e.offset()) + ", outside the data frames [" +
+                      std::to_string(first_data_offset_) + ", " + std::to_string(index_offset) + ")");
       }
+      if (!first_entry && e.offset() <= prev) {
+        return refuse(entry() + " (offset " + std::to_string(e.offset()) + ") is not after the previous one (offset " +
+                      std::to_string(prev) + ")");
+      }
+      first_entry = false;
       prev = e.offset();
       // Catalogued param ids: distinct, ascending, inside the parameter table.
       int32_t last_id = -1;
       for (int32_t id : e.param_ids()) {
-        if (id <= last_id || id >= run_.params_size()) return false;
+        if (id <= last_id || id >= run_.params_size()) {
+          return refuse(entry() + " lists parameter id " + std::to_string(id) + " (table has " +
+                        std::to_string(run_.params_size()) + ", ids ascending)");
+        }
         last_id = id;
       }
     }

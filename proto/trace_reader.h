@@ -47,9 +47,11 @@ class TraceReader {
   // then pick frames without decompressing any of them. Param ids are checked
   // against RunInfo's table.
   bool catalogued() const { return has_index_ && minor_ >= format::kMinorCataloguedIndex; }
-  // Why the index was ignored when an index frame's payload could not be
-  // parsed within the limits (LimitExceeded or Corruption, naming the frame);
-  // ok otherwise. Scanning does not parse index frames; VerifyFile reports it.
+  // Why the index was ignored when its frames are sound but their content is
+  // not: a payload that does not parse within the limits (LimitExceeded or
+  // Corruption), or entries outside the data, out of order or naming
+  // parameters the table lacks (Corruption, naming the frame). Ok otherwise.
+  // Reading then scans, which cannot see these; VerifyFile reports them.
   const Status& index_status() const { return index_status_; }
 
   // Reads the next StepInfo or BucketRecord frame (index frames are skipped).

@@ -278,6 +278,17 @@ TEST_F(MergeErrors, AMissingPartIsNamed) {
   ExpectError({parts_[0], parts_[2]}, "--merge: shard 1/3 missing (parts given: " + parts_[0] + ", " + parts_[2] + ")");
 }
 
+// Fuzz finding (fuzz_partial_report): a part that lost a parameter was
+// reported by count only ("parts given: 1"), naming no file.
+TEST_F(MergeErrors, AParameterInNoPartNamesTheParts) {
+  const std::string edited = Edited([](json& j) { j["params"].erase(j["params"].begin()); });
+  const int64_t index = json::parse(ReadFile(parts_[2]))["params"][0]["index"];
+  const int64_t count = json::parse(ReadFile(parts_[2]))["param_count"];
+  ExpectError({parts_[0], parts_[1], edited}, "--merge: parameter index " + std::to_string(index) + " of " +
+                                                  std::to_string(count) + " is in no part (parts given: " + parts_[0] +
+                                                  ", " + parts_[1] + ", " + edited + ")");
+}
+
 TEST_F(MergeErrors, ADuplicatePartIsNamed) {
   fs::copy_file(parts_[1], dir_ + "/copy.json");
   ExpectError({parts_[0], parts_[1], dir_ + "/copy.json", parts_[2]},

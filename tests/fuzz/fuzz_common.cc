@@ -80,8 +80,10 @@ std::string Elements(int64_t n, pb::DType dtype, uint32_t seed) {
 
 }  // namespace
 
-Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool index) {
-  const pb::RunInfo run = FuzzRun();
+Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool index, int rank) {
+  pb::RunInfo run = FuzzRun();
+  run.set_rank(rank);
+  run.set_dp_rank(rank);
   WriterOptions options;
   options.write_index = index;
   auto w = TraceWriter::Open(path, run, options);
@@ -172,6 +174,12 @@ void Fail(const std::string& what) {
 
 void CheckOneLine(const Status& s) {
   if (s.message().find_first_of("\n\r") != std::string::npos) Fail("error message spans lines: " + s.message());
+}
+
+void CheckErrorNaming(const Status& s, const std::string& needle) {
+  if (s.ok()) return;
+  CheckOneLine(s);
+  if (s.message().find(needle) == std::string::npos) Fail("error message does not name " + needle + ": " + s.message());
 }
 
 void CheckErrorLine(const Status& s, const std::string& path) {

@@ -19,7 +19,8 @@ pb::RunInfo FuzzRun();
 // Writes a trace of FuzzRun(): two steps, each a StepInfo and one bucket
 // record per phase holding a slice of every parameter (the first one cut in
 // two), in `mode`. With `index` false the writer stops without index and footer.
-Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool index);
+// `rank`: 0 or 1 of the two-rank run (a trace set needs both).
+Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool index, int rank = 0);
 
 // The bytes of the stats-mode sample trace up to its index: the fixed prefix
 // that fuzz_index appends index frames to.
@@ -47,6 +48,8 @@ std::string Footer(uint64_t index_offset);
 // `what` and aborts, so libFuzzer saves the input as a crash.
 [[noreturn]] void Fail(const std::string& what);
 // Every error of a reader is one line naming the file and an offset.
+// For errors above the codec (the diff): one line that mentions `needle` (a file or directory).
+void CheckErrorNaming(const Status& s, const std::string& needle);
 void CheckErrorLine(const Status& s, const std::string& path);
 // A message without a location (from validate.h, parse_limits.h) is one line.
 void CheckOneLine(const Status& s);

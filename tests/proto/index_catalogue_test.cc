@@ -126,6 +126,41 @@ TEST(IndexCatalogue, ParamIdOutsideTheTableMakesTheReaderScan) {
   testing::ReadResult res = testing::ReadAll(path);
   EXPECT_TRUE(res.status.ok()) << res.status.message();
   EXPECT_EQ(1u, res.messages.size());
+  // Reading falls back to scanning; --verify says why.
+  const Status v = VerifyFile(path);
+  EXPECT_EQ(Status::Code::kCorruption, v.code());
+  EXPECT_NE(std::string::npos,
+            v.message().find(": index entry 0 lists parameter id " + std::to_string(run.params_size()) +
+                             " (table has " + std::to_string(run.params_size()) + ", ids ascending): index ignored"))
+      << v.message();
+}
+
+// Found in review (issue 12): entries were checked for ascending offsets only
+// across index frames, not within the first one.
+TEST(IndexCatalogue, EntriesOutOfOrderWithinOneFrameAreRefused) {
+  TempDir dir;
+  const std::string path = dir.File("t.gtrace");
+  testing::WriteSmallTrace(path, 2);
+  std::string bytes = testing::ReadBytes(path);
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  pb::Index index = (*r)->index();
+  ASSERT_GE(index.entries_size(), 2);
+  index.mutable_entries()->SwapElements(0, 1);
+  // Replace the index frame(s) with one holding the swapped entries; same footer target.
+  const uint64_t index_offset =
+      frame_io::GetU64(reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size() - format::kFooterSize);
+  bytes = bytes.substr(0, index_offset) + testing::PlainFrame(format::FrameType::kIndex, index.SerializeAsString()) +
+          bytes.substr(bytes.size() - format::kFooterSize);
+  testing::WriteBytes(path, bytes);
+  auto again = TraceReader::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_FALSE((*again)->has_index());
+  const Status v = VerifyFile(path);
+  EXPECT_EQ(Status::Code::kCorruption, v.code());
+  EXPECT_NE(std::string::npos, v.message().find("index entry 1 (offset " + std::to_string(index.entries(1).offset()) +
+                                                ") is not after the previous one"))
+      << v.message();
 }
 
 TEST(IndexCatalogue, AVersion10IndexIsAnIndexButNotACatalogue) {
