@@ -1,6 +1,7 @@
 #include "recorder.h"
 
 #include <ATen/ATen.h>
+#include <time.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -27,7 +28,7 @@ struct SliceCopy {
   int64_t offset = 0;
   int64_t count = 0;
   pb::DType dtype = pb::FP32;
-  std::unique_ptr<uint8_t[]> bytes;  // full mode; uninitialised on allocation: the copy fills it
+  std::unique_ptr<uint8_t[]> bytes;  // full mode
   size_t nbytes = 0;
   std::optional<pb::Slice> encoded;  // sketch and stats mode
 };
@@ -62,6 +63,14 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+// CPU time of the calling thread: what a writer thread takes from training,
+// unlike its wall time, which also counts waiting for a core.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
 std::string RankFileName(int rank) {
@@ -82,6 +91,11 @@ struct Recorder::Impl {
   std::condition_variable space_cv;  // writer threads -> producer: queue has room
   std::condition_variable order_cv;  // writer threads: whose turn it is to write
   std::deque<Job> queue;
+  // Full mode: host buffers of written slices, reused by later copies of the
+  // same size (every step has the same slices), so the copy on the training
+  // thread does not page-fault fresh memory. Bounded by max_queue_bytes.
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> free_buffers;
+  int64_t free_bytes = 0;
   int64_t queued_bytes = 0;
   uint64_t next_seq = 0;    // next sequence number handed out
   uint64_t next_write = 0;  // next sequence number allowed to write
@@ -141,13 +155,14 @@ struct Recorder::Impl {
         queue.pop_front();
       }
       // Encoding (byte-shuffle in full mode) runs unlocked and in parallel.
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = ThreadCpuSeconds();
       pb::BucketRecord rec;
       if (!job.step) Encode(job, &rec);
-      const auto t1 = std::chrono::steady_clock::now();
+      const double t1 = ThreadCpuSeconds();
       std::unique_lock<std::mutex> lock(mu);
+      for (SliceCopy& c : job.slices) Recycle(std::move(c));
       order_cv.wait(lock, [&] { return next_write == job.seq; });
-      const auto t2 = std::chrono::steady_clock::now();
+      const double t2 = ThreadCpuSeconds();
       if (enabled && error.ok()) {
         Status st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
         if (st.ok()) {
@@ -156,13 +171,33 @@ struct Recorder::Impl {
           Fail(st);
         }
       }
-      stats.encode_seconds += Seconds(t0, t1);
-      stats.write_seconds += Seconds(t2, std::chrono::steady_clock::now());
+      stats.encode_cpu_seconds += t1 - t0;
+      stats.write_cpu_seconds += ThreadCpuSeconds() - t2;
       ++next_write;
       queued_bytes -= job.bytes;
       order_cv.notify_all();
       space_cv.notify_all();
     }
+  }
+
+  void Recycle(SliceCopy&& c) {  // mu held
+    if (!c.bytes || free_bytes + static_cast<int64_t>(c.nbytes) > options.max_queue_bytes) return;
+    free_bytes += static_cast<int64_t>(c.nbytes);
+    free_buffers.emplace(c.nbytes, std::move(c.bytes));
+  }
+
+  std::unique_ptr<uint8_t[]> Buffer(size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = free_buffers.find(n);
+      if (it != free_buffers.end()) {
+        std::unique_ptr<uint8_t[]> b = std::move(it->second);
+        free_buffers.erase(it);
+        free_bytes -= static_cast<int64_t>(n);
+        return b;
+      }
+    }
+    return std::unique_ptr<uint8_t[]>(new uint8_t[n]);  // uninitialised: the copy fills it
   }
 
   Status Enqueue(Job job) {
@@ -268,7 +303,7 @@ Status Recorder::RecordBucket(const BucketMeta& meta, const std::vector<SliceRef
       // Full mode's only work here: one copy to host memory.
       const at::Tensor host = flat.to(at::kCPU).contiguous();
       copy.nbytes = host.nbytes();
-      copy.bytes.reset(new uint8_t[copy.nbytes]);
+      copy.bytes = impl_->Buffer(copy.nbytes);
       std::memcpy(copy.bytes.get(), host.data_ptr(), copy.nbytes);
       job.bytes += static_cast<int64_t>(copy.nbytes);
     } else {

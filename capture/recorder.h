@@ -82,8 +82,8 @@ class Recorder {
     uint64_t frames = 0, raw_bytes = 0, file_bytes = 0;
     double record_seconds = 0;         // training thread inside RecordBucket (copy or encode, and waits)
     double producer_wait_seconds = 0;  // of which blocked on a full queue
-    double encode_seconds = 0;         // writer threads: building records (byte-shuffle), summed over threads
-    double write_seconds = 0;          // writer threads: serialize, zstd, CRC, write and flush
+    double encode_cpu_seconds = 0;     // writer threads' CPU: building records (byte-shuffle)
+    double write_cpu_seconds = 0;      // writer threads' CPU: chunk, serialize, zstd, CRC, write, flush
   };
   Stats stats() const;
 

@@ -129,9 +129,9 @@ std::string CaptureSummary(const gc::Recorder::Stats& s) {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "capture(rank 0): %llu frames, %.1f MB raw, %.1f MB file; training thread %.3f s in capture "
-                "(%.3f s waiting for the writer); writer threads %.3f s encode, %.3f s write",
+                "(%.3f s waiting for the writer); writer threads CPU %.3f s encode, %.3f s write",
                 static_cast<unsigned long long>(s.frames), s.raw_bytes / 1e6, s.file_bytes / 1e6, s.record_seconds,
-                s.producer_wait_seconds, s.encode_seconds, s.write_seconds);
+                s.producer_wait_seconds, s.encode_cpu_seconds, s.write_cpu_seconds);
   return line;
 }
 

@@ -49,10 +49,37 @@ Expected<CaptureMode> ParseCaptureMode(const std::string& text) {
   return Status::InvalidArgument("invalid capture mode '" + text + "': expected full, sketch:K (K > 0) or stats");
 }
 
+namespace {
+
+// A block at a time, so that the input is read from memory once (not once per
+// byte plane) and each plane is written sequentially; W known at compile time
+// lets the compiler unroll the gather.
+template <size_t W>
+void ShuffleBlocks(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
+  const size_t w = W == 0 ? width : W;
+  constexpr size_t kBlock = 4096;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t m = n - begin < kBlock ? n - begin : kBlock;
+    const uint8_t* src = in + begin * w;
+    for (size_t j = 0; j < w; ++j) {
+      uint8_t* plane = out + j * n + begin;
+      for (size_t i = 0; i < m; ++i) plane[i] = src[i * w + j];
+    }
+  }
+}
+
+}  // namespace
+
 void ByteShuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
-  for (size_t j = 0; j < width; ++j) {
-    uint8_t* plane = out + j * n;
-    for (size_t i = 0; i < n; ++i) plane[i] = in[i * width + j];
+  switch (width) {
+    case 2:
+      return ShuffleBlocks<2>(in, n, width, out);
+    case 4:
+      return ShuffleBlocks<4>(in, n, width, out);
+    case 8:
+      return ShuffleBlocks<8>(in, n, width, out);
+    default:
+      return ShuffleBlocks<0>(in, n, width, out);
   }
 }
 
