@@ -162,9 +162,17 @@ struct Recorder::Impl {
       std::unique_lock<std::mutex> lock(mu);
       for (SliceCopy& c : job.slices) Recycle(std::move(c));
       order_cv.wait(lock, [&] { return next_write == job.seq; });
+      // Our turn: no other thread touches the writer until next_write moves,
+      // so compress and write unlocked; the producer must not wait on `mu`
+      // for the length of a zstd call.
+      const bool write = enabled && error.ok();
+      lock.unlock();
       const double t2 = ThreadCpuSeconds();
-      if (enabled && error.ok()) {
-        Status st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+      Status st;
+      if (write) st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+      const double t3 = ThreadCpuSeconds();
+      lock.lock();
+      if (write) {
         if (st.ok()) {
           ++stats.frames;
         } else {
@@ -172,7 +180,7 @@ struct Recorder::Impl {
         }
       }
       stats.encode_cpu_seconds += t1 - t0;
-      stats.write_cpu_seconds += ThreadCpuSeconds() - t2;
+      stats.write_cpu_seconds += t3 - t2;
       ++next_write;
       queued_bytes -= job.bytes;
       order_cv.notify_all();

@@ -115,6 +115,7 @@ int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, st
   ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
   ro.zstd_level = o.zstd_level;
   ro.writer_threads = o.writer_threads;
+  ro.max_queue_bytes = o.capture_queue_mb << 20;
   auto opened = gc::Recorder::Open(ro, run);
   if (!opened.ok()) {
     std::cerr << "gradtrace-train: rank " << rank << ": " << opened.status().message() << "\n";

@@ -60,6 +60,9 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--zstd-level", o.zstd_level, "zstd level of trace frames")->check(CLI::Range(1, 19));
   app.add_option("--writer-threads", o.writer_threads, "recorder threads that encode, compress and write")
       ->check(CLI::Range(1, 64));
+  app.add_option("--capture-queue-mb", o.capture_queue_mb,
+                 "MB of gradient copies that may wait for the writer before training blocks")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--final", o.final_mode, "FINAL phase: full gradient (gather) or owned partition slices")
       ->check(CLI::IsMember({"gather", "partition"}));
   app.add_option("--export-init", o.export_init,
