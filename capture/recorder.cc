@@ -139,7 +139,12 @@ struct Recorder::Impl {
     std::optional<std::vector<int64_t>>& p = sketch_positions[param_id];
     if (!p) {
       const pb::ParamInfo& info = run.params(param_id);
-      p = SketchPositions(info.name(), info.numel(), options.mode.k);
+      int64_t numel = info.numel();  // as MakeSlice: from the shape when unset
+      if (numel == 0) {
+        numel = 1;
+        for (int64_t d : info.shape()) numel *= d;
+      }
+      p = SketchPositions(info.name(), numel, options.mode.k);
     }
     return *p;
   }
