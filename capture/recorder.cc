@@ -1,6 +1,7 @@
 #include "recorder.h"
 
 #include <ATen/ATen.h>
+#include <time.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -11,19 +12,25 @@
 #include <mutex>
 #include <thread>
 
+#include "device_slice.h"
+#include "host_slice.h"
 #include "trace_writer.h"
 #include "validate.h"
 
 namespace gradtrace::capture {
 namespace {
 
-// A host copy of one slice, made on the training thread; encoded later.
+// One slice as the training thread hands it over: in full mode a host copy of
+// the elements, encoded later; in sketch and stats mode already encoded (the
+// payload is small and computing it costs less than copying the gradient).
 struct SliceCopy {
   int32_t param_id = 0;
   int64_t offset = 0;
   int64_t count = 0;
   pb::DType dtype = pb::FP32;
-  std::vector<uint8_t> bytes;
+  std::unique_ptr<uint8_t[]> bytes;  // full mode
+  size_t nbytes = 0;
+  std::optional<pb::Slice> encoded;  // sketch and stats mode
 };
 
 // One queued unit of work. Jobs carry a sequence number so that frames reach
@@ -52,6 +59,18 @@ Expected<pb::DType> DTypeOf(const at::Tensor& t) {
   }
 }
 
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU time of the calling thread: what a writer thread takes from training,
+// unlike its wall time, which also counts waiting for a core.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
 std::string RankFileName(int rank) {
@@ -64,6 +83,7 @@ struct Recorder::Impl {
   RecorderOptions options;
   pb::RunInfo run;
   std::vector<bool> wanted_params;
+  std::vector<std::optional<std::vector<int64_t>>> sketch_positions;  // per parameter, filled on first use
   std::unique_ptr<TraceWriter> writer;
 
   std::mutex mu;
@@ -71,6 +91,11 @@ struct Recorder::Impl {
   std::condition_variable space_cv;  // writer threads -> producer: queue has room
   std::condition_variable order_cv;  // writer threads: whose turn it is to write
   std::deque<Job> queue;
+  // Full mode: host buffers of written slices, reused by later copies of the
+  // same size (every step has the same slices), so the copy on the training
+  // thread does not page-fault fresh memory. Bounded by max_queue_bytes.
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> free_buffers;
+  int64_t free_bytes = 0;
   int64_t queued_bytes = 0;
   uint64_t next_seq = 0;    // next sequence number handed out
   uint64_t next_write = 0;  // next sequence number allowed to write
@@ -90,7 +115,7 @@ struct Recorder::Impl {
     }
   }
 
-  void Encode(const Job& job, pb::BucketRecord* rec) const {
+  void Encode(Job& job, pb::BucketRecord* rec) const {
     rec->set_step(job.meta.step);
     rec->set_micro_step(job.meta.micro_step);
     rec->set_bucket_id(job.meta.bucket_id);
@@ -100,9 +125,28 @@ struct Recorder::Impl {
     rec->set_partition_offset(job.meta.partition_offset);
     rec->set_partition_count(job.meta.partition_count);
     rec->set_divisor(job.meta.divisor);
-    for (const SliceCopy& s : job.slices) {
-      *rec->add_slices() = MakeSlice(run.params(s.param_id), s.offset, s.count, s.dtype, s.bytes.data(), options.mode);
+    for (SliceCopy& s : job.slices) {
+      if (s.encoded) {
+        *rec->add_slices() = std::move(*s.encoded);
+      } else {
+        *rec->add_slices() = MakeSlice(run.params(s.param_id), s.offset, s.count, s.dtype, s.bytes.get(), options.mode);
+      }
     }
+  }
+
+  // The parameter's SketchPositions, computed once (training thread only).
+  const std::vector<int64_t>& Positions(int32_t param_id) {
+    std::optional<std::vector<int64_t>>& p = sketch_positions[param_id];
+    if (!p) {
+      const pb::ParamInfo& info = run.params(param_id);
+      int64_t numel = info.numel();  // as MakeSlice: from the shape when unset
+      if (numel == 0) {
+        numel = 1;
+        for (int64_t d : info.shape()) numel *= d;
+      }
+      p = SketchPositions(info.name(), numel, options.mode.k);
+    }
+    return *p;
   }
 
   void WriterLoop() {
@@ -115,24 +159,58 @@ struct Recorder::Impl {
         job = std::move(queue.front());
         queue.pop_front();
       }
-      // Encoding (shuffle, sketch, stats) runs unlocked and in parallel.
+      // Encoding (byte-shuffle in full mode) runs unlocked and in parallel.
+      const double t0 = ThreadCpuSeconds();
       pb::BucketRecord rec;
       if (!job.step) Encode(job, &rec);
+      const double t1 = ThreadCpuSeconds();
       std::unique_lock<std::mutex> lock(mu);
+      for (SliceCopy& c : job.slices) Recycle(std::move(c));
       order_cv.wait(lock, [&] { return next_write == job.seq; });
-      if (enabled && error.ok()) {
-        Status st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+      // Our turn: no other thread touches the writer until next_write moves,
+      // so compress and write unlocked; the producer must not wait on `mu`
+      // for the length of a zstd call.
+      const bool write = enabled && error.ok();
+      lock.unlock();
+      const double t2 = ThreadCpuSeconds();
+      Status st;
+      if (write) st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+      const double t3 = ThreadCpuSeconds();
+      lock.lock();
+      if (write) {
         if (st.ok()) {
           ++stats.frames;
         } else {
           Fail(st);
         }
       }
+      stats.encode_cpu_seconds += t1 - t0;
+      stats.write_cpu_seconds += t3 - t2;
       ++next_write;
       queued_bytes -= job.bytes;
       order_cv.notify_all();
       space_cv.notify_all();
     }
+  }
+
+  void Recycle(SliceCopy&& c) {  // mu held
+    if (!c.bytes || free_bytes + static_cast<int64_t>(c.nbytes) > options.max_queue_bytes) return;
+    free_bytes += static_cast<int64_t>(c.nbytes);
+    free_buffers.emplace(c.nbytes, std::move(c.bytes));
+  }
+
+  std::unique_ptr<uint8_t[]> Buffer(size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = free_buffers.find(n);
+      if (it != free_buffers.end()) {
+        std::unique_ptr<uint8_t[]> b = std::move(it->second);
+        free_buffers.erase(it);
+        free_bytes -= static_cast<int64_t>(n);
+        return b;
+      }
+    }
+    return std::unique_ptr<uint8_t[]>(new uint8_t[n]);  // uninitialised: the copy fills it
   }
 
   Status Enqueue(Job job) {
@@ -143,7 +221,7 @@ struct Recorder::Impl {
     // so a single job larger than the limit cannot deadlock.
     auto t0 = std::chrono::steady_clock::now();
     space_cv.wait(lock, [&] { return queued_bytes == 0 || queued_bytes + job.bytes <= options.max_queue_bytes; });
-    stats.producer_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.producer_wait_seconds += Seconds(t0, std::chrono::steady_clock::now());
     job.seq = next_seq++;
     queued_bytes += job.bytes;
     queue.push_back(std::move(job));
@@ -172,6 +250,7 @@ Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& option
   for (const pb::ParamInfo& p : im.run.params()) {
     im.wanted_params.push_back(options.param_regex.empty() || std::regex_search(p.name(), re));
   }
+  im.sketch_positions.resize(im.run.params_size());
   WriterOptions wopts;
   wopts.zstd_level = options.zstd_level;
   auto writer = TraceWriter::Open(options.path, im.run, wopts);
@@ -212,6 +291,7 @@ Status Recorder::RecordStep(const pb::StepInfo& step) {
 
 Status Recorder::RecordBucket(const BucketMeta& meta, const std::vector<SliceRef>& slices) {
   if (!WantsStep(meta.step)) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
   Job job;
   job.meta = meta;
   for (const SliceRef& ref : slices) {
@@ -225,20 +305,35 @@ Status Recorder::RecordBucket(const BucketMeta& meta, const std::vector<SliceRef
                                      std::to_string(ref.offset + count) + ") is outside parameter " + p.name() +
                                      " of " + std::to_string(p.numel()) + " elements");
     }
-    // The only work on the training thread: one device-to-host copy.
-    at::Tensor host = ref.values.detach().reshape({-1}).to(at::kCPU).contiguous();
     SliceCopy copy;
     copy.param_id = ref.param_id;
     copy.offset = ref.offset;
     copy.count = count;
     copy.dtype = *dtype;
-    copy.bytes.resize(host.nbytes());
-    std::memcpy(copy.bytes.data(), host.data_ptr(), host.nbytes());
-    job.bytes += static_cast<int64_t>(copy.bytes.size());
+    const at::Tensor flat = ref.values.detach().reshape({-1});
+    const CaptureMode& mode = impl_->options.mode;
+    if (mode.kind == CaptureMode::Kind::kFull) {
+      // Full mode's only work here: one copy to host memory.
+      const at::Tensor host = flat.to(at::kCPU).contiguous();
+      copy.nbytes = host.nbytes();
+      copy.bytes = impl_->Buffer(copy.nbytes);
+      std::memcpy(copy.bytes.get(), host.data_ptr(), copy.nbytes);
+      job.bytes += static_cast<int64_t>(copy.nbytes);
+    } else {
+      const std::vector<int64_t>& positions = impl_->Positions(ref.param_id);
+      if (!flat.is_cpu() || impl_->options.device_path_on_cpu) {
+        copy.encoded = DeviceSlice(p, ref.offset, flat, *dtype, mode, positions);
+      } else {
+        copy.encoded = HostSlice(p, ref.offset, flat, *dtype, mode, positions);
+      }
+      job.bytes += static_cast<int64_t>(copy.encoded->ByteSizeLong());
+    }
     job.slices.push_back(std::move(copy));
   }
-  if (job.slices.empty()) return Status::Ok();
-  return impl_->Enqueue(std::move(job));
+  Status st = job.slices.empty() ? Status::Ok() : impl_->Enqueue(std::move(job));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->stats.record_seconds += Seconds(t0, std::chrono::steady_clock::now());
+  return st;
 }
 
 Status Recorder::Close() {

@@ -1,7 +1,10 @@
 // Recorder: what gradtrace-train (and any LibTorch program) calls to capture
-// gradients. The training thread only copies tensors (device to host on GPU)
-// into a bounded queue; encoding (shuffle, sketch, stats), zstd and file I/O
-// run on writer threads. A full queue blocks the producer (back-pressure), so
+// gradients. In full mode the training thread only copies tensors (device to
+// host on GPU) into a bounded queue; byte-shuffle, zstd and file I/O run on
+// writer threads. In sketch and stats mode the training thread computes the
+// small payload where the tensor lives (K gathers, or one pass at memory
+// bandwidth; on the GPU with torch ops, device_slice.h), which costs less than
+// the copy it replaces. A full queue blocks the producer (back-pressure), so
 // memory stays bounded by RecorderOptions::max_queue_bytes.
 #pragma once
 
@@ -31,7 +34,8 @@ struct RecorderOptions {
   int writer_threads = 1;
   int64_t max_queue_bytes = 256ll << 20;
   OnCaptureError on_error = OnCaptureError::kAbort;
-  int zstd_level = 3;
+  int zstd_level = 1;               // docs/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
+  bool device_path_on_cpu = false;  // tests: take the device path (device_slice.h) for CPU tensors too
 };
 
 // One contiguous range of one parameter's flattened gradient.
@@ -76,7 +80,10 @@ class Recorder {
 
   struct Stats {
     uint64_t frames = 0, raw_bytes = 0, file_bytes = 0;
-    double producer_wait_seconds = 0;  // time the training thread blocked on a full queue
+    double record_seconds = 0;         // training thread inside RecordBucket (copy or encode, and waits)
+    double producer_wait_seconds = 0;  // of which blocked on a full queue
+    double encode_cpu_seconds = 0;     // writer threads' CPU: building records (byte-shuffle)
+    double write_cpu_seconds = 0;      // writer threads' CPU: chunk, serialize, zstd, CRC, write, flush
   };
   Stats stats() const;
 

@@ -94,6 +94,48 @@ void AddGroup(const gc::NamedGroup& g, pb::RunInfo* run) {
   for (int r : g.ranks) pg->add_ranks(r);
 }
 
+// Creates --out and opens this rank's recorder. Returns 0, or the exit code
+// after printing why (a failure under --on-capture-error disable leaves
+// `recorder` empty and returns 0: training goes on without capture).
+int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, std::unique_ptr<gc::Recorder>* recorder) {
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) {
+    std::cerr << "gradtrace-train: rank " << rank << ": cannot create --out " << o.out << ": " << ec.message() << "\n";
+    return 1;
+  }
+  gc::RecorderOptions ro;
+  ro.path = (std::filesystem::path(o.out) / gc::RankFileName(rank)).string();
+  ro.mode = gradtrace::ParseCaptureMode(o.capture).value();
+  if (!o.capture_steps.empty()) {
+    auto steps = gc::ParseStepList(o.capture_steps).value();
+    ro.steps = std::set<int64_t>(steps.begin(), steps.end());
+  }
+  ro.param_regex = o.capture_params;
+  ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
+  ro.zstd_level = o.zstd_level;
+  ro.writer_threads = o.writer_threads;
+  ro.max_queue_bytes = o.capture_queue_mb << 20;
+  auto opened = gc::Recorder::Open(ro, run);
+  if (!opened.ok()) {
+    std::cerr << "gradtrace-train: rank " << rank << ": " << opened.status().message() << "\n";
+    return o.on_capture_error == "abort" ? 1 : 0;
+  }
+  *recorder = std::move(opened).value();
+  return 0;
+}
+
+// Rank 0's capture cost in one line (tools/bench/capture_overhead reads it).
+std::string CaptureSummary(const gc::Recorder::Stats& s) {
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "capture(rank 0): %llu frames, %.1f MB raw, %.1f MB file; training thread %.3f s in capture "
+                "(%.3f s waiting for the writer); writer threads CPU %.3f s encode, %.3f s write",
+                static_cast<unsigned long long>(s.frames), s.raw_bytes / 1e6, s.file_bytes / 1e6, s.record_seconds,
+                s.producer_wait_seconds, s.encode_cpu_seconds, s.write_cpu_seconds);
+  return line;
+}
+
 // Identical on every rank: rank 0 draws it from the configuration and the
 // clock and publishes it through the store.
 std::string RunId(c10d::Store& store, int rank, const gc::TrainOptions& o) {
@@ -168,29 +210,12 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
       "FINAL equals the mean over DP replicas of each replica's full-sequence token-mean gradient when the "
       "recipe and policy are consistent";
 
-  std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  if (ec) {
-    std::cerr << "gradtrace-train: rank " << env.rank << ": cannot create --out " << o.out << ": " << ec.message()
-              << "\n";
-    return 1;
-  }
-  gc::RecorderOptions ro;
-  ro.path = (std::filesystem::path(o.out) / gc::RankFileName(env.rank)).string();
-  ro.mode = gradtrace::ParseCaptureMode(o.capture).value();
-  if (!o.capture_steps.empty()) {
-    auto steps = gc::ParseStepList(o.capture_steps).value();
-    ro.steps = std::set<int64_t>(steps.begin(), steps.end());
-  }
-  ro.param_regex = o.capture_params;
-  ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
-  auto recorder = gc::Recorder::Open(ro, run);
-  if (!recorder.ok()) {
-    std::cerr << "gradtrace-train: rank " << env.rank << ": " << recorder.status().message() << "\n";
-    if (o.on_capture_error == "abort") return 1;
+  std::unique_ptr<gc::Recorder> recorder;
+  if (!gc::CaptureOff(o)) {
+    if (int rc = OpenRecorder(o, env.rank, run, &recorder); rc != 0) return rc;
   }
   std::unique_ptr<gc::RecorderSink> sink;
-  if (recorder.ok()) sink = std::make_unique<gc::RecorderSink>(recorder.value().get());
+  if (recorder) sink = std::make_unique<gc::RecorderSink>(recorder.get());
 
   gc::TrainHooks hooks;
   if (env.rank == 0) hooks.progress = [](const std::string& line) { std::cerr << "gradtrace-train: " << line << "\n"; };
@@ -205,13 +230,14 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
       };
     }
   }
-  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), hooks, nullptr, &model);
+  gc::TrainResult result;
+  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), hooks, &result, &model);
   if (!st.ok()) {
     std::cerr << "gradtrace-train: rank " << env.rank << ": " << st.message() << "\n";
     return 1;
   }
-  if (recorder.ok()) {
-    st = recorder.value()->Close();
+  if (recorder) {
+    st = recorder->Close();
     if (!st.ok()) {
       std::cerr << "gradtrace-train: rank " << env.rank << ": closing trace: " << st.message() << "\n";
       if (o.on_capture_error == "abort") return 1;
@@ -220,7 +246,15 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   // Nobody leaves before every trace is closed (so rank 0's summary is true).
   if (groups.world.ranks.size() > 1) groups.world.pg->barrier()->wait();
   if (env.rank == 0) {
-    std::cerr << "gradtrace-train: wrote " << env.world << " trace file(s) to " << o.out << " (run " << run_id << ")\n";
+    char loss[64];
+    std::snprintf(loss, sizeof(loss), "%.17g", result.losses.empty() ? 0.0 : result.losses.back());
+    if (recorder) {
+      std::cerr << "gradtrace-train: " << CaptureSummary(recorder->stats()) << "\n";
+      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; wrote " << env.world << " trace file(s) to "
+                << o.out << " (run " << run_id << ")\n";
+    } else {
+      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; --capture off: no trace written\n";
+    }
   }
   return 0;
 }

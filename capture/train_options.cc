@@ -51,11 +51,18 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--data", o.data_file, "file of whitespace-separated token ids")->check(CLI::ExistingFile);
 
   app.add_option("--out", o.out, "trace directory (one rank-NNNNN.gtrace per rank)");
-  app.add_option("--capture", o.capture, "capture mode: full, sketch:K or stats");
+  app.add_option("--capture", o.capture,
+                 "capture mode: full, sketch:K, stats, or off (train without recording: no trace, --out optional)");
   app.add_option("--capture-steps", o.capture_steps, "steps to capture, e.g. 0,2-4 (default: all)");
   app.add_option("--capture-params", o.capture_params, "regex on parameter names to capture (default: all)");
   app.add_option("--on-capture-error", o.on_capture_error, "stop training or continue without capture")
       ->check(CLI::IsMember({"abort", "disable"}));
+  app.add_option("--zstd-level", o.zstd_level, "zstd level of trace frames")->check(CLI::Range(1, 19));
+  app.add_option("--writer-threads", o.writer_threads, "recorder threads that encode, compress and write")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--capture-queue-mb", o.capture_queue_mb,
+                 "MB of gradient copies that may wait for the writer before training blocks")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--final", o.final_mode, "FINAL phase: full gradient (gather) or owned partition slices")
       ->check(CLI::IsMember({"gather", "partition"}));
   app.add_option("--export-init", o.export_init,
@@ -121,7 +128,11 @@ Status ValidateTrainOptions(const TrainOptions& o) {
     return bad("--scaling " + o.scaling +
                " with --zero-stage 0 and --sp > 1 is not modelled: " + policy->engine_unmodelled);
   }
-  if (auto m = ParseCaptureMode(o.capture); !m.ok()) return bad("--capture: " + m.status().message());
+  if (!CaptureOff(o)) {
+    if (auto m = ParseCaptureMode(o.capture); !m.ok()) {
+      return bad("--capture: " + m.status().message() + "; or off to train without capture");
+    }
+  }
   if (auto s = ParseStepList(o.capture_steps); !s.ok()) return s.status();
   if (!o.capture_params.empty()) {
     try {
@@ -130,9 +141,11 @@ Status ValidateTrainOptions(const TrainOptions& o) {
       return bad("--capture-params: invalid regex '" + o.capture_params + "': " + e.what());
     }
   }
-  if (o.out.empty() && o.export_init.empty()) return bad("--out DIR is required");
+  if (o.out.empty() && o.export_init.empty() && !CaptureOff(o)) return bad("--out DIR is required");
   return Status::Ok();
 }
+
+bool CaptureOff(const TrainOptions& options) { return options.capture == "off"; }
 
 std::vector<std::string> ArgsWithoutNproc(int argc, const char* const* argv) {
   std::vector<std::string> out;

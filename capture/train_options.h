@@ -51,12 +51,15 @@ struct TrainOptions {
   std::string data_file;  // whitespace-separated token ids; empty: synthetic
 
   // Capture.
-  std::string out;  // trace directory
-  std::string capture = "full";
+  std::string out;                         // trace directory
+  std::string capture = "full";            // full | sketch:K | stats | off (train only: no recorder, no trace)
   std::string capture_steps;               // "0,2,5"; empty: every step
   std::string capture_params;              // regex on parameter names; empty: all
   std::string on_capture_error = "abort";  // abort | disable
   std::string final_mode = "gather";       // gather: FINAL is the full gradient; partition: owned slices only
+  int zstd_level = 1;
+  int writer_threads = 1;          // recorder threads that encode, compress and write
+  int64_t capture_queue_mb = 256;  // full mode: host copies waiting for the writer before training blocks
 
   // Export: the initial parameters and every global batch of the run, for an
   // external run (tools/repro/ds5248/run.py --model gradtrace) to load. Without
@@ -72,6 +75,9 @@ Expected<TrainOptions> ParseTrainOptions(int argc, const char* const* argv);
 // Cross-field checks that do not need the world: divisibility, ranges, known
 // names. Returns the first problem as one line.
 Status ValidateTrainOptions(const TrainOptions& options);
+
+// --capture off: train without a recorder (overhead baselines).
+bool CaptureOff(const TrainOptions& options);
 
 // argv without "--nproc N" / "--nproc=N": what the launcher passes to ranks.
 std::vector<std::string> ArgsWithoutNproc(int argc, const char* const* argv);

@@ -109,7 +109,7 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char line[256];
       std::snprintf(line, sizeof(line),
-                    "step %lld/%d  loss(rank 0) %.6f  valid tokens(rank 0) %lld  %zu buckets  %.2f s",
+                    "step %lld/%d  loss(rank 0) %.6f  valid tokens(rank 0) %lld  %zu buckets  %.3f s",
                     static_cast<long long>(step + 1), o.steps, step_loss, static_cast<long long>(step_tokens),
                     reducer.buckets().size(), secs);
       hooks.progress(line);

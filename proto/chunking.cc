@@ -19,7 +19,6 @@ constexpr size_t kSketchUnitBytes = 18;
 // slices, positions for sketch slices; other slices are a single unit.
 struct Source {
   const pb::Slice* slice;
-  std::string raw;  // full: unshuffled element bytes
   int64_t units;
   size_t unit_bytes;  // upper bound per unit; 0: not cuttable
 
@@ -36,13 +35,16 @@ struct Source {
       p.set_count(u1 - u0);
       pb::FullPayload* f = p.mutable_full();
       f->set_shuffled(s.full().shuffled());
-      const auto* src = reinterpret_cast<const uint8_t*>(raw.data()) + u0 * w;
+      const std::string& data = s.full().data();
       std::string* out = f->mutable_data();
       if (s.full().shuffled()) {
-        out->resize((u1 - u0) * w);
-        ByteShuffle(src, u1 - u0, w, reinterpret_cast<uint8_t*>(out->data()));
+        // Byte plane j of the piece is bytes [u0, u1) of the slice's plane j:
+        // cut each plane, no unshuffle and reshuffle.
+        const size_t n = data.size() / w, m = static_cast<size_t>(u1 - u0);
+        out->reserve(m * w);
+        for (size_t j = 0; j < w; ++j) out->append(data, j * n + static_cast<size_t>(u0), m);
       } else {
-        out->assign(reinterpret_cast<const char*>(src), (u1 - u0) * w);
+        out->assign(data, static_cast<size_t>(u0) * w, static_cast<size_t>(u1 - u0) * w);
       }
     } else {
       const pb::SketchPayload& sk = s.sketch();
@@ -63,11 +65,13 @@ struct Source {
 };
 
 Expected<Source> MakeSource(const pb::Slice& s) {
-  Source src{&s, {}, 1, 0};
+  Source src{&s, 1, 0};
   if (s.has_full()) {
-    Expected<std::string> raw = DecodeFullBytes(s);
-    if (!raw.ok()) return Status::InvalidArgument(raw.status().message());
-    src.raw = std::move(raw.value());
+    const size_t w = DTypeSize(s.dtype());
+    if (w == 0 || s.count() < 0 || s.full().data().size() != static_cast<size_t>(s.count()) * w) {
+      Expected<std::string> raw = DecodeFullBytes(s);  // names the problem
+      return Status::InvalidArgument(raw.ok() ? "full slice payload size mismatch" : raw.status().message());
+    }
     src.units = s.count();
     src.unit_bytes = DTypeSize(s.dtype());
   } else if (s.has_sketch() && s.sketch().positions_size() == s.sketch().values_size()) {

@@ -69,4 +69,16 @@ std::vector<int64_t> SketchPositions(const std::string& param_name, int64_t nume
   return out;
 }
 
+void FillSketch(const std::vector<int64_t>& positions, int64_t offset, int64_t count, pb::DType dtype, const void* data,
+                int32_t k, pb::SketchPayload* out) {
+  const size_t w = DTypeSize(dtype);
+  const auto* p = static_cast<const uint8_t*>(data);
+  out->set_k(k);
+  for (auto it = std::lower_bound(positions.begin(), positions.end(), offset);
+       it != positions.end() && *it - offset < count; ++it) {
+    out->add_positions(*it);
+    out->add_values(ElementToDouble(dtype, p + (*it - offset) * w));
+  }
+}
+
 }  // namespace gradtrace

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "moments.h"
 #include "sketch.h"
 
 namespace gradtrace {
@@ -50,10 +51,37 @@ Expected<CaptureMode> ParseCaptureMode(const std::string& text) {
   return Status::InvalidArgument("invalid capture mode '" + text + "': expected full, sketch:K (K > 0) or stats");
 }
 
+namespace {
+
+// A block at a time, so that the input is read from memory once (not once per
+// byte plane) and each plane is written sequentially; W known at compile time
+// lets the compiler unroll the gather.
+template <size_t W>
+void ShuffleBlocks(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
+  const size_t w = W == 0 ? width : W;
+  constexpr size_t kBlock = 4096;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t m = n - begin < kBlock ? n - begin : kBlock;
+    const uint8_t* src = in + begin * w;
+    for (size_t j = 0; j < w; ++j) {
+      uint8_t* plane = out + j * n + begin;
+      for (size_t i = 0; i < m; ++i) plane[i] = src[i * w + j];
+    }
+  }
+}
+
+}  // namespace
+
 void ByteShuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out) {
-  for (size_t j = 0; j < width; ++j) {
-    uint8_t* plane = out + j * n;
-    for (size_t i = 0; i < n; ++i) plane[i] = in[i * width + j];
+  switch (width) {
+    case 2:
+      return ShuffleBlocks<2>(in, n, width, out);
+    case 4:
+      return ShuffleBlocks<4>(in, n, width, out);
+    case 8:
+      return ShuffleBlocks<8>(in, n, width, out);
+    default:
+      return ShuffleBlocks<0>(in, n, width, out);
   }
 }
 
@@ -73,40 +101,10 @@ int64_t ParamNumel(const pb::ParamInfo& param) {
   return n;
 }
 
-void FillStats(pb::DType dtype, const uint8_t* p, int64_t count, pb::StatsPayload* stats) {
-  const size_t w = DTypeSize(dtype);
-  // Neumaier-compensated sums: deterministic, and accurate for 1e9 elements.
-  double sum = 0, sum_c = 0, sq = 0, sq_c = 0, abs_max = 0;
-  int64_t finite = 0, nonfinite = 0;
-  auto add = [](double& s, double& c, double x) {
-    const double t = s + x;
-    // Once the sum overflows, the correction term would be Inf - Inf = NaN and
-    // turn an honest Inf into NaN: stop correcting.
-    if (std::isfinite(t)) c += std::fabs(s) >= std::fabs(x) ? (s - t) + x : (x - t) + s;
-    s = t;
-  };
-  for (int64_t i = 0; i < count; ++i) {
-    const double v = ElementToDouble(dtype, p + i * w);
-    if (!std::isfinite(v)) {
-      ++nonfinite;
-      continue;
-    }
-    ++finite;
-    add(sum, sum_c, v);
-    add(sq, sq_c, v * v);
-    abs_max = std::fmax(abs_max, std::fabs(v));
-  }
-  stats->set_count(finite);
-  stats->set_sum(sum + sum_c);
-  stats->set_sum_sq(sq + sq_c);
-  stats->set_abs_max(abs_max);
-  stats->set_nonfinite(nonfinite);
-}
-
 }  // namespace
 
 pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, pb::DType dtype, const void* data,
-                    const CaptureMode& mode) {
+                    const CaptureMode& mode, const std::vector<int64_t>* sketch_positions) {
   pb::Slice s;
   s.set_param_id(param.id());
   s.set_offset(offset);
@@ -124,17 +122,16 @@ pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, p
       break;
     }
     case CaptureMode::Kind::kSketch: {
-      pb::SketchPayload* sk = s.mutable_sketch();
-      sk->set_k(mode.k);
-      for (int64_t pos : SketchPositions(param.name(), ParamNumel(param), mode.k)) {
-        if (pos < offset || pos - offset >= count) continue;
-        sk->add_positions(pos);
-        sk->add_values(ElementToDouble(dtype, p + (pos - offset) * w));
+      if (sketch_positions != nullptr) {
+        FillSketch(*sketch_positions, offset, count, dtype, p, mode.k, s.mutable_sketch());
+      } else {
+        FillSketch(SketchPositions(param.name(), ParamNumel(param), mode.k), offset, count, dtype, p, mode.k,
+                   s.mutable_sketch());
       }
       break;
     }
     case CaptureMode::Kind::kStats:
-      FillStats(dtype, p, count, s.mutable_stats());
+      SliceMoments(dtype, p, count).Fill(s.mutable_stats());
       break;
   }
   return s;

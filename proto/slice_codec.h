@@ -31,6 +31,11 @@ void ByteUnshuffle(const uint8_t* in, size_t n, size_t width, uint8_t* out);
 // pseudo-random permutation of [0, numel) keyed by the parameter's name
 // (FORMAT.md, "Sketch positions"), sorted ascending. Independent of slicing.
 std::vector<int64_t> SketchPositions(const std::string& param_name, int64_t numel, int32_t k);
+// The sketch part of MakeSlice: of a parameter's `positions` (SketchPositions,
+// sorted), those inside [offset, offset + count) with their values widened
+// exactly to double.
+void FillSketch(const std::vector<int64_t>& positions, int64_t offset, int64_t count, pb::DType dtype, const void* data,
+                int32_t k, pb::SketchPayload* out);
 
 // `data` holds `count` elements of `dtype` (little-endian), elements
 // [offset, offset+count) of parameter `param`. By mode:
@@ -39,11 +44,13 @@ std::vector<int64_t> SketchPositions(const std::string& param_name, int64_t nume
 //          their values widened exactly to double; numel is param.numel(), or
 //          the product of param.shape() when numel is 0.
 //  stats:  count and nonfinite (NaN/Inf) elements; sum, sum_sq and abs_max
-//          over the finite ones (compensated double sums, in element order).
+//          over the finite ones (SliceMoments, moments.h: one vectorized pass,
+//          compensated double sums in a fixed order, error bound there).
 // The caller guarantees the sizes (a programmer error otherwise); the writer
-// re-checks records against RunInfo before writing them.
+// re-checks records against RunInfo before writing them. A producer that
+// caches SketchPositions per parameter passes them as `sketch_positions`.
 pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, pb::DType dtype, const void* data,
-                    const CaptureMode& mode);
+                    const CaptureMode& mode, const std::vector<int64_t>* sketch_positions = nullptr);
 
 // Values of a full slice widened to double, in element order. Checks that the
 // payload size matches count * DTypeSize(dtype).

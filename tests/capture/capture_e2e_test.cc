@@ -232,6 +232,42 @@ TEST(TrainBinary, SketchValuesEqualFullValuesAtTheSamePositions) {
   fs::remove_all(sketch_dir);
 }
 
+// Rank 0's per-step progress without the timings, and its final-loss line:
+// what must not change when capture is switched off.
+std::vector<std::string> LossLines(const std::string& err) {
+  std::vector<std::string> out;
+  std::stringstream ss(err);
+  std::string line;
+  while (std::getline(ss, line)) {
+    if (line.find("loss(rank 0)") == std::string::npos) continue;
+    if (line.find("final loss") != std::string::npos) {
+      out.push_back(line.substr(0, line.find(';')));  // "... final loss(rank 0) <%.17g>"
+    } else {
+      out.push_back(line.substr(0, line.find("buckets")));  // drop the step time
+    }
+  }
+  return out;
+}
+
+TEST(TrainBinary, CaptureOffTrainsIdenticallyAndWritesNoTrace) {
+  const fs::path full_dir = FreshDir("cap-full"), off_dir = FreshDir("cap-off");
+  const std::vector<std::string> common = {"--nproc", "2", "--sp", "2", "--zero-stage", "2", "--steps", "3"};
+  RunOutput full = Train(Concat(common, Tiny(full_dir)));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  RunOutput off = Train(Concat(Concat(common, Tiny(off_dir)), {"--capture", "off"}));
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_FALSE(fs::exists(off_dir)) << "--capture off must not create --out";
+  EXPECT_NE(off.err.find("--capture off: no trace written"), std::string::npos) << off.err;
+  const std::vector<std::string> a = LossLines(full.err), b = LossLines(off.err);
+  ASSERT_EQ(a.size(), 4u) << full.err;  // three steps and the final loss at full precision
+  EXPECT_EQ(a, b) << full.err << "\n---\n" << off.err;
+  // Without --out at all.
+  RunOutput bare =
+      Train({"--vocab", "32", "--hidden", "16", "--heads", "4", "--layers", "1", "--seq-len", "8", "--capture", "off"});
+  EXPECT_EQ(bare.exit_code, 0) << bare.err;
+  fs::remove_all(full_dir);
+}
+
 TEST(TrainBinary, KilledRankMakesNprocExitNonZeroWithinTheTimeout) {
   const fs::path dir = FreshDir("killed");
   RunOutput r = Train(Concat({"--nproc", "2", "--dp", "2", "--steps", "3"}, Tiny(dir)), {"GRADTRACE_TEST_KILL=1:1"});

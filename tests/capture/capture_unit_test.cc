@@ -43,6 +43,10 @@ TEST(TrainOptions, RejectsBadInputWithOneLine) {
       {"--out", "d", "--loss", "mean"},
       {"--out", "d", "--zero-stage", "3"},
       {"--out", "d", "--capture", "sketch:x"},
+      {"--out", "d", "--capture", "Off"},
+      {"--out", "d", "--zstd-level", "0"},
+      {"--out", "d", "--capture-queue-mb", "0"},
+      {"--out", "d", "--writer-threads", "0"},
       {"--out", "d", "--capture-steps", "1,a"},
       {"--out", "d", "--capture-params", "("},
       {"--out", "d", "--no-such-flag"},
@@ -64,6 +68,23 @@ TEST(TrainOptions, ExportInitAloneNeedsNoOut) {
   EXPECT_EQ(o->export_init, "/tmp/init.pt");
   EXPECT_TRUE(o->out.empty());
   EXPECT_FALSE(Parse({"--export-init", "/tmp/init.pt", "--sp", "3"}).ok());  // still validated
+}
+
+TEST(TrainOptions, CaptureOffNeedsNoOutAndCaptureKnobsParse) {
+  auto off = Parse({"--capture", "off"});
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_TRUE(CaptureOff(*off));
+  auto o = Parse({"--out", "d", "--zstd-level", "3", "--capture-queue-mb", "1024", "--writer-threads", "2"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_FALSE(CaptureOff(*o));
+  EXPECT_EQ(o->zstd_level, 3);
+  EXPECT_EQ(o->capture_queue_mb, 1024);
+  EXPECT_EQ(o->writer_threads, 2);
+  EXPECT_EQ(Parse({"--out", "d"})->zstd_level, 1);  // the measured default (docs/performance.md)
+  auto bad = Parse({"--out", "d", "--capture", "bogus"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("or off to train without capture"), std::string::npos)
+      << bad.status().message();
 }
 
 #ifndef USE_C10D_NCCL

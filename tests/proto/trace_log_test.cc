@@ -22,7 +22,11 @@ class TraceLogTest : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = dir_.File("rank-00000.gtrace");
-    written_ = testing::WriteSmallTrace(path_, 2);  // step, bucket, bucket, step, bucket, bucket
+    // The damage tests need zstd-compressed bucket frames: these small ones
+    // compress at level 3, not at the writer's default level 1.
+    WriterOptions options;
+    options.zstd_level = 3;
+    written_ = testing::WriteSmallTrace(path_, 2, options);  // step, bucket, bucket, step, bucket, bucket
     bytes_ = testing::ReadBytes(path_);
     ends_ = testing::FrameEnds(bytes_);
     ASSERT_EQ(8u, ends_.size());  // RunInfo, 6 data frames, index
