@@ -563,7 +563,7 @@ PYBIND11_MODULE(_gtcodec, m) {
 
   py::class_<PyWriter>(m, "Writer")
       .def(py::init<const std::string&, const std::string&, int, bool>(), py::arg("path"), py::arg("run_info_json"),
-           py::arg("zstd_level") = 3, py::arg("write_index") = true)
+           py::arg("zstd_level") = WriterOptions{}.zstd_level, py::arg("write_index") = true)
       .def("run_info_json", &PyWriter::run_info_json)
       .def("write_step", &PyWriter::write_step, py::arg("step"))
       .def("write_bucket", &PyWriter::write_bucket, py::arg("header"), py::arg("slices"))

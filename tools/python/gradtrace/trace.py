@@ -256,11 +256,13 @@ class TraceWriter:
     truncated, with every complete frame.
     """
 
-    def __init__(self, path: str | os.PathLike, run_info: dict, *, mode: str = "full", zstd_level: int = 3,
+    def __init__(self, path: str | os.PathLike, run_info: dict, *, mode: str = "full", zstd_level: int | None = None,
                  write_index: bool = True):
         self.path = os.fspath(path)
         self.mode = _gtcodec.parse_capture_mode(mode)
-        self._writer = _gtcodec.Writer(self.path, _run_info_to_json(run_info), zstd_level, write_index)
+        # None: the C++ writer's default (WriterOptions, docs/performance.md), not a copy of it.
+        args = (self.path, _run_info_to_json(run_info)) + (() if zstd_level is None else (zstd_level,))
+        self._writer = _gtcodec.Writer(*args, write_index=write_index)
         self.run_info: dict = _run_info_from_json(self._writer.run_info_json())
         self.closed = False
 
