@@ -73,47 +73,58 @@ void Moments::Merge(const Moments& o) {
 
 template <typename A, typename B>
 Metrics CompareValues(const A* a_in, const B* b_in, int64_t n, Basis basis) {
-  auto a = [a_in](int64_t i) { return static_cast<double>(a_in[i]); };
-  auto b = [b_in](int64_t i) { return static_cast<double>(b_in[i]); };
   Metrics m;
   m.basis = basis;
   m.compared = n;
-  // Four interleaved partial sums: independent dependency chains the CPU
-  // overlaps (and the compiler may vectorize), in a fixed order, so results
-  // do not depend on threads or shards.
-  double aa4[4] = {}, ab4[4] = {}, bb4[4] = {};
-  int64_t bad_a = 0, bad_b = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int lane = static_cast<int>(i & 3);
-    bad_a += !std::isfinite(a(i));
-    bad_b += !std::isfinite(b(i));
-    aa4[lane] += a(i) * a(i);
-    ab4[lane] += a(i) * b(i);
-    bb4[lane] += b(i) * b(i);
+  // kLanes interleaved partial sums, element i in lane i % kLanes: independent
+  // chains the compiler turns into SIMD, in a fixed order, so results do not
+  // depend on threads or shards. No per-element branch: non-finite values are
+  // counted in a second pass only when they made a sum non-finite.
+  constexpr int kLanes = 8;
+  double aa_l[kLanes] = {}, ab_l[kLanes] = {}, bb_l[kLanes] = {};
+  auto sum = [](const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double x = a_in[i + l], y = b_in[i + l];
+      aa_l[l] += x * x;
+      ab_l[l] += x * y;
+      bb_l[l] += y * y;
+    }
   }
-  m.nonfinite_a = bad_a;
-  m.nonfinite_b = bad_b;
-  const double aa = (aa4[0] + aa4[1]) + (aa4[2] + aa4[3]);
-  const double ab = (ab4[0] + ab4[1]) + (ab4[2] + ab4[3]);
-  const double bb = (bb4[0] + bb4[1]) + (bb4[2] + bb4[3]);
+  for (int64_t i = full; i < n; ++i) {
+    const double x = a_in[i], y = b_in[i];
+    aa_l[i - full] += x * x;
+    ab_l[i - full] += x * y;
+    bb_l[i - full] += y * y;
+  }
+  const double aa = sum(aa_l), ab = sum(ab_l), bb = sum(bb_l);
+  if (!std::isfinite(aa) || !std::isfinite(bb)) {
+    for (int64_t i = 0; i < n; ++i) {
+      m.nonfinite_a += !std::isfinite(static_cast<double>(a_in[i]));
+      m.nonfinite_b += !std::isfinite(static_cast<double>(b_in[i]));
+    }
+  }
   const double nan = std::numeric_limits<double>::quiet_NaN();
   m.norm_a = std::sqrt(aa);
   m.norm_b = std::sqrt(bb);
   m.scale = aa > 0 ? ab / aa : nan;
   m.cosine = (aa > 0 && bb > 0) ? ab / (m.norm_a * m.norm_b) : nan;
-  double res4[4] = {}, err4[4] = {}, max_abs = 0;
+  double res_l[kLanes] = {}, err_l[kLanes] = {}, max_l[kLanes] = {};
   const double s = aa > 0 ? m.scale : 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int lane = static_cast<int>(i & 3);
-    double r = b(i) - s * a(i);
-    double e = b(i) - a(i);
-    res4[lane] += r * r;
-    err4[lane] += e * e;
-    max_abs = std::max(max_abs, std::fabs(e));
+  auto residuals = [&](int64_t i, int l) {
+    const double x = a_in[i], y = b_in[i];
+    const double r = y - s * x, e = y - x;
+    res_l[l] += r * r;
+    err_l[l] += e * e;
+    max_l[l] = std::max(max_l[l], std::fabs(e));  // NaN never wins, as before
+  };
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) residuals(i + l, l);
   }
-  m.max_abs_error = max_abs;
-  const double res2 = (res4[0] + res4[1]) + (res4[2] + res4[3]);
-  const double err2 = (err4[0] + err4[1]) + (err4[2] + err4[3]);
+  for (int64_t i = full; i < n; ++i) residuals(i, static_cast<int>(i - full));
+  m.max_abs_error = *std::max_element(max_l, max_l + kLanes);
+  const double res2 = sum(res_l), err2 = sum(err_l);
   if (bb > 0) {
     m.residual = std::sqrt(res2) / m.norm_b;
     m.rel_error = std::sqrt(err2) / m.norm_b;

@@ -160,9 +160,11 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   if (left < h.stored_len) {
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
   }
-  // Buffers are reused across frames: a fresh allocation per frame costs
-  // more in page faults than the decompression itself.
-  std::string& stored = stored_scratch_;
+  // Buffers are reused across frames (a fresh allocation per frame costs more
+  // in page faults than the decompression itself), one per thread for all
+  // readers: a trace set of many ranks has a reader per file, and buffers per
+  // reader would multiply memory by the number of files.
+  thread_local std::string stored;
   stored.resize(h.stored_len);
   if (!ReadExact(file_, offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
@@ -224,7 +226,7 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
 }
 
 Status TraceReader::ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next) {
-  RawFrame& raw = raw_scratch_;
+  thread_local RawFrame raw;  // per thread, as ReadRaw's buffer
   GT_RETURN_IF_ERROR(ReadRaw(offset, end_of_frames_, &raw, next));
   frame->offset = offset;
   frame->type = raw.type;

@@ -100,9 +100,7 @@ class TraceReader {
   uint64_t stop_offset_ = 0;
   uint64_t stored_bytes_ = 0;
   uint64_t raw_bytes_ = 0;
-  void* zstd_ctx_ = nullptr;    // ZSTD_DCtx*
-  std::string stored_scratch_;  // ReadRaw's buffer for stored bytes
-  RawFrame raw_scratch_;        // ReadFrameAt's decompressed payload
+  void* zstd_ctx_ = nullptr;  // ZSTD_DCtx*
   bool done_ = false;
   bool newer_minor_ = false;  // file written by a newer minor version
   uint16_t minor_ = 0;
