@@ -278,6 +278,16 @@ TEST_F(MergeErrors, AMissingPartIsNamed) {
   ExpectError({parts_[0], parts_[2]}, "--merge: shard 1/3 missing (parts given: " + parts_[0] + ", " + parts_[2] + ")");
 }
 
+// Fuzz finding (fuzz_partial_report, crash-6b62d7ce): a number too large for
+// a double made nlohmann-json throw out_of_range 406 past the parse_error
+// handler, and the merge died of an uncaught exception.
+TEST_F(MergeErrors, ANumberTooLargeForADoubleIsAnError) {
+  const std::string path = dir_ + "/huge.json";
+  ASSERT_TRUE(WriteFileAtomic(path, "{\"param_count\": 1111111111111111010e00000000001783065111111111789968476}").ok());
+  ExpectError({path},
+              path + ": not JSON: number overflow parsing '1111111111111111010e00000000001783065111111111789968476'");
+}
+
 // Fuzz finding (fuzz_partial_report): a part that lost a parameter was
 // reported by count only ("parts given: 1"), naming no file.
 TEST_F(MergeErrors, AParameterInNoPartNamesTheParts) {
