@@ -137,7 +137,10 @@ pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, p
   return s;
 }
 
-Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
+namespace {
+
+// The element width of a full slice whose payload holds exactly `count` elements.
+Expected<size_t> FullSliceWidth(const pb::Slice& slice) {
   if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
   const size_t w = DTypeSize(slice.dtype());
   if (w == 0) return Status::Corruption("slice has unknown dtype " + std::to_string(slice.dtype()));
@@ -147,6 +150,17 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
     return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
                               std::to_string(w) + " bytes, got " + std::to_string(data.size()) + ")");
   }
+  return w;
+}
+
+}  // namespace
+
+Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
+  Expected<size_t> width = FullSliceWidth(slice);
+  if (!width.ok()) return width.status();
+  const size_t w = *width;
+  const std::string& data = slice.full().data();
+  const int64_t count = slice.count();
   if (!slice.full().shuffled()) return data;
   std::string out(data.size(), '\0');
   ByteUnshuffle(reinterpret_cast<const uint8_t*>(data.data()), static_cast<size_t>(count), w,
@@ -184,15 +198,10 @@ void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_doubl
 template <typename T>
 Status AddFullValues(const pb::Slice& slice, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
-  if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
-  const size_t w = DTypeSize(slice.dtype());
-  if (w == 0) return Status::Corruption("slice has unknown dtype " + std::to_string(slice.dtype()));
+  Expected<size_t> width = FullSliceWidth(slice);
+  if (!width.ok()) return width.status();
   const std::string& data = slice.full().data();
   const int64_t count = slice.count();
-  if (count < 0 || static_cast<uint64_t>(count) > data.size() / w || data.size() != static_cast<size_t>(count) * w) {
-    return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
-                              std::to_string(w) + " bytes, got " + std::to_string(data.size()) + ")");
-  }
   if (sizeof(T) < 8 && slice.dtype() == pb::FP64) return Status::InvalidArgument("fp64 slice into float values");
   const auto* p = reinterpret_cast<const uint8_t*>(data.data());
   const auto n = static_cast<size_t>(count);
