@@ -616,15 +616,18 @@ def emit(args, machine: dict, rows: list[dict], notes: list[str], codec: dict | 
 # ---------------------------------------------------------------- main
 
 
+# --quick: gradtrace-train's default tiny model, one repeat of three steps.
+CAPTURE_QUICK = ["--steps", "3", "--repeats", "1", "--model", "--layers 2"]
+
+
 def capture_overhead(args) -> str | None:
-    """Runs the capture-overhead benchmark (off vs stats vs sketch:K vs full) when it exists."""
-    for name in ("capture_overhead", "capture_overhead.py", "capture_overhead.sh"):
-        path = os.path.join(ROOT, "tools", "bench", name)
-        if os.path.exists(path):
-            cmd = ([sys.executable] if name.endswith(".py") else []) + [path] + (["--quick"] if args.quick else [])
-            log(f"capture overhead: {' '.join(cmd)}")
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            return p.stdout + (f"(exit {p.returncode}: {p.stderr[-1000:]})" if p.returncode else "")
+    """Runs tools/bench/capture_overhead (off vs stats vs sketch:K vs full, 1 rank, fp32)."""
+    path = os.path.join(ROOT, "tools", "bench", "capture_overhead")
+    if os.path.exists(path):
+        cmd = [sys.executable, path] + (CAPTURE_QUICK if args.quick else [])
+        log(f"capture overhead: {' '.join(cmd)}")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        return p.stdout + (f"(exit {p.returncode}: {p.stderr[-1000:]})" if p.returncode else "")
     return None
 
 
