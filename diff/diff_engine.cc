@@ -25,8 +25,9 @@ Combine CombineFor(pb::Phase phase) { return phase == pb::PRE_REDUCE ? Combine::
 
 Moments MomentsOf(const SideValues& v) {
   Moments m;
-  for (double x : v.dense) m.Add(x);
-  for (float x : v.dense32) m.Add(x);
+  v.WithDense([&m](const auto& dense) {
+    for (double x : dense) m.Add(x);
+  });
   return m;
 }
 
@@ -41,10 +42,9 @@ std::string Coverage(const char* side, const SideValues& v) {
 // B against A for one parameter, on the richest basis both sides share.
 Metrics CompareSides(const SideValues& a, const SideValues& b, std::string* note) {
   if (a.complete() && b.complete()) {
-    if (a.narrow && b.narrow) return CompareValues(a.dense32.data(), b.dense32.data(), a.numel, Basis::kFull);
-    if (a.narrow) return CompareValues(a.dense32.data(), b.dense.data(), a.numel, Basis::kFull);
-    if (b.narrow) return CompareValues(a.dense.data(), b.dense32.data(), a.numel, Basis::kFull);
-    return CompareValues(a.dense.data(), b.dense.data(), a.numel, Basis::kFull);
+    return a.WithDense([&](const auto& da) {
+      return b.WithDense([&](const auto& db) { return CompareValues(da.data(), db.data(), a.numel, Basis::kFull); });
+    });
   }
   // Sketch: shared positions, taking dense values where a side has them.
   auto value_at = [](const SideValues& v, int64_t pos, double* out) {

@@ -17,15 +17,11 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
     case pb::Slice::kFull: {
       if (v->narrow && slice.dtype() == pb::FP64) v->Widen();
       if (!v->has_full()) {
-        if (v->narrow) {
-          v->dense32.assign(numel, 0.0f);
-        } else {
-          v->dense.assign(numel, 0.0);
-        }
+        v->WithDense([numel](auto& dense) { dense.assign(numel, 0); });
         v->filled.assign(numel, 0);
       }
-      GT_RETURN_IF_ERROR(v->narrow ? AddFullValues(slice, v->dense32.data() + slice.offset())
-                                   : AddFullValues(slice, v->dense.data() + slice.offset()));
+      GT_RETURN_IF_ERROR(
+          v->WithDense([&](auto& dense) { return AddFullValues(slice, dense.data() + slice.offset()); }));
       uint8_t* filled = v->filled.data() + slice.offset();
       int64_t fresh = 0;
       for (int64_t i = 0; i < slice.count(); ++i) {

@@ -51,6 +51,15 @@ struct SideValues {
   int ranks = 0;                              // ranks that contributed
 
   bool has_full() const { return !dense.empty() || !dense32.empty(); }
+  // Calls f with the dense storage in use (dense32 when narrow, else dense).
+  template <typename F>
+  decltype(auto) WithDense(F&& f) {
+    return narrow ? f(dense32) : f(dense);
+  }
+  template <typename F>
+  decltype(auto) WithDense(F&& f) const {
+    return narrow ? f(dense32) : f(dense);
+  }
   double at(int64_t e) const { return narrow ? static_cast<double>(dense32[e]) : dense[e]; }
   // Switches to double storage (an fp64 slice arrived, or merging with a wide side).
   void Widen();

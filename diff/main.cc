@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -30,6 +32,28 @@ int Fail(std::string message) {
   while (!message.empty() && message.back() == ' ') message.pop_back();
   std::fprintf(stderr, "gradtrace-diff: %s\n", message.c_str());
   return 2;
+}
+
+// A report file to write when its path is given.
+struct Output {
+  const std::string& path;
+  std::function<std::string()> render;
+};
+
+// Writes the requested files (each complete or untouched; one failing does
+// not undo the others), prints the text report, and returns `exit_code`, or 2
+// when a file cannot be written.
+int Emit(std::initializer_list<Output> files, const std::function<std::string(bool colour)>& text, int exit_code) {
+  for (const Output& out : files) {
+    if (out.path.empty()) continue;
+    gradtrace::Status st = gradtrace::diff::WriteFileAtomic(out.path, out.render());
+    if (!st.ok()) return Fail(st.message());
+  }
+  const bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+  const std::string printed = text(colour);
+  std::fwrite(printed.data(), 1, printed.size(), stdout);
+  std::fflush(stdout);
+  return exit_code;
 }
 
 // --shard K/N: one share of the comparison, written as a partial report. Exit
@@ -66,20 +90,11 @@ int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtr
   if (!table.ok()) return Fail(table.status().message());
   const diff::Report* detail = table->FirstDifference();
   if (detail == nullptr) detail = &table->steps.back();
-  const std::pair<const std::string&, std::string> outputs[] = {
-      {json_path, json_path.empty() ? "" : diff::RenderStepTableJson(*table)},
-      {md_path, md_path.empty() ? "" : diff::RenderStepTableMarkdown(*table)},
-      {html_path, html_path.empty() ? "" : diff::RenderHtml(*detail)}};
-  for (const auto& [path, content] : outputs) {
-    if (path.empty()) continue;
-    Status st = diff::WriteFileAtomic(path, content);
-    if (!st.ok()) return Fail(st.message());
-  }
-  bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
-  std::string text = diff::RenderStepTableText(*table, colour, top);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-  return table->ExitCode();
+  return Emit(
+      {{json_path, [&] { return diff::RenderStepTableJson(*table); }},
+       {md_path, [&] { return diff::RenderStepTableMarkdown(*table); }},
+       {html_path, [&] { return diff::RenderHtml(*detail); }}},
+      [&](bool colour) { return diff::RenderStepTableText(*table, colour, top); }, table->ExitCode());
 }
 
 }  // namespace
@@ -182,20 +197,9 @@ int main(int argc, char** argv) {
   }
   if (!report.ok()) return Fail(report.status().message());
 
-  // Each file is complete or untouched; one failing does not undo the others.
-  struct Output {
-    const std::string& path;
-    std::string (*render)(const diff::Report&);
-  };
-  for (const Output& out : {Output{json_path, diff::RenderJson}, Output{md_path, diff::RenderMarkdown},
-                            Output{html_path, diff::RenderHtml}}) {
-    if (out.path.empty()) continue;
-    Status st = diff::WriteFileAtomic(out.path, out.render(*report));
-    if (!st.ok()) return Fail(st.message());
-  }
-  bool colour = ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
-  std::string text = diff::RenderText(*report, colour, top);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-  return report->ExitCode();
+  return Emit(
+      {{json_path, [&] { return diff::RenderJson(*report); }},
+       {md_path, [&] { return diff::RenderMarkdown(*report); }},
+       {html_path, [&] { return diff::RenderHtml(*report); }}},
+      [&](bool colour) { return diff::RenderText(*report, colour, top); }, report->ExitCode());
 }

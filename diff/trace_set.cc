@@ -10,6 +10,7 @@
 #include <set>
 
 #include "format.h"
+#include "index_entry.h"
 #include "thread_pool.h"
 #include "trace_reader.h"
 
@@ -33,6 +34,26 @@ struct ScanResult {
   std::vector<RankStep> steps;
 };
 
+// The catalogue entry of one BucketRecord frame (index_entry.h: the same
+// fields whether they come from the index or from the frame itself).
+FrameRef RefFromEntry(int rank, const pb::IndexEntry& e) {
+  FrameRef ref;
+  ref.rank = rank;
+  ref.offset = e.offset();
+  ref.step = e.step();
+  ref.micro_step = e.micro_step();
+  ref.phase = e.phase();
+  ref.bucket_id = e.bucket_id();
+  ref.group = e.group();
+  ref.raw_bytes = e.raw_len();
+  ref.bucket_numel = e.bucket_numel();
+  ref.partition_offset = e.partition_offset();
+  ref.partition_count = e.partition_count();
+  ref.divisor = e.divisor();
+  ref.param_ids.assign(e.param_ids().begin(), e.param_ids().end());
+  return ref;
+}
+
 // Format 1.1+ with an index: the catalogue comes from the index alone; only
 // the (small) StepInfo frames are read. No data frame is decompressed.
 void CatalogueFromIndex(TraceReader& reader, ScanResult* out) {
@@ -49,21 +70,7 @@ void CatalogueFromIndex(TraceReader& reader, ScanResult* out) {
       }
       out->steps.push_back(RankStep{rank, *frame.step});
     } else if (e.type() == static_cast<uint32_t>(format::FrameType::kBucketRecord)) {
-      FrameRef ref;
-      ref.rank = rank;
-      ref.offset = e.offset();
-      ref.step = e.step();
-      ref.micro_step = e.micro_step();
-      ref.phase = e.phase();
-      ref.bucket_id = e.bucket_id();
-      ref.group = e.group();
-      ref.raw_bytes = e.raw_len();
-      ref.bucket_numel = e.bucket_numel();
-      ref.partition_offset = e.partition_offset();
-      ref.partition_count = e.partition_count();
-      ref.divisor = e.divisor();
-      ref.param_ids.assign(e.param_ids().begin(), e.param_ids().end());
-      out->frames.push_back(std::move(ref));
+      out->frames.push_back(RefFromEntry(rank, e));
     }
   }
 }
@@ -91,24 +98,10 @@ void ScanFile(const std::string& path, bool use_index, std::atomic<uint64_t>* do
     if (frame.step) {
       out->steps.push_back(RankStep{out->run.rank(), *frame.step});
     } else if (frame.bucket) {
-      const pb::BucketRecord& b = *frame.bucket;
-      FrameRef ref;
-      ref.rank = out->run.rank();
-      ref.offset = frame.offset;
-      ref.step = b.step();
-      ref.micro_step = b.micro_step();
-      ref.phase = b.phase();
-      ref.bucket_id = b.bucket_id();
-      ref.group = b.group();
-      ref.raw_bytes = frame.raw_len;
-      ref.bucket_numel = b.bucket_numel();
-      ref.partition_offset = b.partition_offset();
-      ref.partition_count = b.partition_count();
-      ref.divisor = b.divisor();
-      for (const pb::Slice& s : b.slices()) ref.param_ids.push_back(s.param_id());
-      std::sort(ref.param_ids.begin(), ref.param_ids.end());
-      ref.param_ids.erase(std::unique(ref.param_ids.begin(), ref.param_ids.end()), ref.param_ids.end());
-      out->frames.push_back(std::move(ref));
+      pb::IndexEntry e = CatalogueEntry(*frame.bucket);
+      e.set_offset(frame.offset);
+      e.set_raw_len(frame.raw_len);
+      out->frames.push_back(RefFromEntry(out->run.rank(), e));
     }
     frame = Frame();
     if (progress) {
