@@ -245,7 +245,7 @@ def all_versions(args):
             paste_into_doc(args.update_docs, results_path)
         return 0
     env = dict(os.environ)
-    # build*/python hold the gradtrace package with its compiled codec (tools/python lacks _gtcodec).
+    # build*/python hold the gradtrace package with its compiled codec (python lacks _gtcodec).
     py_path = [str(ROOT / "build" / "python"), str(ROOT / "build-old" / "python")]
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + py_path)
     phases_of = {v: priority_cells(stages, args.layouts.split(","), args.recipes.split(","),

@@ -2,7 +2,7 @@
 
 The file format is implemented once, in C++ (proto/); this package reaches it
 through the extension module ``gradtrace._gtcodec`` and returns plain dicts
-and numpy arrays. See tools/python/README.md.
+and numpy arrays. See python/README.md.
 
     import gradtrace
     for reader in gradtrace.read_trace_set("traces/run-a"):

@@ -2,7 +2,7 @@
 
 Every byte of the format is produced and parsed by the C++ codec (proto/),
 reached through the extension module ``_gtcodec``; this module only shapes
-its results into Python dicts and numpy arrays. See tools/python/README.md.
+its results into Python dicts and numpy arrays. See python/README.md.
 """
 
 from __future__ import annotations
