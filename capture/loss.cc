@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+
 #include "data.h"
 #include "ulysses.h"
 
@@ -73,5 +75,21 @@ at::Tensor ReferenceLoss(const at::Tensor& logits, const at::Tensor& labels, int
 }
 
 int ReferenceDp(const std::string& recipe, int dp) { return recipe == "global-token-weighted" ? 1 : dp; }
+
+std::string LossDescription(const std::string& recipe) {
+  static const std::map<std::string, std::string> kWords = {
+      {"local-mean", "cross-entropy mean over this rank's own sub-sequence tokens, divided by gas"},
+      {"local-mean-div-sp", "cross-entropy mean over this rank's own sub-sequence tokens, divided by sp and by gas"},
+      {"token-weighted",
+       "sum of this rank's token losses over the valid tokens of the whole sequences "
+       "(all-reduced over sp), divided by gas"},
+      {"global-token-weighted",
+       "dp x sum of this rank's token losses over the valid tokens of the global batch "
+       "(all-reduced over dp x sp), divided by gas"},
+      {"full-sequence", "cross-entropy mean over the sp-gathered whole sequences, divided by gas"},
+  };
+  auto it = kWords.find(recipe);
+  return it == kWords.end() ? recipe : it->second;
+}
 
 }  // namespace gradtrace::capture

@@ -45,4 +45,7 @@ LossResult ComputeLoss(const std::string& recipe, const at::Tensor& logits, cons
 at::Tensor ReferenceLoss(const at::Tensor& logits, const at::Tensor& labels, int dp, int gas);
 int ReferenceDp(const std::string& recipe, int dp);
 
+// The recipe in words, for the trace's Config.loss_description.
+std::string LossDescription(const std::string& recipe);
+
 }  // namespace gradtrace::capture

@@ -22,6 +22,10 @@ int GroupRank(const NamedGroup& g) { return g.ranks.size() <= 1 ? 0 : g.pg->getR
 
 }  // namespace
 
+const NamedGroup& GradGroup(const Groups& groups, int zero_stage, bool expert) {
+  return zero_stage == 0 && expert ? groups.edp : groups.sdp;
+}
+
 Reducer::Reducer(std::vector<NamedParam>* params, const Groups* groups, ReduceConfig config)
     : params_(params), groups_(groups), config_(std::move(config)) {}
 
@@ -72,7 +76,7 @@ void Reducer::PlanBuckets() {
     auto close = [&]() {
       if (cur.params.empty()) return;
       cur.id = static_cast<int32_t>(buckets_.size());
-      cur.group = expert_stream ? &groups_->edp : &groups_->sdp;
+      cur.group = &GradGroup(*groups_, config_.zero_stage, expert_stream);
       BucketContext ctx;
       ctx.path = engine ? ReductionPath::kEngineAllreduce : ReductionPath::kZeroPartitioned;
       ctx.group_size = static_cast<int>(cur.group->ranks.size());

@@ -43,6 +43,11 @@ struct ReduceConfig {
   bool final_partition_only = false;
 };
 
+// The group whose reduction produces a parameter's gradient, as Bucket::group
+// picks it: stage 0 (engine.py) reduces expert gradients over the
+// expert-data-parallel group, every other path over dp x sp.
+const NamedGroup& GradGroup(const Groups& groups, int zero_stage, bool expert);
+
 struct Bucket {
   int32_t id = 0;
   std::vector<int> params;       // indices into the parameter list, in bucket order

@@ -3,6 +3,7 @@
 // (a rank died, a collective timed out, capture failed), 2 bad usage.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,8 +15,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "launcher.h"
+#include "loss.h"
 #include "recorder.h"
 #include "recorder_sink.h"
+#include "reducer.h"
 #include "scaling.h"
 #include "slice_codec.h"
 #include "trainer.h"
@@ -69,7 +72,13 @@ void FillConfig(const gc::TrainOptions& o, pb::Config* c) {
   c->set_backend(o.backend);
   c->set_capture_mode(o.capture);
   c->set_moe_experts(o.moe_experts);
+  // Every rank holds every expert: ep 1, and the expert-data-parallel group is the world.
   c->set_ep_size(1);
+  c->set_edp(o.moe_experts > 0 ? o.dp * o.sp : 0);
+  c->set_tp(1);
+  c->set_pp(1);
+  c->set_cp(1);
+  c->set_loss_description(gc::LossDescription(o.loss));
   c->set_gradient_predivide_factor(o.gradient_predivide_factor);
   c->set_prescale_gradients(o.prescale_gradients);
   c->set_seq_len(o.seq_len);
@@ -179,6 +188,10 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   pb::RunInfo run;
   run.set_producer("gradtrace-train");
   run.set_producer_version(GRADTRACE_VERSION);
+  run.set_framework("gradtrace-train");
+  run.set_framework_version(GRADTRACE_VERSION);
+  (*run.mutable_versions())["torch"] = TORCH_VERSION;
+  (*run.mutable_versions())["gradtrace"] = GRADTRACE_VERSION;
   run.set_run_id(run_id);
   FillConfig(o, run.mutable_config());
   run.set_rank(env.rank);
@@ -198,6 +211,8 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
     for (int64_t d : p.tensor.sizes()) info->add_shape(d);
     info->set_dtype(ProtoDTypeOf(o.dtype));
     info->set_numel(p.tensor.numel());
+    info->set_kind(p.expert ? pb::EXPERT : pb::DENSE);
+    info->set_grad_group(gc::GradGroup(groups, o.zero_stage, p.expert).name);
   }
   run.set_created_unix_ns(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -124,7 +124,25 @@ void ScanFile(const std::string& path, bool use_index, std::atomic<uint64_t>* do
 }
 
 std::string ConfigLine(const pb::Config& c) {
-  return "world " + std::to_string(c.world()) + ", dp " + std::to_string(c.dp()) + ", sp " + std::to_string(c.sp());
+  std::string line =
+      "world " + std::to_string(c.world()) + ", dp " + std::to_string(c.dp()) + ", sp " + std::to_string(c.sp());
+  for (auto [name, degree] : {std::pair{"cp", c.cp()}, {"tp", c.tp()}, {"pp", c.pp()}})
+    if (degree > 1) line += std::string(", ") + name + " " + std::to_string(degree);
+  return line;
+}
+
+// dp x sp x cp x tp x pp, the ranks a dense parameter's layout spans (a degree
+// not recorded counts 1), with the factors named for an error message.
+std::pair<int64_t, std::string> DenseWorld(const pb::Config& c) {
+  int64_t product = 1;
+  std::string names;
+  for (auto [name, degree] :
+       {std::pair{"dp", c.dp()}, {"sp", c.sp()}, {"cp", c.cp()}, {"tp", c.tp()}, {"pp", c.pp()}}) {
+    if (degree <= 0) continue;
+    product *= degree;
+    names += (names.empty() ? "" : " x ") + std::string(name) + " " + std::to_string(degree);
+  }
+  return {product, names};
 }
 
 }  // namespace
@@ -226,10 +244,10 @@ Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& opt
   // Every rank of the world present.
   int world = run0.config().world();
   if (world <= 0) world = static_cast<int>(results.size());
-  if (run0.config().dp() > 0 && run0.config().sp() > 0 && run0.config().dp() * run0.config().sp() != world &&
-      run0.config().moe_experts() == 0) {
-    return Status::Mismatch(path0 + ": configuration says world " + std::to_string(world) +
-                            " but dp x sp = " + std::to_string(run0.config().dp() * run0.config().sp()));
+  if (auto [dense, names] = DenseWorld(run0.config());
+      run0.config().dp() > 0 && dense != world && run0.config().moe_experts() == 0) {
+    return Status::Mismatch(path0 + ": configuration says world " + std::to_string(world) + " but " + names + " = " +
+                            std::to_string(dense));
   }
   for (int r = 0; r < world; ++r) {
     if (!seen.count(r)) {

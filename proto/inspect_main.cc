@@ -6,6 +6,7 @@
 // code is 2 (after the other files are inspected).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -52,6 +53,22 @@ std::string Bytes(uint64_t n) {
   return buf;
 }
 
+// "dense over sdp", "tp_shard dim 0 / 2 over dp", or "-" before format 1.2.
+std::string Reduction(const pb::ParamInfo& p) {
+  if (p.kind() == pb::PARAM_KIND_UNSPECIFIED && p.grad_group().empty()) return "-";
+  std::string kind = pb::ParamKind_Name(p.kind());
+  for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (p.has_partition_dim()) kind += " dim " + std::to_string(p.partition_dim());
+  if (p.shard_count() > 0) kind += " / " + std::to_string(p.shard_count());
+  return p.grad_group().empty() ? kind : kind + " over " + p.grad_group();
+}
+
+std::string Fixed(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
 void PrintRunInfo(const TraceReader& r) {
   const pb::RunInfo& run = r.run_info();
   std::printf("== %s\n", r.path().c_str());
@@ -59,6 +76,14 @@ void PrintRunInfo(const TraceReader& r) {
   std::printf("run id       %s\n", run.run_id().c_str());
   std::printf("rank         %d (dp_rank %d, sp_rank %d) on %s\n", run.rank(), run.dp_rank(), run.sp_rank(),
               run.host().c_str());
+  if (!run.framework().empty())
+    std::printf("framework    %s %s\n", run.framework().c_str(), run.framework_version().c_str());
+  if (!run.versions().empty()) {
+    std::map<std::string, std::string> sorted(run.versions().begin(), run.versions().end());
+    std::string line;
+    for (const auto& [component, version] : sorted) line += (line.empty() ? "" : ", ") + component + " " + version;
+    std::printf("versions     %s\n", line.c_str());
+  }
   std::printf("config       %s\n", run.config().ShortDebugString().c_str());
   for (const pb::ProcessGroup& g : run.groups()) {
     std::string ranks;
@@ -69,10 +94,10 @@ void PrintRunInfo(const TraceReader& r) {
               run.model_fingerprint() == ModelFingerprint(run) ? "" : "  (does not match the parameter table!)");
   std::printf("index        %s\n", r.has_index() ? "yes" : "no (scanned)");
   std::printf("params       %d\n", run.params_size());
-  std::printf("  %5s  %-48s %-20s %-5s %12s\n", "id", "name", "shape", "dtype", "numel");
+  std::printf("  %5s  %-48s %-20s %-5s %12s  %s\n", "id", "name", "shape", "dtype", "numel", "reduced");
   for (const pb::ParamInfo& p : run.params()) {
-    std::printf("  %5d  %-48s %-20s %-5s %12lld\n", p.id(), p.name().c_str(), Shape(p).c_str(), DTypeName(p.dtype()),
-                static_cast<long long>(p.numel()));
+    std::printf("  %5d  %-48s %-20s %-5s %12lld  %s\n", p.id(), p.name().c_str(), Shape(p).c_str(),
+                DTypeName(p.dtype()), static_cast<long long>(p.numel()), Reduction(p).c_str());
   }
 }
 
@@ -125,10 +150,17 @@ Status InspectFile(const std::string& path, bool frames) {
                 f.raw_len, what.c_str());
   }
   std::printf("steps        %zu\n", steps.size());
-  if (!steps.empty()) std::printf("  %6s %5s %14s %12s %12s\n", "step", "micro", "loss", "valid_tokens", "lr");
+  if (!steps.empty())
+    std::printf("  %6s %5s %14s %12s %12s %14s\n", "step", "micro", "loss", "valid_tokens", "lr", "grad_norm");
   for (const pb::StepInfo& s : steps) {
-    std::printf("  %6lld %5d %14.8g %12lld %12.6g\n", static_cast<long long>(s.step()), s.micro_step(), s.loss(),
-                static_cast<long long>(s.valid_tokens()), s.lr());
+    const std::string norm = s.has_reported_grad_norm() ? Fixed(s.reported_grad_norm()) : "-";
+    if (s.optimizer_step()) {
+      std::printf("  %6lld %5s %14s %12s %12.6g %14s\n", static_cast<long long>(s.step()), "opt", "-", "-", s.lr(),
+                  norm.c_str());
+      continue;
+    }
+    std::printf("  %6lld %5d %14.8g %12lld %12.6g %14s\n", static_cast<long long>(s.step()), s.micro_step(), s.loss(),
+                static_cast<long long>(s.valid_tokens()), s.lr(), norm.c_str());
   }
   std::printf("buckets\n  %6s %5s %-12s %7s %7s %12s %10s %10s\n", "step", "micro", "phase", "frames", "slices",
               "elements", "stored", "raw");

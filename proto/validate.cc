@@ -108,6 +108,23 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
       return Status::Corruption(where + ": numel " + std::to_string(p.numel()) + " != product of shape " +
                                 std::to_string(n));
     }
+    // 1.2 layout: a partition dim must name one of the shape's dimensions.
+    if (p.has_partition_dim() && (p.partition_dim() < 0 || p.partition_dim() >= p.shape_size())) {
+      return Status::Corruption(where + ": partition_dim " + std::to_string(p.partition_dim()) + " outside its " +
+                                std::to_string(p.shape_size()) + "-d shape");
+    }
+    if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
+  }
+  const pb::Config& c = run.config();
+  for (auto [name, degree] : {std::pair{"world", c.world()},
+                              {"dp", c.dp()},
+                              {"sp", c.sp()},
+                              {"tp", c.tp()},
+                              {"pp", c.pp()},
+                              {"cp", c.cp()},
+                              {"ep_size", c.ep_size()},
+                              {"edp", c.edp()}}) {
+    if (degree < 0) return Status::Corruption(std::string("config: negative ") + name + " " + std::to_string(degree));
   }
   return Status::Ok();
 }

@@ -219,6 +219,8 @@ py::dict StepToDict(const pb::StepInfo& s, uint64_t offset) {
   d["loss"] = s.loss();
   d["valid_tokens"] = s.valid_tokens();
   d["lr"] = s.lr();
+  d["reported_grad_norm"] = s.has_reported_grad_norm() ? py::cast(s.reported_grad_norm()) : py::none();
+  d["optimizer_step"] = s.optimizer_step();
   return d;
 }
 
@@ -409,6 +411,9 @@ class PyWriter {
     step.set_loss(DictGet<double>(d, "loss", 0.0));
     step.set_valid_tokens(DictGet<int64_t>(d, "valid_tokens", 0));
     step.set_lr(DictGet<double>(d, "lr", 0.0));
+    if (d.contains("reported_grad_norm") && !d["reported_grad_norm"].is_none())
+      step.set_reported_grad_norm(d["reported_grad_norm"].cast<double>());
+    step.set_optimizer_step(DictGet<bool>(d, "optimizer_step", false));
     CheckOpen();
     Status st;
     {

@@ -21,7 +21,7 @@ from .dtypes import dtype_name, float_to_bf16, is_tensor, tensor_to_numpy
 TraceError = _gtcodec.TraceError
 
 _INT64_PATHS = [p.split(".") for p in _gtcodec.int64_paths()]
-_STEP_KEYS = {"step", "micro_step", "loss", "valid_tokens", "lr"}
+_STEP_KEYS = {"step", "micro_step", "loss", "valid_tokens", "lr", "reported_grad_norm", "optimizer_step"}
 _BUCKET_KEYS = {"step", "micro_step", "bucket_id", "phase", "group", "slices", "bucket_numel", "partition_offset",
                 "partition_count", "divisor"}
 _SLICE_KEYS = {"param_id", "offset", "values", "mode", "dtype"}
@@ -161,7 +161,8 @@ class TraceReader:
         file again), so iterators are independent.
 
         Step frames: ``{"type": "step", "offset", "step", "micro_step",
-        "loss", "valid_tokens", "lr"}``.
+        "loss", "valid_tokens", "lr", "reported_grad_norm" (None when not
+        reported), "optimizer_step"}``.
 
         Bucket frames: ``{"type": "bucket", "offset", "step", "micro_step",
         "bucket_id", "phase" ("PRE_REDUCE" | "POST_REDUCE" | "FINAL"),
@@ -294,7 +295,10 @@ class TraceWriter:
 
     def write_step(self, step: dict) -> None:
         """Appends a StepInfo frame: keys ``step``, ``micro_step``, ``loss``,
-        ``valid_tokens``, ``lr`` (missing ones are 0)."""
+        ``valid_tokens``, ``lr`` (missing ones are 0), ``reported_grad_norm``
+        (the norm the framework reported; missing or None = not reported) and
+        ``optimizer_step`` (True on the frame written after the optimizer step,
+        which carries the norm and no loss; FORMAT.md 4.2)."""
         unknown = set(step) - _STEP_KEYS - {"type", "offset"}
         if unknown:
             raise ValueError(f"unknown StepInfo keys {sorted(unknown)}; expected {sorted(_STEP_KEYS)}")

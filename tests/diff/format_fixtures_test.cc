@@ -1,6 +1,7 @@
-// Traces written by format 1.0's writer (tests/fixtures/format-1.0, committed)
-// keep reading, verifying and diffing with the same answers (issue 12: the
-// index became a catalogue in 1.1; old files are scanned instead).
+// Traces written by earlier writers (tests/fixtures/format-1.0 and -1.1,
+// committed) keep reading, verifying and diffing with the same answers: 1.0
+// files are scanned (the index became a catalogue in 1.1), 1.1 files lack the
+// layout fields of 1.2.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -16,31 +17,43 @@ namespace fs = std::filesystem;
 
 const std::string kFixtures = std::string(GRADTRACE_FIXTURES) + "/format-1.0";
 
-TEST(FormatFixtures, Version10FilesOpenVerifyAndAreScanned) {
+struct Fixtures {
+  std::string dir;
+  int minor;
+  int files;  // trace files under dir
+};
+
+class OldFormat : public ::testing::TestWithParam<Fixtures> {};
+
+TEST_P(OldFormat, FilesOpenAndVerify) {
   int files = 0;
-  for (const auto& set : fs::directory_iterator(kFixtures)) {
+  for (const auto& set : fs::directory_iterator(GetParam().dir)) {
     if (!set.is_directory()) continue;
     for (const auto& f : fs::directory_iterator(set.path())) {
+      if (f.path().extension() != ".gtrace") continue;
       const std::string path = f.path().string();
       auto r = TraceReader::Open(path);
       ASSERT_TRUE(r.ok()) << r.status().message();
-      EXPECT_EQ(0, (*r)->minor_version()) << path;
+      EXPECT_EQ(GetParam().minor, (*r)->minor_version()) << path;
       EXPECT_TRUE((*r)->has_index()) << path;
-      EXPECT_FALSE((*r)->catalogued()) << path;
+      EXPECT_EQ(GetParam().minor >= 1, (*r)->catalogued()) << path;
       EXPECT_TRUE(VerifyFile(path).ok()) << VerifyFile(path).message();
+      // No layout before 1.2: every parameter's kind reads as unspecified.
+      for (const pb::ParamInfo& p : (*r)->run_info().params()) EXPECT_EQ(pb::PARAM_KIND_UNSPECIFIED, p.kind());
       ++files;
     }
   }
-  EXPECT_EQ(7, files);
+  EXPECT_EQ(GetParam().files, files);
 }
 
-TEST(FormatFixtures, Version10DiffGivesTheIssue5248Answer) {
-  auto r = RunDiff(kFixtures + "/ref", kFixtures + "/sp2", {});
+TEST_P(OldFormat, DiffGivesTheIssue5248Answer) {
+  const std::string& dir = GetParam().dir;
+  auto r = RunDiff(dir + "/ref", dir + "/sp2", {});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("scaled", r->verdict);
   ASSERT_EQ(14u, r->params.size());
   for (const auto& p : r->params) EXPECT_NEAR(p.metrics.scale, 2.0, 1e-6) << p.name;
-  auto sketch = RunDiff(kFixtures + "/ref", kFixtures + "/sketch", {});
+  auto sketch = RunDiff(dir + "/ref", dir + "/sketch", {});
   ASSERT_TRUE(sketch.ok()) << sketch.status().message();
   for (const auto& p : sketch->params) {
     EXPECT_EQ(Basis::kSketch, p.metrics.basis) << p.name;
@@ -48,9 +61,16 @@ TEST(FormatFixtures, Version10DiffGivesTheIssue5248Answer) {
   }
 }
 
-// The same run written by today's writer (1.1, catalogued) and by 1.0's: every
-// phase compares equal, so old and new traces can be diffed against each other.
-TEST(FormatFixtures, Version10AndVersion11OfOneRunMatchInEveryPhase) {
+INSTANTIATE_TEST_SUITE_P(Committed, OldFormat,
+                         ::testing::Values(Fixtures{kFixtures, 0, 7},
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.1", 1, 5}),
+                         [](const ::testing::TestParamInfo<Fixtures>& info) {
+                           return "Version1" + std::to_string(info.param.minor);
+                         });
+
+// The same run written by today's writer and by 1.0's: every phase compares
+// equal, so old and new traces can be diffed against each other.
+TEST(FormatFixtures, Version10AndTodaysWriterOfOneRunMatchInEveryPhase) {
   const std::string fresh = testing::Synth("sp2", testing::Config(1, 2, 2, "ds-4530", "local-mean"));
   auto reader = TraceReader::Open(fresh + "/rank-00000.gtrace");
   ASSERT_TRUE(reader.ok());

@@ -1,5 +1,6 @@
-"""Format 1.0 traces (tests/fixtures/format-1.0, written by the 1.0 writer) read
-through the Python package as they did; 1.1 files carry the index catalogue."""
+"""Traces of earlier formats (tests/fixtures/format-1.0 and -1.1, written by
+those writers) read through the Python package as they did; 1.1 files carry the
+index catalogue, 1.2 files the parallel layout."""
 
 import numpy as np
 
@@ -7,6 +8,7 @@ import gradtrace
 from conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "format-1.0"
+FIXTURES_11 = ROOT / "tests" / "fixtures" / "format-1.1"
 
 
 def test_version_10_set_reads_with_its_index_but_no_catalogue():
@@ -37,3 +39,15 @@ def test_version_11_index_catalogues_each_bucket_frame(tmp_path):
     (entry,) = r.index()
     assert entry["param_ids"] == [0, 1]
     assert entry["group"] == "dp" and entry["divisor"] == 2.0 and entry["raw_len"] > 0
+
+
+def test_version_11_set_reads_catalogued_without_layout():
+    readers = gradtrace.read_trace_set(FIXTURES_11 / "sp2")
+    assert [r.rank for r in readers] == [0, 1]
+    for r in readers:
+        assert r.format_version == (1, 1) and r.catalogued
+        gradtrace.verify(r.path)
+        assert all(p["kind"] == "PARAM_KIND_UNSPECIFIED" and p["grad_group"] == "" for p in r.run_info["params"])
+        assert r.run_info["config"]["tp"] == 0 and r.run_info["framework"] == ""
+        steps = [f for f in r.frames() if f["type"] == "step"]
+        assert steps and all(f["reported_grad_norm"] is None and not f["optimizer_step"] for f in steps)
