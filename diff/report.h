@@ -13,6 +13,9 @@
 
 namespace gradtrace::diff {
 
+// The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
+inline constexpr char kReportSchemaVersion[] = "1.1";
+
 struct ParamResult {
   std::string name;
   int64_t numel = 0;

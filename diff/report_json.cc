@@ -9,8 +9,6 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kSchemaVersion[] = "1.0";
-
 Json ParamJson(const ParamResult& p) {
   const Metrics& m = p.metrics;
   bool none = m.basis == Basis::kNone;
@@ -66,7 +64,7 @@ Json SelfParamJson(const SelfParam& p) {
 Json ReportToJson(const Report& r) {
   bool self = r.mode == "self";
   Json j = Json::object();
-  j["schema_version"] = kSchemaVersion;
+  j["schema_version"] = kReportSchemaVersion;
   j["tool"] = "gradtrace-diff";
   j["mode"] = r.mode;
   j["verdict"] = r.verdict;
@@ -74,8 +72,10 @@ Json ReportToJson(const Report& r) {
   j["summary"] = r.summary;
   j["step"] = r.step;
   j["phase"] = r.phase;
-  j["tolerance"] = {
-      {"rtol", NumberOrNull(r.tolerance.rtol)}, {"source", r.tolerance.source}, {"bound", r.tolerance.bound}};
+  j["tolerance"] = {{"rtol", NumberOrNull(r.tolerance.rtol)},
+                    {"source", r.tolerance.source},
+                    {"bound", r.tolerance.bound},
+                    {"atol", NumberOrNull(r.tolerance.atol)}};
   j["trace_a"] = TraceSideToJson(r.a);
   j["trace_b"] = self ? Json(nullptr) : TraceSideToJson(r.b);
   j["config_a"] = ConfigToJson(r.a.config);

@@ -252,6 +252,13 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   }
   const auto& table = set.run().params();
   bool any_bad = false, any_missing = false;
+  // The absolute floor (tolerance.h) from the RMS of every POST value compared.
+  double post_sq = 0;
+  int64_t post_n = 0;
+  for (const auto& [id, acc] : total) post_sq += acc.pp, post_n += acc.compared;
+  SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
+                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
+  const double atol = report.tolerance.atol;
   for (const auto& [id, acc] : total) {
     SelfParam p;
     p.name = table[id].name();
@@ -267,11 +274,19 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
       p.residual = std::nan("");
       p.verdict = "missing";
       any_missing = true;
+    } else if (const double n = static_cast<double>(acc.compared);
+               std::sqrt(acc.pp / n) <= atol && std::sqrt(acc.ss / n) <= atol) {
+      // Zero up to rounding on both sides: no divisor to measure, nothing wrong.
+      p.divisor = std::nan("");
+      p.residual = 0;
+      p.verdict = "ok";
     } else {
       p.divisor = acc.ss / acc.sp;
       double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
       p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
-      if (p.residual > std::max(rtol, 1e-6)) {
+      // Relative to ||POST||, with the absolute floor's share (tolerance.h).
+      const double allowed = std::max(rtol, 1e-6) + (acc.pp > 0 ? atol * std::sqrt(n / acc.pp) : 0);
+      if (p.residual > allowed) {
         p.verdict = "inconsistent";
         any_bad = true;
       } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
