@@ -11,6 +11,7 @@
 #include "align.h"
 #include "explain.h"
 #include "gather.h"
+#include "grad_norm.h"
 #include "progress.h"
 #include "rename.h"
 #include "slice_codec.h"
@@ -343,6 +344,8 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   Comparison c;
   c.a = SideOf(a);
   c.b = SideOf(b);
+  c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
+  c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
@@ -418,6 +421,12 @@ Expected<Report> JudgeComparison(const Comparison& c) {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
   } else if (!report.groups.empty()) {
     report.summary = report.groups.front().explanation;
+  }
+  // A misreported norm is a finding of its own; with matching gradients it is the headline.
+  report.grad_norm = CheckGradNorms(report);
+  if (report.grad_norm && report.grad_norm->verdict == "misreported") {
+    report.findings.push_back({"grad-norm", report.grad_norm->message});
+    if (report.verdict == "match") report.summary = report.grad_norm->message;
   }
   return report;
 }

@@ -59,6 +59,18 @@ Json SelfParamJson(const SelfParam& p) {
   return j;
 }
 
+Json GradNormJson(const GradNormCheck& g) {
+  auto opt = [](const std::optional<double>& v) { return v ? NumberOrNull(*v) : Json(nullptr); };
+  return {{"verdict", g.verdict},
+          {"message", g.message},
+          {"reported_a", opt(g.reported_a)},
+          {"reported_b", opt(g.reported_b)},
+          {"computed_a", NumberOrNull(g.computed_a)},
+          {"computed_b", NumberOrNull(g.computed_b)},
+          {"off_a", opt(g.off_a)},
+          {"off_b", opt(g.off_b)}};
+}
+
 }  // namespace
 
 Json ReportToJson(const Report& r) {
@@ -88,6 +100,7 @@ Json ReportToJson(const Report& r) {
   for (const auto& f : r.findings) j["findings"].push_back({{"kind", f.kind}, {"message", f.message}});
   j["self_params"] = Json::array();
   for (const auto& p : r.self_params) j["self_params"].push_back(SelfParamJson(p));
+  j["grad_norm"] = r.grad_norm ? GradNormJson(*r.grad_norm) : Json(nullptr);
   return j;
 }
 

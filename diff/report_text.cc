@@ -123,6 +123,9 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
     out += std::string("\n") + bold + "Findings" + reset + "\n";
     for (const auto& f : r.findings) out += "  [" + f.kind + "] " + f.message + "\n";
   }
+  if (r.grad_norm && r.grad_norm->verdict == "consistent") {
+    out += "\nGrad norm: " + r.grad_norm->message + "\n";
+  }
   out += std::string("\n") + bold + "Verdict: " + reset + Paint(r.verdict, r.verdict, colour, 0);
   if (!r.summary.empty()) out += " -- " + r.summary;
   out += "\n";
