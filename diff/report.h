@@ -62,6 +62,10 @@ struct GradNormCheck {
   std::string message;                    // one sentence
 };
 
+// --self: one parameter's verdict. Larger is worse (table order).
+enum class SelfVerdict { kOk, kMissing, kWrongDivisor, kInconsistent };
+const char* SelfVerdictName(SelfVerdict v);  // "ok", "missing", "wrong-divisor", "inconsistent"
+
 // --self: effective divisor per parameter.
 struct SelfParam {
   std::string name;
@@ -74,7 +78,7 @@ struct SelfParam {
   double declared = 0;  // BucketRecord.divisor as the producer stated it (0 = unknown)
   std::vector<int32_t> buckets;
   int64_t compared = 0;
-  std::string verdict;  // "ok", "wrong-divisor", "inconsistent", "missing"
+  SelfVerdict verdict = SelfVerdict::kOk;
 };
 
 struct Report {

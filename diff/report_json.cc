@@ -55,7 +55,7 @@ Json SelfParamJson(const SelfParam& p) {
   j["residual"] = NumberOrNull(p.residual);
   j["compared"] = p.compared;
   j["buckets"] = p.buckets;
-  j["verdict"] = p.verdict;
+  j["verdict"] = SelfVerdictName(p.verdict);
   return j;
 }
 
