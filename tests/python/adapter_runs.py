@@ -120,8 +120,9 @@ def run_rank(rank, args):
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, groups={"cp": None},
-                                              cp_kind="all-gather", dp=1, loss="global-token-mean",
-                                              loss_description="CE summed over the rank's tokens / all-reduced count")
+                                              cp_kind="all-gather", dp=1, loss="token-weighted",
+                                              loss_description="CE summed over the rank's tokens / all-reduced count",
+                                              config={"scaling": "sum"})
     else:  # ref-dense, ref-seq: one rank, the whole batch and sequence
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

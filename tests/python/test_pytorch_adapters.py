@@ -83,6 +83,15 @@ def test_ddp_hook_that_sums_without_dividing_is_measured_as_2x(runs):
     assert code == 1
     scales = _scales(report)
     assert all(abs(s - 2.0) < 2 * RTOL for s in scales.values()), scales
+    # The user's hook ran inside the recording one: POST_REDUCE = the sum of PRE_REDUCE, divisor unknown (0).
+    pre, post = _buckets(runs["ddp-bug"], "PRE_REDUCE"), _buckets(runs["ddp-bug"], "POST_REDUCE")
+    assert len(post) == 4  # 2 ranks x 2 steps, one bucket
+    for _, f in post:
+        same = [g for _, g in pre if (g["step"], g["bucket_id"]) == (f["step"], f["bucket_id"])]
+        assert f["divisor"] == 0.0 and len(same) == 2
+        for k, s in enumerate(f["slices"]):
+            total = same[0]["slices"][k]["values"].astype(np.float64) + same[1]["slices"][k]["values"]
+            np.testing.assert_allclose(s["values"], total, rtol=1e-6, atol=1e-9)
 
 
 def test_ddp_records_the_layout_and_one_run_id(runs):
@@ -140,6 +149,7 @@ def test_context_parallel_run_matches_single_rank_reference(runs):
     run = gradtrace.read_trace_set(runs["cp"])[1].run_info
     cfg = run["config"]
     assert (run["framework"], cfg["world"], cfg["dp"], cfg["cp"], cfg["cp_kind"]) == ("pytorch", 2, 1, 2, "all-gather")
+    assert (cfg["loss"], cfg["scaling"]) == ("token-weighted", "sum")
     assert run["cp_rank"] == 1 and {g["name"] for g in run["groups"]} == {"world", "cp"}
 
 
@@ -151,6 +161,17 @@ def test_context_parallel_post_reduce_is_the_sum_of_pre_reduce(runs):
         for k, s in enumerate(f["slices"]):
             total = same[0]["slices"][k]["values"].astype(np.float64) + same[1]["slices"][k]["values"]
             np.testing.assert_allclose(s["values"], total, rtol=1e-6, atol=1e-9)
+
+
+def test_self_check_of_the_context_parallel_run_expects_no_division(runs):
+    """token-weighted over cp: the cp ranks' losses add up to the sequence's, so their gradients are
+    summed undivided: expected divisor group size / cp = 1, measured 1 (gradtrace-diff --self)."""
+    report = runs["tmp"] / "self-cp.json"
+    p = subprocess.run([str(DIFF), "--self", str(runs["cp"]), "--json", str(report)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    rows = json.loads(report.read_text())["self_params"]
+    assert len(rows) == 8 and all(r["expected"] == 1.0 and abs(r["divisor"] - 1.0) < RTOL for r in rows), rows
 
 
 def test_fsdp2_final_shards_match_single_rank_reference(runs):
