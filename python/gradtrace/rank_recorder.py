@@ -246,6 +246,10 @@ def _number(x) -> float:
 
 def optimizer_hooks(optimizer, before, after) -> list:
     """Runs ``before()`` ahead of every ``optimizer.step`` and ``after()`` behind it (torch's
-    step hooks: the optimizer's class is not changed). Returns the handles."""
+    step hooks: the optimizer's class is not changed). A wrapper that is no torch optimizer itself
+    (Accelerate's AcceleratedOptimizer, which skips the step while accumulating) is unwrapped to the
+    optimizer it steps. Returns the handles."""
+    while not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
     return [optimizer.register_step_pre_hook(lambda *_: before()),
             optimizer.register_step_post_hook(lambda *_: after())]

@@ -2,7 +2,11 @@
 a config-built one-layer Llama (no downloads), 4 samples = one global batch per step, SGD, on CPU;
 WORLD processes (gloo DDP through accelerate) each take 4 / WORLD samples.
 
-    python hf_runs.py WORLD OUT
+    python hf_runs.py WORLD OUT               # Trainer + gradtrace.hf_adapter.GradtraceCallback
+    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.ddp_adapter, no Trainer
+
+Accelerate without Trainer: each rank trains a small MLP on its own rows (rank r: inputs r + 1),
+through the prepared (DDP) model and AcceleratedOptimizer, with gradient accumulation 2.
 """
 
 import os
@@ -38,15 +42,39 @@ def run_rank(rank, world, out, port):
         Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
 
 
+def run_accelerate_rank(rank, world, out, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+
+    import gradtrace
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    cap = gradtrace.ddp_adapter.attach(model, out, optimizer=opt, gas=2, loss="local-mean")
+    for _ in range(4):  # 2 optimizer steps of 2 micro-steps
+        with acc.accumulate(model):
+            loss = model(torch.full((2, 4), rank + 1.0)).pow(2).mean()
+            acc.backward(loss)
+            cap.record_step(loss, 2)
+            opt.step()
+            opt.zero_grad()
+    cap.close()
+
+
 def main():
     world, out = int(sys.argv[1]), sys.argv[2]
+    target = run_accelerate_rank if sys.argv[3:] == ["accelerate"] else run_rank
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     if world == 1:
-        run_rank(0, 1, out, port)
+        target(0, 1, out, port)
     else:
-        mp.spawn(run_rank, args=(world, out, port), nprocs=world, join=True)
+        mp.spawn(target, args=(world, out, port), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ if importlib.util.find_spec("accelerate") is None:
 RUNS = ROOT / "tests" / "python" / "hf_runs.py"
 
 
-def _run(out, world):
-    cmd = [sys.executable, str(RUNS), str(world), str(out)]
+def _run(out, world, *mode):
+    cmd = [sys.executable, str(RUNS), str(world), str(out), *mode]
     p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return out
@@ -34,7 +34,7 @@ def _run(out, world):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
-    return {"ref": _run(d / "ref", 1), "dp2": _run(d / "dp2", 2), "tmp": d}
+    return {"ref": _run(d / "ref", 1), "dp2": _run(d / "dp2", 2), "acc": _run(d / "acc", 2, "accelerate"), "tmp": d}
 
 
 def test_trainer_run_on_two_ranks_matches_one_rank(runs):
@@ -62,3 +62,20 @@ def test_trainer_layout_versions_and_grad_norm(runs):
         assert abs(norm - min(marks[0]["reported_grad_norm"], 1.0)) < 1e-4
         losses = [f for f in frames if f["type"] == "step" and not f["optimizer_step"] and f["step"] == step]
         assert len(losses) == 1 and losses[0]["valid_tokens"] == 2 * 8 and losses[0]["loss"] > 0
+
+
+def test_accelerate_prepared_model_with_the_ddp_adapter(runs):
+    """Accelerate without Trainer: the DDP adapter on the prepared model, its step hooks on the optimizer
+    AcceleratedOptimizer wraps (which steps only at the end of an accumulation): one FINAL per optimizer
+    step, PRE/POST only on the micro-step that synchronises, and an effective divisor of 2 = dp."""
+    readers = gradtrace.read_trace_set(runs["acc"])
+    frames = list(readers[0].frames())
+    phases = [(f["phase"], f["step"], f["micro_step"]) for f in frames if f["type"] == "bucket"]
+    assert phases == [("PRE_REDUCE", 0, 1), ("POST_REDUCE", 0, 1), ("FINAL", 0, 1),
+                      ("PRE_REDUCE", 1, 1), ("POST_REDUCE", 1, 1), ("FINAL", 1, 1)]
+    report = runs["tmp"] / "self-acc.json"
+    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["acc"]), "--json", str(report)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    rows = json.loads(report.read_text())["self_params"]
+    assert len(rows) == 4 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows
