@@ -200,10 +200,13 @@ class RankRecorder:
                                 "valid_tokens": int(_number(valid_tokens)), "lr": self._lr(lr)})
         self.recorded["STEP"] += 1
 
-    def write_optimizer_step(self, grad_norm=None, lr: float | None = None, step: int | None = None) -> None:
+    def write_optimizer_step(self, grad_norm=None, lr: float | None = None, step: int | None = None,
+                             micro: int | None = None) -> None:
         """The StepInfo written after an optimizer step (``optimizer_step``), with the gradient norm
-        the framework reported (None: none reported)."""
-        micro = self.micro if step is None or step == self.step else self._last_micro
+        the framework reported (None: none reported); ``step``/``micro`` default to the current ones
+        (an earlier ``step``: its last micro-step)."""
+        if micro is None:
+            micro = self.micro if step is None or step == self.step else self._last_micro
         step = self.step if step is None else step
         if self.writer is None or not self._wanted_step(step):
             return
