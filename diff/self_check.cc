@@ -100,7 +100,8 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
 }  // namespace
 
 double ExpectedDivisor(const pb::Config& c, int group_size) {
-  int sp = std::max(1, c.sp());
+  // Context parallelism splits the sequence as Ulysses sp does: its ranks' losses add up the same way.
+  int sp = std::max(1, c.sp()) * std::max(1, c.cp());
   const std::string& loss = c.loss();
   // alst-tutorial: every SP rank back-propagates the whole loss through
   // all_gather, whose backward sums, so its SP ranks add up to sp times it.
