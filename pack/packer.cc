@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "diff_engine.h"
@@ -233,8 +234,8 @@ Expected<std::vector<TraceMember>> Reencode(const std::vector<TraceMember>& capt
   std::vector<TraceMember> out;
   int kinds[3] = {0, 0, 0};
   for (const Choice& c : plan) ++kinds[static_cast<int>(c.mode.kind)];
-  Say("re-encoding " + std::to_string(captured.size()) + " trace files: " + std::to_string(kinds[0]) +
-      " parameters full, " + std::to_string(kinds[1]) + " sketch, " + std::to_string(kinds[2]) + " stats");
+  Say("re-encoding " + std::to_string(captured.size()) + " trace files; parameters: " + std::to_string(kinds[0]) +
+      " full, " + std::to_string(kinds[1]) + " sketch, " + std::to_string(kinds[2]) + " stats");
   for (const TraceMember& m : captured) {
     const std::string path = (fs::path(dir) / m.name).string();
     std::error_code ec;
@@ -255,12 +256,16 @@ Expected<PackResult> Pack(const PackOptions& options) {
   if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     return Status::InvalidArgument(out + ": exists and is not a regular file");
   }
+  std::set<std::string> attached;
   for (const std::string& a : options.attachments) {
     if (::stat(a.c_str(), &st) != 0) return Status::IoError(a + ": cannot attach: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(a + ": cannot attach: not a regular file");
     const std::string base = fs::path(a).filename().string();
     if (base.size() > 90 || !BadMemberName(base).empty()) {
       return Status::InvalidArgument(a + ": cannot attach: file name too long or unusual for an archive member");
+    }
+    if (!attached.insert(base).second) {
+      return Status::InvalidArgument(a + ": cannot attach: another attachment is also named " + base);
     }
   }
   std::vector<diff::TraceSet> captured;
@@ -270,6 +275,15 @@ Expected<PackResult> Pack(const PackOptions& options) {
     Say("set " + SetName(i) + ": " + options.sets[i] + ", " + std::to_string(s->world()) + " ranks, " +
         HumanBytes(static_cast<double>(s->total_bytes())));
     captured.push_back(std::move(*s));
+  }
+  // The archive replaces `out` only at the end, but never one of its inputs.
+  for (const auto& s : captured) {
+    for (const diff::RankFile& f : s.ranks()) {
+      std::error_code ec;
+      if (fs::equivalent(f.source.path, out, ec)) {
+        return Status::InvalidArgument(out + ": is one of the trace files to pack (" + f.path + ")");
+      }
+    }
   }
   PackResult result;
   for (const auto& s : captured) result.captured_bytes += s.total_bytes();

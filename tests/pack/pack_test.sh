@@ -151,6 +151,13 @@ expect_one_line_error gradtrace-pack "missing"
 [ "$(cat kept.gtpack)" = keep ] || fail "a failed pack destroyed its output"
 expect 2 "$pack" ref sp2 -o kept.gtpack --limit 25X
 expect_one_line_error gradtrace-pack "--limit"
+mkdir other && cp ds_config.json other/
+expect 2 "$pack" ref sp2 -o kept.gtpack --attach ds_config.json --attach other/ds_config.json
+expect_one_line_error gradtrace-pack "other/ds_config.json: cannot attach: another attachment is also named ds_config.json"
+cp -r ref ref-copy
+expect 2 "$pack" ref-copy sp2 -o ref-copy/rank-00000.gtrace
+expect_one_line_error gradtrace-pack "ref-copy/rank-00000.gtrace: is one of the trace files to pack"
+cmp -s ref/rank-00000.gtrace ref-copy/rank-00000.gtrace || fail "packing over an input trace changed it"
 ls | grep -q 'tmp\|reencode' && fail "temporary files left: $(ls)"
 
 # Damaged archives.
