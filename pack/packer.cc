@@ -248,9 +248,8 @@ Expected<std::vector<TraceMember>> Reencode(const std::vector<TraceMember>& capt
   return out;
 }
 
-}  // namespace
-
-Expected<PackResult> Pack(const PackOptions& options) {
+// The output and attachments, checked before any work: errors name the file.
+Status CheckPaths(const PackOptions& options) {
   const std::string& out = options.output;
   struct stat st;
   if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -268,23 +267,37 @@ Expected<PackResult> Pack(const PackOptions& options) {
       return Status::InvalidArgument(a + ": cannot attach: another attachment is also named " + base);
     }
   }
+  return Status::Ok();
+}
+
+// The sets as captured, with a line each on stderr. The archive replaces the
+// output only at the end, but never one of its inputs.
+Expected<std::vector<diff::TraceSet>> LoadCaptured(const PackOptions& options) {
   std::vector<diff::TraceSet> captured;
   for (size_t i = 0; i < options.sets.size(); ++i) {
     auto s = diff::TraceSet::Load(options.sets[i], LoadOptionsWithThreads(options.threads));
     if (!s.ok()) return s.status();
     Say("set " + SetName(i) + ": " + options.sets[i] + ", " + std::to_string(s->world()) + " ranks, " +
         HumanBytes(static_cast<double>(s->total_bytes())));
-    captured.push_back(std::move(*s));
-  }
-  // The archive replaces `out` only at the end, but never one of its inputs.
-  for (const auto& s : captured) {
-    for (const diff::RankFile& f : s.ranks()) {
+    for (const diff::RankFile& f : s->ranks()) {
       std::error_code ec;
-      if (fs::equivalent(f.source.path, out, ec)) {
-        return Status::InvalidArgument(out + ": is one of the trace files to pack (" + f.path + ")");
+      if (fs::equivalent(f.source.path, options.output, ec)) {
+        return Status::InvalidArgument(options.output + ": is one of the trace files to pack (" + f.path + ")");
       }
     }
+    captured.push_back(std::move(*s));
   }
+  return captured;
+}
+
+}  // namespace
+
+Expected<PackResult> Pack(const PackOptions& options) {
+  const std::string& out = options.output;
+  GT_RETURN_IF_ERROR(CheckPaths(options));
+  auto loaded = LoadCaptured(options);
+  if (!loaded.ok()) return loaded.status();
+  const std::vector<diff::TraceSet>& captured = *loaded;
   PackResult result;
   for (const auto& s : captured) result.captured_bytes += s.total_bytes();
 
