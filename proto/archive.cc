@@ -126,8 +126,10 @@ Expected<Archive> Archive::Open(const std::string& path) {
     if (!HasUstarMagic(h)) return Status::Corruption(at(off) + "not a ustar header (bad magic)");
     uint64_t stored_sum = 0;
     if (!ParseOctal(h + kSumOff, kSumLen, &stored_sum) || stored_sum != HeaderSum(h)) {
-      return Status::Corruption(at(off) + "header checksum mismatch (stored " + Field(h + kSumOff, kSumLen) +
-                                ", computed " + std::to_string(HeaderSum(h)) + " decimal)");
+      char computed[24];
+      std::snprintf(computed, sizeof computed, "%06llo", static_cast<unsigned long long>(HeaderSum(h)));
+      return Status::Corruption(at(off) + "header checksum mismatch (stored '" + Field(h + kSumOff, kSumLen) +
+                                "', computed " + computed + ", octal)");
     }
     std::string name = Field(h + kNameOff, kNameLen);
     const std::string prefix = Field(h + kPrefixOff, kPrefixLen);
