@@ -68,6 +68,22 @@ std::string Field(const uint8_t* p, size_t len) {
   return std::string(reinterpret_cast<const char*>(p), n);
 }
 
+// Header bytes for a message: printable ASCII kept, anything else as \xNN,
+// so a hostile field never breaks the one-line error.
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 bool AllZero(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (p[i] != 0) return false;
@@ -128,16 +144,16 @@ Expected<Archive> Archive::Open(const std::string& path) {
     if (!ParseOctal(h + kSumOff, kSumLen, &stored_sum) || stored_sum != HeaderSum(h)) {
       char computed[24];
       std::snprintf(computed, sizeof computed, "%06llo", static_cast<unsigned long long>(HeaderSum(h)));
-      return Status::Corruption(at(off) + "header checksum mismatch (stored '" + Field(h + kSumOff, kSumLen) +
-                                "', computed " + computed + ", octal)");
+      return Status::Corruption(at(off) + "header checksum mismatch (stored '" +
+                                Printable(Field(h + kSumOff, kSumLen)) + "', computed " + computed + ", octal)");
     }
     std::string name = Field(h + kNameOff, kNameLen);
     const std::string prefix = Field(h + kPrefixOff, kPrefixLen);
     if (!prefix.empty()) name = prefix + "/" + name;
-    auto member = [&] { return at(off) + "member '" + name + "': "; };
+    auto member = [&] { return at(off) + "member '" + Printable(name) + "': "; };
     const char type = static_cast<char>(h[kTypeOff]);
     if (type != '0' && type != '\0' && type != '5') {
-      return Status::Corruption(member() + "unsupported member type '" + std::string(1, type) +
+      return Status::Corruption(member() + "unsupported member type '" + Printable(std::string(1, type)) +
                                 "' (regular files and directories only)");
     }
     uint64_t size = 0;
