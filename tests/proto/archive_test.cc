@@ -175,11 +175,11 @@ TEST(Archive, RefusesRepeatedNamesAndNonOctalSizes) {
   EXPECT_EQ(a.status().message(), path + ": offset 0: member 'report.json': size field is not octal");
 }
 
-// Fuzz finding 1 (fuzz_archive, crash-10f16134...): the stored checksum field
+// Fuzz finding 4 of docs/fuzzing.md (fuzz_archive, crash-10f16134...): the stored checksum field
 // was echoed raw, so a newline in it split the error over two lines. Header
 // bytes in messages are now escaped; so are names, which are checked after
 // the type and size.
-TEST(Archive, FuzzFinding1HostileHeaderBytesStayOnOneLine) {
+TEST(Archive, FuzzFinding4HostileHeaderBytesStayOnOneLine) {
   TempDir dir;
   const std::string path = dir.File("bug.gtpack");
   std::string tar = Member("report.json", "1") + End();
