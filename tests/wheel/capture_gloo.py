@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""A small real capture with the installed wheel: 2 gloo ranks on 127.0.0.1 train one step of a tiny
-MLP on different data and record PRE_REDUCE (local gradient), POST_REDUCE and FINAL (the all-reduced
-gradient) through gradtrace.TraceWriter into OUT/rank-0000N.gtrace.
+"""A small real capture with the installed wheel, the way a user captures their own DDP training:
+2 gloo ranks on 127.0.0.1 train one step of a tiny MLP wrapped in DistributedDataParallel, on
+different data, with gradtrace.ddp_adapter attached (PRE_REDUCE and POST_REDUCE from its comm hook,
+FINAL at optimizer.step()) into OUT/rank-0000N.gtrace.
 
     capture_gloo.py OUT --reduce mean|sum
 
-`mean` divides the all-reduced sum by the world size (DDP's behaviour); `sum` does not, so the FINAL
-gradients of a `sum` run are exactly 2x those of a `mean` run. tools/wheel-check diffs the two.
-Only record() knows how gradients reach the trace: when gradtrace.adapters.ddp lands, replace its
-body with the adapter's attach() and keep the rest.
+`mean` is DDP's own all-reduce (sum, then divide by the world size); `sum` passes a comm hook of the
+user's that sums without dividing, so the FINAL gradients of a `sum` run are exactly 2x those of a
+`mean` run. tools/wheel-check diffs the two.
 """
 
 import argparse
@@ -35,39 +35,29 @@ def batch(rank):
     return torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g)
 
 
-def run_info(net, rank, reduce):
-    params = [{"name": n, "shape": list(p.shape), "dtype": "fp32"} for n, p in net.named_parameters()]
-    return {"producer": "tests/wheel/capture_gloo.py", "producer_version": f"torch {torch.__version__}",
-            "run_id": f"wheel-check-{reduce}", "rank": rank, "dp_rank": rank, "host": socket.gethostname(),
-            "config": {"world": WORLD, "dp": WORLD, "sp": 1, "dtype": "fp32", "backend": "gloo",
-                       "scaling": reduce, "loss": "local-mean"},
-            "groups": [{"name": "dp", "ranks": list(range(WORLD))}], "params": params}
+def summing_hook(group, bucket):
+    """A user's comm hook with the bug under test: all-reduce (sum) without dividing by the world."""
+    return dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
-def record(net, rank, reduce, out_dir, loss):
-    """One step's gradients into OUT/rank-N.gtrace; all-reduces them like DDP (one bucket)."""
-    grads = [p.grad for p in net.parameters()]
-    with gradtrace.TraceWriter(os.path.join(out_dir, f"rank-{rank:05d}.gtrace"), run_info(net, rank, reduce)) as w:
-        w.write_step({"step": 0, "loss": float(loss), "valid_tokens": 32})
-        slices = lambda: [{"param_id": i, "values": g} for i, g in enumerate(grads)]  # noqa: E731
-        w.write_bucket({"step": 0, "phase": "PRE_REDUCE", "group": "dp", "slices": slices()})
-        for g in grads:
-            dist.all_reduce(g)
-            if reduce == "mean":
-                g.div_(WORLD)
-        divisor = WORLD if reduce == "mean" else 1
-        w.write_bucket({"step": 0, "phase": "POST_REDUCE", "group": "dp", "divisor": divisor, "slices": slices()})
-        w.write_bucket({"step": 0, "phase": "FINAL", "slices": slices()})
+def train_step(rank, reduce, out_dir):
+    net = torch.nn.parallel.DistributedDataParallel(model())
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    hook = {} if reduce == "mean" else {"hook": summing_hook, "hook_state": dist.group.WORLD}
+    cap = gradtrace.ddp_adapter.attach(net, out_dir, optimizer=opt, run_id=f"wheel-check-{reduce}",
+                                       loss="local-mean", **hook)
+    x, y = batch(rank)
+    loss = torch.nn.functional.mse_loss(net(x), y)
+    loss.backward()
+    cap.record_step(loss, 32)
+    opt.step()  # FINAL is written before the update
+    cap.close()
 
 
 def rank_main(rank, port, reduce, out_dir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        net = model()
-        x, y = batch(rank)
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        record(net, rank, reduce, out_dir, loss.item())
+        train_step(rank, reduce, out_dir)
         dist.barrier()
     finally:
         dist.destroy_process_group()
