@@ -95,9 +95,9 @@ void Priorities(const diff::Report& r, std::vector<std::string>* order, std::map
       if (bad && pass == 0) (*differs)[p.name] = diff::VerdictName(p.verdict);
     }
     for (const diff::SelfParam& p : r.self_params) {
-      const bool bad = p.verdict != "ok";
+      const bool bad = p.verdict != diff::SelfVerdict::kOk;
       if (bad == (pass == 0)) order->push_back(p.name);
-      if (bad && pass == 0) (*differs)[p.name] = p.verdict;
+      if (bad && pass == 0) (*differs)[p.name] = diff::SelfVerdictName(p.verdict);
     }
   }
 }

@@ -159,8 +159,11 @@ class DeepSpeedCapture:
             "adapter_unrecordable_phases": json.dumps(self.unrecordable),
         }
         run_extra.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (extra or {}).items()})
-        layout = Layout.infer({"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}, dp=dp, sp=sp, gas=gas,
-                              default_group="sdp")
+        groups = {"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}
+        expert_rule, expert_degrees = _expert_layout(engine.module.named_parameters(), groups)
+        layout = Layout.infer(groups, dp=dp, sp=sp, gas=gas, default_group="sdp", **expert_degrees)
+        if expert_rule:
+            layout.add_rule(expert_rule, kind="EXPERT", grad_group="edp")
         self.recorder = RankRecorder(
             engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
             layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg, extra=run_extra,
@@ -452,6 +455,29 @@ class DeepSpeedCapture:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _expert_layout(named_parameters, groups: dict):
+    """DeepSpeed MoE: expert parameters carry ``allreduce = False`` and the name of their expert
+    group (``group_name``); their gradients are reduced over that group's expert-data-parallel ranks.
+    Adds ``ep`` and ``edp`` to ``groups`` and returns (a regex matching the expert parameters' names,
+    {"ep": .., "edp": ..}), or ("", {}) without experts."""
+    import re
+
+    experts = [(n, p) for n, p in named_parameters if p.requires_grad and getattr(p, "allreduce", True) is False]
+    if not experts:
+        return "", {}
+    from deepspeed.utils import groups as ds_groups
+
+    group_name = getattr(experts[0][1], "group_name", None)
+    try:
+        groups["ep"] = _group_ranks(ds_groups._get_expert_parallel_group(group_name))
+        groups["edp"] = _group_ranks(ds_groups._get_expert_data_parallel_group(group_name))
+    except Exception as e:  # an older release without these helpers: experts still marked, no groups
+        log.warning("gradtrace: DeepSpeed expert groups of %r not found (%s); ep/edp not recorded", group_name, e)
+        return "^(?:" + "|".join(re.escape(n) for n, _ in experts) + ")$", {}
+    regex = "^(?:" + "|".join(re.escape(n) for n, _ in experts) + ")$"
+    return regex, {"ep": len(groups["ep"]), "edp": len(groups["edp"])}
 
 
 class _Absent:
