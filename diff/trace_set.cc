@@ -214,11 +214,11 @@ Expected<std::vector<TraceSource>> ArchiveSetSources(const std::string& archive_
   return std::move(it->second);
 }
 
-Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<TraceSource> sources,
-                                         const LoadOptions& options) {
-  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
-  // rank number from the file name -> sources (a rank may appear under two spellings).
-  std::map<int, std::vector<std::string>> by_rank;
+namespace {
+
+// Every source named rank-N.gtrace, no rank twice.
+Status CheckRankNames(const std::vector<TraceSource>& sources) {
+  std::map<int, std::vector<std::string>> by_rank;  // a rank may appear under two spellings
   for (const TraceSource& s : sources) {
     std::smatch m;
     const std::string name = fs::path(s.display()).filename().string();
@@ -233,31 +233,32 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
       return Status::InvalidArgument(ps[1] + ": duplicate rank " + std::to_string(rank) + " (also " + ps[0] + ")");
     }
   }
-  std::sort(sources.begin(), sources.end(),
-            [](const TraceSource& x, const TraceSource& y) { return x.display() < y.display(); });
-  std::vector<std::string> paths;
-  for (const TraceSource& s : sources) paths.push_back(s.display());
+  return Status::Ok();
+}
 
-  uint64_t total = 0;
+// Catalogues every file (ranks in parallel); the first file's error, if any.
+Status ScanAll(const std::vector<TraceSource>& sources, const LoadOptions& options, uint64_t* total,
+               std::vector<ScanResult>* results) {
+  *total = 0;
   for (const TraceSource& s : sources) {
     std::error_code ec;
-    total += s.size ? *s.size : fs::file_size(s.path, ec);
+    *total += s.size ? *s.size : fs::file_size(s.path, ec);
   }
   std::atomic<uint64_t> done{0};
-  std::vector<ScanResult> results(paths.size());
-  ParallelFor(paths.size(), ResolveThreads(options.threads), [&](size_t i, int) {
-    ScanFile(sources[i], options.use_index, &done, total, options.progress, &results[i]);
+  results->assign(sources.size(), ScanResult{});
+  ParallelFor(sources.size(), ResolveThreads(options.threads), [&](size_t i, int) {
+    ScanFile(sources[i], options.use_index, &done, *total, options.progress, &(*results)[i]);
   });
-  if (options.progress) options.progress(total, total);
-  for (const auto& r : results) {
+  if (options.progress) options.progress(*total, *total);
+  for (const auto& r : *results) {
     if (!r.status.ok()) return r.status;
   }
+  return Status::Ok();
+}
 
-  TraceSet set;
-  set.dir_ = dir;
-  set.total_bytes_ = total;
-  // Duplicate ranks by content (two files claiming the same rank) and name/content disagreement.
-  std::map<int, size_t> seen;
+// The rank each RunInfo claims agrees with its file name, once each; fills rank -> index.
+Status CheckRankClaims(const std::vector<ScanResult>& results, const std::vector<std::string>& paths,
+                       std::map<int, size_t>* seen) {
   for (size_t i = 0; i < results.size(); ++i) {
     int claimed = results[i].run.rank();
     int named = std::stoi(std::regex_replace(fs::path(paths[i]).filename().string(), kRankName, "$1"));
@@ -265,13 +266,17 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
       return Status::Mismatch(paths[i] + ": file name says rank " + std::to_string(named) + " but RunInfo says rank " +
                               std::to_string(claimed));
     }
-    auto [it, inserted] = seen.emplace(claimed, i);
-    if (!inserted) return Status::InvalidArgument(paths[i] + ": duplicate rank " + std::to_string(claimed));
+    if (!seen->emplace(claimed, i).second)
+      return Status::InvalidArgument(paths[i] + ": duplicate rank " + std::to_string(claimed));
   }
-  const ScanResult& first = results[0];
-  const pb::RunInfo& run0 = first.run;
-  const std::string& path0 = paths[0];
+  return Status::Ok();
+}
+
+// Every rank's RunInfo is of the same run: run id, configuration, model and parameter table.
+Status CheckSameRun(const std::vector<ScanResult>& results, const std::vector<std::string>& paths) {
   using google::protobuf::util::MessageDifferencer;
+  const pb::RunInfo& run0 = results[0].run;
+  const std::string& path0 = paths[0];
   for (size_t i = 1; i < results.size(); ++i) {
     const pb::RunInfo& run = results[i].run;
     if (run.run_id() != run0.run_id()) {
@@ -293,9 +298,15 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
       }
     }
   }
-  // Every rank of the world present.
+  return Status::Ok();
+}
+
+// The world the configuration states (or the files present), its layout's
+// degrees multiplying to it, and exactly its ranks present.
+Expected<int> CheckWorld(const pb::RunInfo& run0, const std::map<int, size_t>& seen, const std::string& dir,
+                         const std::string& path0, const std::vector<std::string>& paths) {
   int world = run0.config().world();
-  if (world <= 0) world = static_cast<int>(results.size());
+  if (world <= 0) world = static_cast<int>(seen.size());
   if (auto [dense, names] = DenseWorld(run0.config());
       run0.config().dp() > 0 && dense != world && run0.config().moe_experts() == 0) {
     return Status::Mismatch(path0 + ": configuration says world " + std::to_string(world) + " but " + names + " = " +
@@ -315,22 +326,53 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
                                      std::to_string(world));
     }
   }
-  // Param ids in slices must index the table (hostile or buggy producers).
+  return world;
+}
+
+// Param ids in slices must index the table (hostile or buggy producers).
+Status CheckParamIds(const std::vector<ScanResult>& results, const std::vector<std::string>& paths, int params) {
   for (size_t i = 0; i < results.size(); ++i) {
     for (const FrameRef& f : results[i].frames) {
       for (int32_t id : f.param_ids) {
-        if (id < 0 || id >= run0.params_size()) {
+        if (id < 0 || id >= params) {
           return Status::Corruption(paths[i] + ": frame at offset " + std::to_string(f.offset) +
                                     " refers to parameter id " + std::to_string(id) + " (table has " +
-                                    std::to_string(run0.params_size()) + ")");
+                                    std::to_string(params) + ")");
         }
       }
     }
   }
+  return Status::Ok();
+}
 
+}  // namespace
+
+Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<TraceSource> sources,
+                                         const LoadOptions& options) {
+  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  GT_RETURN_IF_ERROR(CheckRankNames(sources));
+  std::sort(sources.begin(), sources.end(),
+            [](const TraceSource& x, const TraceSource& y) { return x.display() < y.display(); });
+  std::vector<std::string> paths;
+  for (const TraceSource& s : sources) paths.push_back(s.display());
+
+  uint64_t total = 0;
+  std::vector<ScanResult> results;
+  GT_RETURN_IF_ERROR(ScanAll(sources, options, &total, &results));
+  std::map<int, size_t> seen;
+  GT_RETURN_IF_ERROR(CheckRankClaims(results, paths, &seen));
+  GT_RETURN_IF_ERROR(CheckSameRun(results, paths));
+  const pb::RunInfo& run0 = results[0].run;
+  auto world = CheckWorld(run0, seen, dir, paths[0], paths);
+  if (!world.ok()) return world.status();
+  GT_RETURN_IF_ERROR(CheckParamIds(results, paths, run0.params_size()));
+
+  TraceSet set;
+  set.dir_ = dir;
+  set.total_bytes_ = total;
   set.run0_ = run0;
-  set.ranks_.resize(world);
-  set.groups_.resize(world);
+  set.ranks_.resize(*world);
+  set.groups_.resize(*world);
   for (auto& r : results) {
     int rank = r.run.rank();
     set.ranks_[rank] = r.file;
