@@ -153,6 +153,137 @@ Expected<DistEnv> DistEnvFromEnvironment() {
   return e;
 }
 
+namespace {
+
+// Forks rank `r` with torchrun's variables, its stdout/stderr on pipes.
+bool SpawnRank(int r, int nproc, int port, pid_t parent, const std::string& exe, const std::vector<std::string>& args,
+               Child* child) {
+  int out[2], err[2];
+  if (pipe(out) != 0 || pipe(err) != 0) {
+    std::cerr << "gradtrace-train: pipe: " << std::strerror(errno) << "\n";
+    return false;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::cerr << "gradtrace-train: fork: " << std::strerror(errno) << "\n";
+    return false;
+  }
+  if (pid == 0) {
+    // A rank must not outlive its launcher.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    close(out[0]);
+    close(out[1]);
+    close(err[0]);
+    close(err[1]);
+    setenv("RANK", std::to_string(r).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(exe.c_str()));
+    for (size_t i = 1; i < args.size(); ++i) argv.push_back(const_cast<char*>(args[i].c_str()));
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    std::fprintf(stderr, "gradtrace-train: exec %s: %s\n", exe.c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  child->pid = pid;
+  child->out_fd = out[0];
+  child->err_fd = err[0];
+  return true;
+}
+
+// Waits up to 100 ms for output and forwards complete lines with a "[rank N] " prefix.
+void PumpOutput(std::vector<Child>& children) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<int, bool>> owner;  // (rank, is_stderr)
+  for (int r = 0; r < static_cast<int>(children.size()); ++r) {
+    if (children[r].out_fd >= 0) {
+      fds.push_back({children[r].out_fd, POLLIN, 0});
+      owner.push_back({r, false});
+    }
+    if (children[r].err_fd >= 0) {
+      fds.push_back({children[r].err_fd, POLLIN, 0});
+      owner.push_back({r, true});
+    }
+  }
+  if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto [r, is_err] = owner[i];
+    Child& c = children[r];
+    char buf[65536];
+    ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+    std::string& acc = is_err ? c.err_buf : c.out_buf;
+    const std::string prefix = "[rank " + std::to_string(r) + "] ";
+    if (n > 0) {
+      acc.append(buf, n);
+      FlushLines(acc, prefix, is_err ? 2 : 1, false);
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      FlushLines(acc, prefix, is_err ? 2 : 1, true);
+      close(fds[i].fd);
+      (is_err ? c.err_fd : c.out_fd) = -1;
+    }
+  }
+}
+
+// Stopping every rank once one fails or a signal arrives: SIGTERM, then
+// SIGKILL after 5 s.
+struct Stopper {
+  bool stopping = false;
+  int result = 0;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+
+  void Begin(std::vector<Child>& children, int exit_code) {
+    stopping = true;
+    result = exit_code;
+    Signal(children, SIGTERM);
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  }
+  void KillIfLate(std::vector<Child>& children) {
+    if (!stopping || std::chrono::steady_clock::now() <= deadline) return;
+    Signal(children, SIGKILL);
+    deadline = std::chrono::steady_clock::time_point::max();
+  }
+  static void Signal(std::vector<Child>& children, int sig) {
+    for (auto& c : children) {
+      if (!c.exited) kill(c.pid, sig);
+    }
+  }
+};
+
+// Reaps exited ranks; the first failure stops the others. Returns whether all have exited.
+bool ReapRanks(std::vector<Child>& children, Stopper* stop) {
+  bool all_exited = true;
+  for (int r = 0; r < static_cast<int>(children.size()); ++r) {
+    Child& c = children[r];
+    if (c.exited) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) != c.pid) {
+      all_exited = false;
+      continue;
+    }
+    c.exited = true;
+    c.status = status;
+    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (failed && !stop->stopping) {
+      std::cerr << "gradtrace-train: rank " << r << " " << DescribeExit(status) << "; stopping the other ranks\n";
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      stop->Begin(children, code == 0 ? 1 : code);
+    }
+  }
+  return all_exited;
+}
+
+}  // namespace
+
 int LaunchLocal(int nproc, const std::string& exe, const std::vector<std::string>& args) {
   const int port = FindFreePort();
   std::vector<Child> children(nproc);
@@ -161,123 +292,19 @@ int LaunchLocal(int nproc, const std::string& exe, const std::vector<std::string
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const pid_t parent = getpid();
-
   for (int r = 0; r < nproc; ++r) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) {
-      std::cerr << "gradtrace-train: pipe: " << std::strerror(errno) << "\n";
-      return 1;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::cerr << "gradtrace-train: fork: " << std::strerror(errno) << "\n";
-      return 1;
-    }
-    if (pid == 0) {
-      // A rank must not outlive its launcher.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      close(out[0]);
-      close(out[1]);
-      close(err[0]);
-      close(err[1]);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(exe.c_str()));
-      for (size_t i = 1; i < args.size(); ++i) argv.push_back(const_cast<char*>(args[i].c_str()));
-      argv.push_back(nullptr);
-      execv(exe.c_str(), argv.data());
-      std::fprintf(stderr, "gradtrace-train: exec %s: %s\n", exe.c_str(), std::strerror(errno));
-      _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    children[r].pid = pid;
-    children[r].out_fd = out[0];
-    children[r].err_fd = err[0];
+    if (!SpawnRank(r, nproc, port, parent, exe, args, &children[r])) return 1;
   }
 
-  int result = 0;
-  bool stopping = false;
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  auto stop_all = [&](int sig) {
-    for (auto& c : children) {
-      if (!c.exited) kill(c.pid, sig);
-    }
-  };
-
+  Stopper stop;
   for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<int, bool>> owner;  // (rank, is_stderr)
-    for (int r = 0; r < nproc; ++r) {
-      if (children[r].out_fd >= 0) {
-        fds.push_back({children[r].out_fd, POLLIN, 0});
-        owner.push_back({r, false});
-      }
-      if (children[r].err_fd >= 0) {
-        fds.push_back({children[r].err_fd, POLLIN, 0});
-        owner.push_back({r, true});
-      }
-    }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto [r, is_err] = owner[i];
-      Child& c = children[r];
-      char buf[65536];
-      ssize_t n = read(fds[i].fd, buf, sizeof(buf));
-      std::string& acc = is_err ? c.err_buf : c.out_buf;
-      const std::string prefix = "[rank " + std::to_string(r) + "] ";
-      if (n > 0) {
-        acc.append(buf, n);
-        FlushLines(acc, prefix, is_err ? 2 : 1, false);
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        FlushLines(acc, prefix, is_err ? 2 : 1, true);
-        close(fds[i].fd);
-        (is_err ? c.err_fd : c.out_fd) = -1;
-      }
-    }
-
-    bool all_exited = true;
-    for (int r = 0; r < nproc; ++r) {
-      Child& c = children[r];
-      if (c.exited) continue;
-      int status = 0;
-      pid_t w = waitpid(c.pid, &status, WNOHANG);
-      if (w == c.pid) {
-        c.exited = true;
-        c.status = status;
-        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && !stopping) {
-          std::cerr << "gradtrace-train: rank " << r << " " << DescribeExit(status) << "; stopping the other ranks\n";
-          result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          if (result == 0) result = 1;
-          stopping = true;
-          stop_all(SIGTERM);
-          stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        }
-      } else {
-        all_exited = false;
-      }
-    }
-    if (g_stop_signal && !stopping) {
+    PumpOutput(children);
+    const bool all_exited = ReapRanks(children, &stop);
+    if (g_stop_signal && !stop.stopping) {
       std::cerr << "gradtrace-train: received signal " << g_stop_signal << "; stopping all ranks\n";
-      stopping = true;
-      result = 128 + g_stop_signal;
-      stop_all(SIGTERM);
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      stop.Begin(children, 128 + g_stop_signal);
     }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
-      stop_all(SIGKILL);
-      stop_deadline = std::chrono::steady_clock::time_point::max();
-    }
+    stop.KillIfLate(children);
     bool pipes_open = false;
     for (auto& c : children) pipes_open |= (c.out_fd >= 0 || c.err_fd >= 0);
     if (all_exited && !pipes_open) break;
@@ -285,10 +312,10 @@ int LaunchLocal(int nproc, const std::string& exe, const std::vector<std::string
       // Grandchildren may hold the pipes; do not wait for them.
       bool any = false;
       for (auto& c : children) any |= !c.out_buf.empty() || !c.err_buf.empty();
-      if (!any && stopping) break;
+      if (!any && stop.stopping) break;
     }
   }
-  return result;
+  return stop.result;
 }
 
 }  // namespace gradtrace::capture

@@ -16,8 +16,13 @@
 # Input:  GRADTRACE_TORCH_DIR (the torch package directory; default: ask .venv's python)
 # Output: target gradtrace::torch (and gradtrace::torch_cuda with GRADTRACE_CUDA)
 
-include(GradtraceTorchDir)
-gradtrace_torch_dir("${CMAKE_SOURCE_DIR}/.venv/bin/python")
+if(NOT GRADTRACE_TORCH_DIR AND EXISTS "${CMAKE_SOURCE_DIR}/.venv/bin/python")
+  execute_process(COMMAND "${CMAKE_SOURCE_DIR}/.venv/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))"
+                  OUTPUT_VARIABLE _dir OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+  if(_rc EQUAL 0)
+    set(GRADTRACE_TORCH_DIR "${_dir}" CACHE PATH "torch package directory")
+  endif()
+endif()
 
 find_library(GRADTRACE_TORCH_CPU_LIB torch_cpu PATHS "${GRADTRACE_TORCH_DIR}/lib" NO_DEFAULT_PATH)
 find_library(GRADTRACE_C10_LIB c10 PATHS "${GRADTRACE_TORCH_DIR}/lib" NO_DEFAULT_PATH)

@@ -11,6 +11,7 @@
 #include "align.h"
 #include "explain.h"
 #include "gather.h"
+#include "grad_norm.h"
 #include "progress.h"
 #include "rename.h"
 #include "slice_codec.h"
@@ -258,8 +259,23 @@ std::vector<double> JudgeTolerance(const Comparison& c, Tolerance* tolerance) {
   return rtol;
 }
 
+// Root mean square of every element compared in A (full and sketch bases):
+// the magnitude the absolute floor scales with (tolerance.h).
+double StepRms(const Comparison& c) {
+  double sum_sq = 0;
+  int64_t n = 0;
+  for (const ComparedParam& p : c.params) {
+    if (!p.problem.empty() || (p.metrics.basis != Basis::kFull && p.metrics.basis != Basis::kSketch)) continue;
+    if (!std::isfinite(p.metrics.norm_a)) continue;
+    sum_sq += p.metrics.norm_a * p.metrics.norm_a;
+    n += p.metrics.compared;
+  }
+  return n > 0 ? std::sqrt(sum_sq / static_cast<double>(n)) : 0;
+}
+
 // One parameter's verdict; replicas that disagree beyond rtol become findings.
-ParamResult JudgeParam(const ComparedParam& p, double rtol, std::vector<Finding>* findings, bool* replica_problem) {
+ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::vector<Finding>* findings,
+                       bool* replica_problem) {
   ParamResult r;
   r.name = p.name;
   r.numel = p.numel;
@@ -273,7 +289,14 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, std::vector<Finding>
   }
   r.metrics = p.metrics;
   r.note = p.note;
-  r.verdict = Classify(p.metrics, rtol);
+  r.verdict = Classify(p.metrics, rtol, atol);
+  if (r.verdict != Classify(p.metrics, rtol)) {
+    const double n = static_cast<double>(std::max<int64_t>(p.metrics.compared, 1));
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "zero up to rounding: RMS %.3g (A) and %.3g (B) against the absolute floor %.3g",
+                  p.metrics.norm_a / std::sqrt(n), p.metrics.norm_b / std::sqrt(n), atol);
+    r.note += (r.note.empty() ? "" : "; ") + std::string(buf);
+  }
   for (int side = 0; side < 2; ++side) {
     const ComparedParam::Replica& rep = p.replica[side];
     if (rep.rel <= rtol) continue;
@@ -321,6 +344,8 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   Comparison c;
   c.a = SideOf(a);
   c.b = SideOf(b);
+  c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
+  c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
@@ -373,9 +398,11 @@ Expected<Report> JudgeComparison(const Comparison& c) {
   for (const auto& n : c.notes) report.findings.push_back({"note", n});
 
   std::vector<double> rtol = JudgeTolerance(c, &report.tolerance);
+  SetAbsoluteFloor(DefaultTolerance(c.a.config, c.b.config).rtol, StepRms(c), &report.tolerance);
   bool replica_problem = false;
   for (size_t i = 0; i < c.params.size(); ++i) {
-    report.params.push_back(JudgeParam(c.params[i], rtol[i], &report.findings, &replica_problem));
+    report.params.push_back(
+        JudgeParam(c.params[i], rtol[i], report.tolerance.atol, &report.findings, &replica_problem));
   }
   for (const auto& t : c.truncations) report.findings.push_back({"truncated", t});
 
@@ -394,6 +421,12 @@ Expected<Report> JudgeComparison(const Comparison& c) {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
   } else if (!report.groups.empty()) {
     report.summary = report.groups.front().explanation;
+  }
+  // A misreported norm is a finding of its own; with matching gradients it is the headline.
+  report.grad_norm = CheckGradNorms(report);
+  if (report.grad_norm && report.grad_norm->verdict == "misreported") {
+    report.findings.push_back({"grad-norm", report.grad_norm->message});
+    if (report.verdict == "match") report.summary = report.grad_norm->message;
   }
   return report;
 }

@@ -177,7 +177,7 @@ Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
   auto it = readers_.find(key);
   if (it != readers_.end()) return it->second.get();
   const std::string& path = set.ranks()[rank].path;
-  auto opened = TraceReader::Open(path);
+  auto opened = TraceReader::Open(set.ranks()[rank].source);
   if (!opened.ok()) return Status::IoError(NameFile(path, opened.status().message()));
   TraceReader* r = opened->get();
   readers_.emplace(key, std::move(*opened));

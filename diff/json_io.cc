@@ -34,6 +34,7 @@ Json TraceSideToJson(const TraceSide& s) {
   j["run_id"] = s.run_id;
   j["world"] = s.world;
   j["truncated"] = s.truncated;
+  j["reported_grad_norm"] = s.reported_grad_norm ? NumberOrNull(*s.reported_grad_norm) : Json(nullptr);
   return j;
 }
 

@@ -15,9 +15,11 @@
 #include <optional>
 #include <string>
 
+#include "archive.h"
 #include "atomic_file.h"
 #include "diff_engine.h"
 #include "merge.h"
+#include "packed_run.h"
 #include "partial_report.h"
 #include "report.h"
 #include "self_check.h"
@@ -114,7 +116,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> renames;
   int threads = 0;
   size_t top = SIZE_MAX;
-  app.add_option("A", a_dir, "reference trace set (directory of rank-*.gtrace)");
+  app.add_option("A", a_dir,
+                 "reference trace set (directory of rank-*.gtrace, or ARCHIVE:a of a bug-report archive); "
+                 "a lone archive reruns the comparison packed in it");
   app.add_option("B", b_dir, "trace set to compare against A");
   app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
   app.add_option("--phase", phase, "phase to compare: final, post or pre")
@@ -140,6 +144,24 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return Fail(e.what());
+  }
+
+  // One archive argument: rerun the comparison packed in it, with the options
+  // it was packed with unless given here.
+  if (merge_paths.empty() && self_dir.empty() && !a_dir.empty() && b_dir.empty() && LooksLikeArchive(a_dir)) {
+    auto packed = diff::ReadPackedDiff(a_dir);
+    if (!packed.ok()) return Fail(packed.status().message());
+    if (app.count("--phase") == 0) phase = packed->phase;
+    if (app.count("--step") == 0 && packed->step) step_text = std::to_string(*packed->step);
+    if (app.count("--rtol") == 0) rtol = packed->rtol;
+    if (app.count("--rename") == 0) renames = packed->renames;
+    if (packed->mode == "self") {
+      self_dir = a_dir + ":" + diff::kPackSetA;
+      a_dir.clear();
+    } else {
+      b_dir = a_dir + ":" + diff::kPackSetB;
+      a_dir += std::string(":") + diff::kPackSetA;
+    }
   }
 
   std::optional<int64_t> step;
@@ -181,7 +203,9 @@ int main(int argc, char** argv) {
     report = diff::RunSelfCheck(self_dir, o);
   } else {
     if (a_dir.empty() || b_dir.empty()) {
-      return Fail("usage: gradtrace-diff A B [options] | gradtrace-diff --self A | gradtrace-diff --merge PART...");
+      return Fail(
+          "usage: gradtrace-diff A B [options] | gradtrace-diff --self A | gradtrace-diff ARCHIVE | gradtrace-diff "
+          "--merge PART...");
     }
     diff::DiffOptions o;
     o.phase = phase == "pre" ? pb::PRE_REDUCE : phase == "post" ? pb::POST_REDUCE : pb::FINAL;

@@ -183,11 +183,20 @@ Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
   return m;
 }
 
-Verdict Classify(const Metrics& m, double rtol) {
+Verdict Classify(const Metrics& m, double rtol, double atol) {
   if (m.nonfinite_a > 0 || m.nonfinite_b > 0) return Verdict::kNonfinite;
   if (m.basis == Basis::kNone) return Verdict::kMissing;
   if (m.norm_a == 0 && m.norm_b == 0 && !m.sums_only) return Verdict::kMatch;
   if (m.rel_error <= rtol) return Verdict::kMatch;
+  if (atol > 0 && (m.basis == Basis::kFull || m.basis == Basis::kSketch)) {
+    // Absolute norms back from the relative ones (relative to ||b||, or all of
+    // ||a|| when b is zero).
+    const double allowed = rtol * m.norm_b + atol * std::sqrt(static_cast<double>(std::max<int64_t>(m.compared, 1)));
+    const double error = m.norm_b > 0 ? m.rel_error * m.norm_b : m.norm_a;
+    if (error <= allowed) return Verdict::kMatch;
+    const double residual = m.norm_b > 0 ? m.residual * m.norm_b : m.norm_a;
+    if (std::isfinite(m.scale) && residual <= allowed) return Verdict::kScaled;
+  }
   if (std::isfinite(m.scale) && std::isnan(m.residual) == false && m.residual <= rtol) return Verdict::kScaled;
   if (m.sums_only && std::isfinite(m.scale)) return Verdict::kScaled;
   return Verdict::kMismatch;

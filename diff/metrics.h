@@ -47,9 +47,11 @@ template <typename A, typename B>
 Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis);
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only);
 
-// match: rel_error <= rtol; scaled: residual <= rtol (B is s·A, s != 1);
-// mismatch otherwise; nonfinite when either side has a NaN or Inf. Two zero
-// gradients match; one zero and one not is a mismatch.
-Verdict Classify(const Metrics& m, double rtol);
+// match: ||b - a|| <= rtol*||b|| + atol*sqrt(n); scaled: the same for
+// b - s*a (B is s·A, s != 1); mismatch otherwise; nonfinite when either side
+// has a NaN or Inf. atol is the absolute floor of tolerance.h (full and sketch
+// bases; n the elements compared). Two zero gradients match; one zero and one
+// not is a mismatch unless the other is within the floor.
+Verdict Classify(const Metrics& m, double rtol, double atol = 0);
 
 }  // namespace gradtrace::diff

@@ -10,7 +10,7 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kPartialVersion[] = "1.0";  // minor: fields added; major: fields changed
+constexpr char kPartialVersion[] = "1.1";  // minor: fields added; major: fields changed
 constexpr char kKind[] = "partial";
 
 Json Exact(double v) {
@@ -107,6 +107,7 @@ class Fields {
     }
     return out;
   }
+  bool Has(const char* key) const { return j_.contains(key); }
   std::string Name(const char* key) const { return where_.empty() ? key : where_ + "." + key; }
 
  private:
@@ -142,6 +143,7 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
   s.run_id = f.Str("run_id");
   s.world = static_cast<int>(f.Int("world"));
   s.truncated = f.Bool("truncated");
+  if (f.Has("reported_grad_norm")) s.reported_grad_norm = f.OptDouble("reported_grad_norm");  // since 1.1
   Status st = ConfigFromJson(top.At(config_key), &s.config);
   if (!st.ok()) throw BadField{config_key, st.message()};
   return s;

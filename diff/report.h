@@ -13,6 +13,9 @@
 
 namespace gradtrace::diff {
 
+// The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
+inline constexpr char kReportSchemaVersion[] = "1.1";
+
 struct ParamResult {
   std::string name;
   int64_t numel = 0;
@@ -47,7 +50,21 @@ struct TraceSide {
   int world = 0;
   bool truncated = false;
   pb::Config config;
+  std::optional<double> reported_grad_norm;  // what the framework reported for the compared step
 };
+
+// The reported grad norm of each side against the norm of its FINAL gradients (grad_norm.h).
+struct GradNormCheck {
+  std::optional<double> reported_a, reported_b;
+  double computed_a = 0, computed_b = 0;  // sqrt(sum over parameters of ||FINAL||^2)
+  std::optional<double> off_a, off_b;     // reported / computed, where reported
+  std::string verdict;                    // "consistent" or "misreported"
+  std::string message;                    // one sentence
+};
+
+// --self: one parameter's verdict. Larger is worse (table order).
+enum class SelfVerdict { kOk, kMissing, kWrongDivisor, kInconsistent };
+const char* SelfVerdictName(SelfVerdict v);  // "ok", "missing", "wrong-divisor", "inconsistent"
 
 // --self: effective divisor per parameter.
 struct SelfParam {
@@ -61,7 +78,7 @@ struct SelfParam {
   double declared = 0;  // BucketRecord.divisor as the producer stated it (0 = unknown)
   std::vector<int32_t> buckets;
   int64_t compared = 0;
-  std::string verdict;  // "ok", "wrong-divisor", "inconsistent", "missing"
+  SelfVerdict verdict = SelfVerdict::kOk;
 };
 
 struct Report {
@@ -74,8 +91,9 @@ struct Report {
   std::vector<Group> groups;
   std::vector<Finding> findings;
   std::vector<SelfParam> self_params;
-  std::string verdict = "match";  // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
-  std::string summary;            // one line
+  std::optional<GradNormCheck> grad_norm;  // diff, phase final, when a side reported a norm
+  std::string verdict = "match";           // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
+  std::string summary;                     // one line
 
   // diff(1) convention: 0 no differences, 1 differences found.
   int ExitCode() const { return (verdict == "match" || verdict == "ok") ? 0 : 1; }

@@ -128,7 +128,7 @@ std::string RenderHtml(const Report& r) {
   bool self = r.mode == "self";
   std::vector<Point> pts;
   if (self) {
-    for (const auto& p : r.self_params) pts.push_back({p.name, p.divisor, p.residual, p.verdict});
+    for (const auto& p : r.self_params) pts.push_back({p.name, p.divisor, p.residual, SelfVerdictName(p.verdict)});
   } else {
     // Model order reads better on a chart than worst-first.
     for (const auto& p : r.params) {
@@ -168,9 +168,10 @@ std::string RenderHtml(const Report& r) {
     h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th><th>divisor</th>"
          "<th>expected</th><th>residual</th></tr>\n";
     for (const auto& p : r.self_params) {
-      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(p.verdict)) + "\">" + p.verdict +
-           "</td><td><code>" + Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" +
-           Esc(p.group) + "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" +
+      const std::string v = SelfVerdictName(p.verdict);
+      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) +
+           "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" +
            FormatNumber(p.divisor, 5) + "</td><td class=\"n\">" + FormatNumber(p.expected, 5) +
            "</td><td class=\"n\">" + FormatNumber(p.residual, 3) + "</td></tr>\n";
     }

@@ -9,8 +9,6 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kSchemaVersion[] = "1.0";
-
 Json ParamJson(const ParamResult& p) {
   const Metrics& m = p.metrics;
   bool none = m.basis == Basis::kNone;
@@ -57,8 +55,20 @@ Json SelfParamJson(const SelfParam& p) {
   j["residual"] = NumberOrNull(p.residual);
   j["compared"] = p.compared;
   j["buckets"] = p.buckets;
-  j["verdict"] = p.verdict;
+  j["verdict"] = SelfVerdictName(p.verdict);
   return j;
+}
+
+Json GradNormJson(const GradNormCheck& g) {
+  auto opt = [](const std::optional<double>& v) { return v ? NumberOrNull(*v) : Json(nullptr); };
+  return {{"verdict", g.verdict},
+          {"message", g.message},
+          {"reported_a", opt(g.reported_a)},
+          {"reported_b", opt(g.reported_b)},
+          {"computed_a", NumberOrNull(g.computed_a)},
+          {"computed_b", NumberOrNull(g.computed_b)},
+          {"off_a", opt(g.off_a)},
+          {"off_b", opt(g.off_b)}};
 }
 
 }  // namespace
@@ -66,7 +76,7 @@ Json SelfParamJson(const SelfParam& p) {
 Json ReportToJson(const Report& r) {
   bool self = r.mode == "self";
   Json j = Json::object();
-  j["schema_version"] = kSchemaVersion;
+  j["schema_version"] = kReportSchemaVersion;
   j["tool"] = "gradtrace-diff";
   j["mode"] = r.mode;
   j["verdict"] = r.verdict;
@@ -74,8 +84,10 @@ Json ReportToJson(const Report& r) {
   j["summary"] = r.summary;
   j["step"] = r.step;
   j["phase"] = r.phase;
-  j["tolerance"] = {
-      {"rtol", NumberOrNull(r.tolerance.rtol)}, {"source", r.tolerance.source}, {"bound", r.tolerance.bound}};
+  j["tolerance"] = {{"rtol", NumberOrNull(r.tolerance.rtol)},
+                    {"source", r.tolerance.source},
+                    {"bound", r.tolerance.bound},
+                    {"atol", NumberOrNull(r.tolerance.atol)}};
   j["trace_a"] = TraceSideToJson(r.a);
   j["trace_b"] = self ? Json(nullptr) : TraceSideToJson(r.b);
   j["config_a"] = ConfigToJson(r.a.config);
@@ -88,6 +100,7 @@ Json ReportToJson(const Report& r) {
   for (const auto& f : r.findings) j["findings"].push_back({{"kind", f.kind}, {"message", f.message}});
   j["self_params"] = Json::array();
   for (const auto& p : r.self_params) j["self_params"].push_back(SelfParamJson(p));
+  j["grad_norm"] = r.grad_norm ? GradNormJson(*r.grad_norm) : Json(nullptr);
   return j;
 }
 

@@ -66,9 +66,9 @@ std::string RenderMarkdown(const Report& r) {
     out += "| verdict | parameter | numel | group | size | divisor | expected | residual |\n";
     out += "|---|---|---:|---|---:|---:|---:|---:|\n";
     for (const auto& p : r.self_params) {
-      out += "| " + p.verdict + " | " + Code(p.name) + " | " + std::to_string(p.numel) + " | " + Md(p.group) + " | " +
-             std::to_string(p.group_size) + " | " + FormatNumber(p.divisor, 5) + " | " + FormatNumber(p.expected, 5) +
-             " | " + FormatNumber(p.residual, 3) + " |\n";
+      out += std::string("| ") + SelfVerdictName(p.verdict) + " | " + Code(p.name) + " | " + std::to_string(p.numel) +
+             " | " + Md(p.group) + " | " + std::to_string(p.group_size) + " | " + FormatNumber(p.divisor, 5) + " | " +
+             FormatNumber(p.expected, 5) + " | " + FormatNumber(p.residual, 3) + " |\n";
     }
   } else {
     out += "| verdict | parameter | numel | scale | residual | cosine | rel. error | max abs error |\n";

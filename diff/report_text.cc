@@ -83,11 +83,11 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
            Cell("RESIDUAL", 11) + reset + "\n";
     for (size_t i = 0; i < std::min(r.self_params.size(), max_rows); ++i) {
       const auto& p = r.self_params[i];
-      out += Paint(p.verdict, p.verdict, colour, 14) + Cell(Clip(p.name, 48), nw + 2, true) +
-             Cell(std::to_string(p.numel), 10) + Cell(p.group, 8) + Cell(std::to_string(p.group_size), 6) +
-             Cell(FormatNumber(p.divisor, 5), 10) + Cell(FormatNumber(p.expected, 5), 10) +
-             Cell(p.declared > 0 ? FormatNumber(p.declared, 5) : "-", 10) + Cell(FormatNumber(p.residual, 3), 11) +
-             "\n";
+      out += Paint(SelfVerdictName(p.verdict), SelfVerdictName(p.verdict), colour, 14) +
+             Cell(Clip(p.name, 48), nw + 2, true) + Cell(std::to_string(p.numel), 10) + Cell(p.group, 8) +
+             Cell(std::to_string(p.group_size), 6) + Cell(FormatNumber(p.divisor, 5), 10) +
+             Cell(FormatNumber(p.expected, 5), 10) + Cell(p.declared > 0 ? FormatNumber(p.declared, 5) : "-", 10) +
+             Cell(FormatNumber(p.residual, 3), 11) + "\n";
     }
   } else {
     out += std::string(bold) + "gradtrace-diff " + r.a.dir + " " + r.b.dir + reset + "\n";
@@ -122,6 +122,9 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
   if (!r.findings.empty()) {
     out += std::string("\n") + bold + "Findings" + reset + "\n";
     for (const auto& f : r.findings) out += "  [" + f.kind + "] " + f.message + "\n";
+  }
+  if (r.grad_norm && r.grad_norm->verdict == "consistent") {
+    out += "\nGrad norm: " + r.grad_norm->message + "\n";
   }
   out += std::string("\n") + bold + "Verdict: " + reset + Paint(r.verdict, r.verdict, colour, 0);
   if (!r.summary.empty()) out += " -- " + r.summary;

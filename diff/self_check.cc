@@ -1,11 +1,13 @@
 #include "self_check.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "align.h"
 #include "explain.h"
@@ -98,7 +100,8 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
 }  // namespace
 
 double ExpectedDivisor(const pb::Config& c, int group_size) {
-  int sp = std::max(1, c.sp());
+  // Context parallelism splits the sequence as Ulysses sp does: its ranks' losses add up the same way.
+  int sp = std::max(1, c.sp()) * std::max(1, c.cp());
   const std::string& loss = c.loss();
   // alst-tutorial: every SP rank back-propagates the whole loss through
   // all_gather, whose backward sums, so its SP ranks add up to sp times it.
@@ -106,51 +109,80 @@ double ExpectedDivisor(const pb::Config& c, int group_size) {
   return group_size;
 }
 
-Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
-  Report report;
-  report.mode = "self";
-  report.phase = "post";
-  report.a.dir = set.dir();
-  report.a.producer =
-      set.run().producer() + (set.run().producer_version().empty() ? "" : " " + set.run().producer_version());
-  report.a.run_id = set.run().run_id();
-  report.a.world = set.world();
-  report.a.truncated = set.truncated();
-  report.a.config = set.config();
-  report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
-  double rtol = report.tolerance.rtol;
-  double ctol = ClusterTolerance(rtol);
+namespace {
 
-  auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
-  auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
-  if (post_steps.empty() || pre_steps.empty()) {
-    return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
-                                   std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
-  }
-  int64_t step = options.step ? *options.step : post_steps.front();
-  if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
-    return Status::InvalidArgument(set.dir() + ": no POST_REDUCE records for step " + std::to_string(step));
-  }
-  report.step = step;
-
-  // Reductions and the PRE frames of each (rank, micro, bucket).
+// The reductions of one step: each (micro, bucket, group) with its members'
+// POST frames, and the PRE frames of every (rank, micro, bucket).
+struct StepReductions {
   std::map<ReductionKey, Reduction> reductions;
   std::map<std::tuple<int, int32_t, int32_t>, std::vector<const FrameRef*>> pre;
+};
+
+StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* report) {
+  StepReductions out;
   for (const FrameRef& f : set.frames()) {
     if (f.step != step) continue;
-    if (f.phase == pb::PRE_REDUCE) pre[{f.rank, f.micro_step, f.bucket_id}].push_back(&f);
+    if (f.phase == pb::PRE_REDUCE) out.pre[{f.rank, f.micro_step, f.bucket_id}].push_back(&f);
     if (f.phase != pb::POST_REDUCE) continue;
     ReductionKey key{f.micro_step, f.bucket_id, f.group, set.GroupMembers(f.rank, f.group)};
     if (key.members.empty()) {
-      report.findings.push_back({"divisor", set.ranks()[f.rank].path + ": POST_REDUCE of bucket " +
-                                                std::to_string(f.bucket_id) + " names group '" + f.group +
-                                                "' which this rank's RunInfo does not list; skipped"});
+      report->findings.push_back({"divisor", set.ranks()[f.rank].path + ": POST_REDUCE of bucket " +
+                                                 std::to_string(f.bucket_id) + " names group '" + f.group +
+                                                 "' which this rank's RunInfo does not list; skipped"});
       continue;
     }
-    reductions[key].post.push_back(&f);
+    out.reductions[key].post.push_back(&f);
   }
-  std::vector<std::pair<ReductionKey, Reduction>> work(reductions.begin(), reductions.end());
+  return out;
+}
 
+// Adds <S,S>, <S,P>, <P,P> of one POST record against the PRE sum S of its
+// reduction to `acc`; returns the elements the record holds.
+int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideValues>& sums,
+                       const std::vector<SideValues>& held, const ReductionKey& key, const FrameRef& post,
+                       std::map<int32_t, ParamAcc>* acc) {
+  int64_t held_total = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const SideValues& s = sums[k];
+    const SideValues& p = held[k];
+    if (p.ranks == 0) continue;
+    ParamAcc& a = (*acc)[ids[k]];
+    a.buckets.insert(key.bucket);
+    a.group = key.group;
+    a.group_size = static_cast<int>(key.members.size());
+    if (post.divisor > 0) a.declared = post.divisor;
+    auto add = [&](double sv, double pv) {
+      a.ss += sv * sv;
+      a.sp += sv * pv;
+      a.pp += pv * pv;
+      ++a.compared;
+    };
+    if (p.has_full() && s.has_full()) {
+      for (int64_t e = 0; e < p.numel; ++e) {
+        if (!p.filled[e]) continue;
+        ++held_total;
+        if (s.filled[e]) add(s.at(e), p.at(e));
+      }
+    } else if (!p.sparse.empty()) {
+      for (const auto& [pos, pv] : p.sparse) {
+        auto it = s.sparse.find(pos);
+        if (it != s.sparse.end())
+          add(it->second, pv);
+        else if (s.has_full() && s.filled[pos])
+          add(s.at(pos), pv);
+      }
+    } else if (p.has_stats && s.has_stats) {
+      add(s.moments.sum, p.moments.sum);  // sums only: exact when POST covers what PRE summed
+    }
+  }
+  return held_total;
+}
+
+// Every reduction in parallel: the PRE sum over the group's members against
+// each member's POST. Returns the accumulators per parameter id.
+Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
+                                                           const SelfOptions& options, Report* report) {
+  std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
   std::vector<std::map<int32_t, ParamAcc>> partial(work.size());
@@ -170,8 +202,8 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
     int missing_pre = -1;
     for (int m : key.members) {
       if (m < 0 || m >= set.world()) continue;
-      auto it = pre.find({m, key.micro, key.bucket});
-      if (it == pre.end()) {
+      auto it = step.pre.find({m, key.micro, key.bucket});
+      if (it == step.pre.end()) {
         missing_pre = m;
         continue;
       }
@@ -198,111 +230,80 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
       std::vector<SideValues> held;
       st = GatherParams(set, post_frames, id_list, Combine::kReplicas, &caches[worker], &held);
       if (!st.ok()) return fail(st);
-      int64_t held_total = 0;
-      for (size_t k = 0; k < id_list.size(); ++k) {
-        const SideValues& s = sums[k];
-        const SideValues& p = held[k];
-        if (p.ranks == 0) continue;
-        ParamAcc& a = acc[id_list[k]];
-        a.buckets.insert(key.bucket);
-        a.group = key.group;
-        a.group_size = static_cast<int>(key.members.size());
-        if (post->divisor > 0) a.declared = post->divisor;
-        auto add = [&](double sv, double pv) {
-          a.ss += sv * sv;
-          a.sp += sv * pv;
-          a.pp += pv * pv;
-          ++a.compared;
-        };
-        if (p.has_full() && s.has_full()) {
-          for (int64_t e = 0; e < p.numel; ++e) {
-            if (!p.filled[e]) continue;
-            ++held_total;
-            if (s.filled[e]) add(s.at(e), p.at(e));
-          }
-        } else if (!p.sparse.empty()) {
-          for (const auto& [pos, pv] : p.sparse) {
-            auto it = s.sparse.find(pos);
-            if (it != s.sparse.end())
-              add(it->second, pv);
-            else if (s.has_full() && s.filled[pos])
-              add(s.at(pos), pv);
-          }
-        } else if (p.has_stats && s.has_stats) {
-          add(s.moments.sum, p.moments.sum);  // sums only: exact when POST covers what PRE summed
-        }
-      }
+      const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc);
       // ZeRO-1/2: the partition the record declares must be what its slices hold.
       if (post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
         std::lock_guard<std::mutex> lock(mu);
-        report.findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
-                                                  std::to_string(key.bucket) + " declares a partition of " +
-                                                  std::to_string(post->partition_count) + " elements but holds " +
-                                                  std::to_string(held_total)});
+        report->findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
+                                                   std::to_string(key.bucket) + " declares a partition of " +
+                                                   std::to_string(post->partition_count) + " elements but holds " +
+                                                   std::to_string(held_total)});
       }
     }
     progress.Update(done.fetch_add(1) + 1, work.size());
   });
   progress.Finish();
   if (!first_error.ok()) return first_error;
-
   std::map<int32_t, ParamAcc> total;
   for (auto& m : partial) {
     for (auto& [id, acc] : m) total[id].Merge(acc);
   }
-  const auto& table = set.run().params();
-  bool any_bad = false, any_missing = false;
-  for (const auto& [id, acc] : total) {
-    SelfParam p;
-    p.name = table[id].name();
-    p.numel = table[id].numel();
-    p.group = acc.group;
-    p.group_size = acc.group_size;
-    p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
-    p.compared = acc.compared;
-    p.declared = acc.declared;
-    p.expected = p.group_size > 0 ? ExpectedDivisor(set.config(), p.group_size) : 0;
-    if (acc.compared == 0 || acc.sp == 0) {
-      p.divisor = std::nan("");
-      p.residual = std::nan("");
-      p.verdict = "missing";
-      any_missing = true;
-    } else {
-      p.divisor = acc.ss / acc.sp;
-      double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
-      p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
-      if (p.residual > std::max(rtol, 1e-6)) {
-        p.verdict = "inconsistent";
-        any_bad = true;
-      } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
-        p.verdict = "wrong-divisor";
-        any_bad = true;
-      } else {
-        p.verdict = "ok";
-      }
-      if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * p.divisor) {
-        report.findings.push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
-                                                  " but the effective divisor is " + Fixed(p.divisor)});
-      }
-    }
-    for (const auto& pr : acc.problems) report.findings.push_back({"divisor", "'" + p.name + "': " + pr});
-    if (!acc.problems.empty() && p.verdict == "ok") p.verdict = "missing", any_missing = true;
-    report.self_params.push_back(std::move(p));
-  }
-  for (const RankFile& f : set.ranks()) {
-    if (f.truncated) {
-      report.findings.push_back(
-          {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
-    }
-  }
+  return total;
+}
 
-  // Group by effective divisor.
+// One parameter's effective divisor and verdict (tolerance.h: rtol with the absolute floor).
+SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const pb::Config& config, double rtol,
+                         double ctol, double atol, std::vector<Finding>* findings) {
+  SelfParam p;
+  p.name = info.name();
+  p.numel = info.numel();
+  p.group = acc.group;
+  p.group_size = acc.group_size;
+  p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
+  p.compared = acc.compared;
+  p.declared = acc.declared;
+  p.expected = p.group_size > 0 ? ExpectedDivisor(config, p.group_size) : 0;
+  const double n = static_cast<double>(acc.compared);
+  if (acc.compared == 0 || acc.sp == 0) {
+    p.divisor = std::nan("");
+    p.residual = std::nan("");
+    p.verdict = SelfVerdict::kMissing;
+  } else if (std::sqrt(acc.pp / n) <= atol && std::sqrt(acc.ss / n) <= atol) {
+    // Zero up to rounding on both sides: no divisor to measure, nothing wrong.
+    p.divisor = std::nan("");
+    p.residual = 0;
+    p.verdict = SelfVerdict::kOk;
+  } else {
+    p.divisor = acc.ss / acc.sp;
+    double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
+    p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
+    // Relative to ||POST||, with the absolute floor's share (tolerance.h).
+    const double allowed = std::max(rtol, 1e-6) + (acc.pp > 0 ? atol * std::sqrt(n / acc.pp) : 0);
+    if (p.residual > allowed) {
+      p.verdict = SelfVerdict::kInconsistent;
+    } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
+      p.verdict = SelfVerdict::kWrongDivisor;
+    } else {
+      p.verdict = SelfVerdict::kOk;
+    }
+    if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * p.divisor) {
+      findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
+                                          " but the effective divisor is " + Fixed(p.divisor)});
+    }
+  }
+  for (const auto& pr : acc.problems) findings->push_back({"divisor", "'" + p.name + "': " + pr});
+  if (!acc.problems.empty() && p.verdict == SelfVerdict::kOk) p.verdict = SelfVerdict::kMissing;
+  return p;
+}
+
+// Parameters with the same effective divisor over groups of the same size, largest group first.
+void GroupDivisors(const pb::Config& config, double ctol, Report* report) {
   std::vector<const SelfParam*> ok;
-  for (const auto& p : report.self_params) {
+  for (const auto& p : report->self_params) {
     if (std::isfinite(p.divisor)) ok.push_back(&p);
   }
   std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });
-  int n = static_cast<int>(report.self_params.size());
+  int n = static_cast<int>(report->self_params.size());
   for (size_t i = 0; i < ok.size();) {
     size_t j = i;
     while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * ok[i]->divisor &&
@@ -314,25 +315,89 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
     g.scale = mid.divisor;
     g.count = static_cast<int>(j - i);
     for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name);
-    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, set.config(), ctol);
-    report.groups.push_back(std::move(g));
+    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, ctol);
+    report->groups.push_back(std::move(g));
     i = j;
   }
-  std::stable_sort(report.groups.begin(), report.groups.end(),
+  std::stable_sort(report->groups.begin(), report->groups.end(),
                    [](const Group& x, const Group& y) { return x.count > y.count; });
-  std::stable_sort(report.self_params.begin(), report.self_params.end(), [](const SelfParam& x, const SelfParam& y) {
-    auto sev = [](const std::string& v) {
-      return v == "inconsistent" ? 3 : v == "wrong-divisor" ? 2 : v == "missing" ? 1 : 0;
-    };
-    return sev(x.verdict) > sev(y.verdict);
-  });
-  report.verdict = any_bad           ? (std::any_of(report.self_params.begin(), report.self_params.end(),
-                                                    [](const SelfParam& p) { return p.verdict == "inconsistent"; })
-                                            ? "inconsistent"
-                                            : "wrong-divisor")
-                   : any_missing     ? "missing"
-                   : set.truncated() ? "incomplete"
-                                     : "ok";
+}
+
+// The worst parameter verdict, then incomplete for a truncated set, else ok.
+std::string SelfOverallVerdict(const Report& report, bool truncated) {
+  SelfVerdict worst = SelfVerdict::kOk;
+  for (const SelfParam& p : report.self_params) worst = std::max(worst, p.verdict);
+  if (worst != SelfVerdict::kOk) return SelfVerdictName(worst);
+  return truncated ? "incomplete" : "ok";
+}
+
+}  // namespace
+
+const char* SelfVerdictName(SelfVerdict v) {
+  switch (v) {
+    case SelfVerdict::kOk:
+      return "ok";
+    case SelfVerdict::kMissing:
+      return "missing";
+    case SelfVerdict::kWrongDivisor:
+      return "wrong-divisor";
+    case SelfVerdict::kInconsistent:
+      return "inconsistent";
+  }
+  return "?";
+}
+
+Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
+  Report report;
+  report.mode = "self";
+  report.phase = "post";
+  report.a.dir = set.dir();
+  report.a.producer =
+      set.run().producer() + (set.run().producer_version().empty() ? "" : " " + set.run().producer_version());
+  report.a.run_id = set.run().run_id();
+  report.a.world = set.world();
+  report.a.truncated = set.truncated();
+  report.a.config = set.config();
+  report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
+  const double rtol = report.tolerance.rtol;
+  const double ctol = ClusterTolerance(rtol);
+
+  auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
+  auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
+  if (post_steps.empty() || pre_steps.empty()) {
+    return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
+                                   std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
+  }
+  int64_t step = options.step ? *options.step : post_steps.front();
+  if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
+    return Status::InvalidArgument(set.dir() + ": no POST_REDUCE records for step " + std::to_string(step));
+  }
+  report.step = step;
+
+  StepReductions reductions = CollectReductions(set, step, &report);
+  auto total = AccumulateReductions(set, reductions, options, &report);
+  if (!total.ok()) return total.status();
+
+  // The absolute floor (tolerance.h) from the RMS of every POST value compared.
+  double post_sq = 0;
+  int64_t post_n = 0;
+  for (const auto& [id, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
+  SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
+                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
+  for (const auto& [id, acc] : *total) {
+    report.self_params.push_back(
+        JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
+  }
+  for (const RankFile& f : set.ranks()) {
+    if (f.truncated) {
+      report.findings.push_back(
+          {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
+    }
+  }
+  GroupDivisors(set.config(), ctol, &report);
+  std::stable_sort(report.self_params.begin(), report.self_params.end(),
+                   [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
+  report.verdict = SelfOverallVerdict(report, set.truncated());
   report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
   return report;
 }

@@ -106,7 +106,7 @@ std::string RenderStepTableText(const StepTable& t, bool colour, size_t max_rows
 
 std::string RenderStepTableJson(const StepTable& t) {
   Json j = Json::object();
-  j["schema_version"] = "1.0";
+  j["schema_version"] = kReportSchemaVersion;
   j["tool"] = "gradtrace-diff";
   j["mode"] = "steps";
   j["verdict"] = t.verdict;

@@ -52,4 +52,11 @@ Tolerance FixedTolerance(double rtol) {
   return t;
 }
 
+void SetAbsoluteFloor(double rtol_default, double g_rms, Tolerance* t) {
+  t->atol = std::isfinite(g_rms) ? rtol_default * g_rms : 0;
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "; absolute floor atol = %.3g x g_rms %.3g = %.3g", rtol_default, g_rms, t->atol);
+  t->bound += buf;
+}
+
 }  // namespace gradtrace::diff

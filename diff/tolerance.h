@@ -18,6 +18,28 @@
 //
 // --noise A2 replaces the bound with a measurement: per parameter,
 // rtol_p = max(4 * rel_error(A, A2)_p, 4u). --rtol X overrides both.
+//
+// Absolute floor. A gradient that is zero in exact arithmetic (an attention
+// key bias: softmax ignores a shift shared by every key) holds rounding noise
+// only, and its noise relative to itself is O(1), so no relative rule can pass
+// it. Its noise is rounding of the per-token terms that cancel, which are of
+// the size of the step's other gradients, so the floor scales with them:
+//
+//   atol = rtol_default * g_rms
+//
+// g_rms is the root mean square of every element compared at this step and
+// phase in A (the reference; in --self, the POST_REDUCE values), rtol_default
+// the bound above for these configurations (never --rtol or --noise: a loose
+// relative tolerance must not widen the floor). A parameter of n compared
+// elements then passes when
+//
+//   ||b - s*a|| <= rtol * ||b|| + atol * sqrt(n)     (s = 1 for "match")
+//
+// as numpy's allclose does per element. Measured on a real attention (fp32,
+// 4 x 64 tokens, tests/python/test_zero_gradient_floor.py): the key bias has
+// RMS 7.5e-11 against g_rms 1.28e-3, two reduction orders differ there by
+// 7.1e-11 per element (residual 0.87), and atol = 3.9e-8; a real gradient
+// below atol is indistinguishable from rounding noise at this dtype.
 #pragma once
 
 #include <string>
@@ -30,6 +52,7 @@ struct Tolerance {
   double rtol = 0;
   std::string source;  // "default", "noise", "rtol"
   std::string bound;   // the bound in words, for reports
+  double atol = 0;     // the absolute floor per element (0: none)
 };
 
 double UnitRoundoff(pb::DType dtype);  // fp32 when unspecified
@@ -37,5 +60,7 @@ double UnitRoundoff(pb::DType dtype);  // fp32 when unspecified
 double Summands(const pb::Config& c);
 Tolerance DefaultTolerance(const pb::Config& a, const pb::Config& b);
 Tolerance FixedTolerance(double rtol);
+// Sets t->atol = rtol_default * g_rms and says so in t->bound.
+void SetAbsoluteFloor(double rtol_default, double g_rms, Tolerance* t);
 
 }  // namespace gradtrace::diff

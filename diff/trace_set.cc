@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "archive.h"
 #include "format.h"
 #include "index_entry.h"
 #include "thread_pool.h"
@@ -25,6 +26,8 @@ std::string NameFile(const std::string& path, const std::string& message) {
 }
 
 namespace {
+
+const std::regex kRankName(R"(rank-(\d+)\.gtrace)");
 
 struct ScanResult {
   Status status;
@@ -75,9 +78,10 @@ void CatalogueFromIndex(TraceReader& reader, ScanResult* out) {
   }
 }
 
-void ScanFile(const std::string& path, bool use_index, std::atomic<uint64_t>* done, uint64_t total,
+void ScanFile(const TraceSource& source, bool use_index, std::atomic<uint64_t>* done, uint64_t total,
               const std::function<void(uint64_t, uint64_t)>& progress, ScanResult* out) {
-  auto opened = TraceReader::Open(path, ReadOptions{.use_index = use_index});
+  const std::string& path = source.display();
+  auto opened = TraceReader::Open(source, ReadOptions{.use_index = use_index});
   if (!opened.ok()) {
     out->status = Status::Corruption(NameFile(path, opened.status().message()));
     return;
@@ -85,6 +89,7 @@ void ScanFile(const std::string& path, bool use_index, std::atomic<uint64_t>* do
   TraceReader& reader = **opened;
   out->run = reader.run_info();
   out->file.path = path;
+  out->file.source = source;
   out->file.file_size = reader.file_size();
   out->file.rank = out->run.rank();
   if (reader.catalogued()) {
@@ -161,40 +166,87 @@ const std::vector<int>& TraceSet::GroupMembers(int rank, const std::string& grou
 }
 
 Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& options) {
+  if (auto [archive, set] = SplitArchiveArg(dir); LooksLikeArchive(archive)) {
+    auto sources = ArchiveSetSources(archive, set);
+    if (!sources.ok()) return sources.status();
+    return LoadSources(dir, std::move(*sources), options);
+  }
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     if (fs::exists(dir, ec))
       return Status::InvalidArgument(dir + ": not a directory (expected a trace set: a directory of rank-*.gtrace)");
     return Status::IoError(dir + ": no such directory");
   }
-  // rank number from the file name -> paths (a rank may appear under two spellings).
-  static const std::regex kName(R"(rank-(\d+)\.gtrace)");
-  std::map<int, std::vector<std::string>> by_rank;
-  std::vector<std::string> paths;
+  std::vector<TraceSource> sources;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, kName)) continue;
-    if (m[1].length() > 9) return Status::InvalidArgument(entry.path().string() + ": rank number out of range");
-    by_rank[std::stoi(m[1])].push_back(entry.path().string());
-    paths.push_back(entry.path().string());
+    if (std::regex_match(entry.path().filename().string(), kRankName))
+      sources.push_back(TraceSource::File(entry.path().string()));
   }
   if (ec) return Status::IoError(dir + ": cannot list: " + ec.message());
-  if (paths.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  return LoadSources(dir, std::move(sources), options);
+}
+
+Expected<std::vector<TraceSource>> ArchiveSetSources(const std::string& archive_path, const std::string& set) {
+  auto archive = Archive::Open(archive_path);
+  if (!archive.ok()) return archive.status();
+  // set name -> its rank members
+  std::map<std::string, std::vector<TraceSource>> sets;
+  for (const ArchiveMember& m : archive->members()) {
+    const size_t slash = m.name.find('/');
+    if (slash == std::string::npos || !std::regex_match(m.name.substr(slash + 1), kRankName)) continue;
+    sets[m.name.substr(0, slash)].push_back(TraceSource::Window(archive_path, m.offset, m.size, archive->NameOf(m)));
+  }
+  std::string names;
+  for (const auto& [name, members] : sets) names += (names.empty() ? "" : ", ") + name;
+  if (sets.empty())
+    return Status::InvalidArgument(archive_path + ": archive holds no trace set (no SET/rank-*.gtrace)");
+  if (set.empty()) {
+    if (sets.size() == 1) return std::move(sets.begin()->second);
+    return Status::InvalidArgument(archive_path + ": archive holds trace sets " + names + ": name one, as " +
+                                   archive_path + ":" + sets.begin()->first);
+  }
+  auto it = sets.find(set);
+  if (it == sets.end()) {
+    return Status::InvalidArgument(archive_path + ": archive holds no trace set '" + set + "' (it holds " + names +
+                                   ")");
+  }
+  return std::move(it->second);
+}
+
+Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<TraceSource> sources,
+                                         const LoadOptions& options) {
+  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  // rank number from the file name -> sources (a rank may appear under two spellings).
+  std::map<int, std::vector<std::string>> by_rank;
+  for (const TraceSource& s : sources) {
+    std::smatch m;
+    const std::string name = fs::path(s.display()).filename().string();
+    if (!std::regex_match(name, m, kRankName))
+      return Status::InvalidArgument(s.display() + ": not a rank-*.gtrace file");
+    if (m[1].length() > 9) return Status::InvalidArgument(s.display() + ": rank number out of range");
+    by_rank[std::stoi(m[1])].push_back(s.display());
+  }
   for (auto& [rank, ps] : by_rank) {
     if (ps.size() > 1) {
       std::sort(ps.begin(), ps.end());
       return Status::InvalidArgument(ps[1] + ": duplicate rank " + std::to_string(rank) + " (also " + ps[0] + ")");
     }
   }
-  std::sort(paths.begin(), paths.end());
+  std::sort(sources.begin(), sources.end(),
+            [](const TraceSource& x, const TraceSource& y) { return x.display() < y.display(); });
+  std::vector<std::string> paths;
+  for (const TraceSource& s : sources) paths.push_back(s.display());
 
   uint64_t total = 0;
-  for (const auto& p : paths) total += fs::file_size(p, ec);
+  for (const TraceSource& s : sources) {
+    std::error_code ec;
+    total += s.size ? *s.size : fs::file_size(s.path, ec);
+  }
   std::atomic<uint64_t> done{0};
   std::vector<ScanResult> results(paths.size());
   ParallelFor(paths.size(), ResolveThreads(options.threads), [&](size_t i, int) {
-    ScanFile(paths[i], options.use_index, &done, total, options.progress, &results[i]);
+    ScanFile(sources[i], options.use_index, &done, total, options.progress, &results[i]);
   });
   if (options.progress) options.progress(total, total);
   for (const auto& r : results) {
@@ -208,7 +260,7 @@ Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& opt
   std::map<int, size_t> seen;
   for (size_t i = 0; i < results.size(); ++i) {
     int claimed = results[i].run.rank();
-    int named = std::stoi(std::regex_replace(fs::path(paths[i]).filename().string(), kName, "$1"));
+    int named = std::stoi(std::regex_replace(fs::path(paths[i]).filename().string(), kRankName, "$1"));
     if (claimed != named) {
       return Status::Mismatch(paths[i] + ": file name says rank " + std::to_string(named) + " but RunInfo says rank " +
                               std::to_string(claimed));

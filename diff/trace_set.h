@@ -16,12 +16,14 @@
 
 #include "gradtrace.pb.h"
 #include "status.h"
+#include "trace_reader.h"
 
 namespace gradtrace::diff {
 
 struct RankFile {
   int rank = 0;
-  std::string path;
+  std::string path;    // how messages name it: the file, or "bug.gtpack:a/rank-00000.gtrace"
+  TraceSource source;  // where its bytes are (a whole file or an archive member)
   uint64_t file_size = 0;
   bool truncated = false;    // cut short: every complete frame before stop_offset is used
   uint64_t stop_offset = 0;  // where reading stopped when truncated
@@ -64,7 +66,13 @@ class TraceSet {
   // that cannot be opened or is corrupt, a missing or duplicated rank, ranks
   // of different runs, inconsistent configuration or parameter table.
   // A truncated file is not an error: it is recorded in RankFile.
+  // `dir` may also be a bug-report archive (archive.h): "bug.gtpack:a" names
+  // its set a, "bug.gtpack" its only set; members are read in place.
   static Expected<TraceSet> Load(const std::string& dir, const LoadOptions& options = {});
+  // The same checks over files already found: `name` is how the set is named
+  // (dir()), each source is one rank's trace (rank from its name, as Load).
+  static Expected<TraceSet> LoadSources(const std::string& name, std::vector<TraceSource> sources,
+                                        const LoadOptions& options = {});
 
   const std::string& dir() const { return dir_; }
   const pb::RunInfo& run() const { return run0_; }  // rank 0's RunInfo
@@ -90,5 +98,10 @@ class TraceSet {
 
 // Prefixes `path: ` to a codec message unless it already names the file.
 std::string NameFile(const std::string& path, const std::string& message);
+
+// The rank files of set `set` of an archive ("" for its only set), as sources
+// named "<archive>:<set>/rank-NNNNN.gtrace". InvalidArgument when the archive
+// holds no such set, or several and `set` is empty.
+Expected<std::vector<TraceSource>> ArchiveSetSources(const std::string& archive_path, const std::string& set);
 
 }  // namespace gradtrace::diff

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "archive.h"
 #include "slice_codec.h"
 #include "trace_reader.h"
 
@@ -110,8 +111,8 @@ struct BucketTally {
 };
 
 // Returns the reader's final status.
-Status InspectFile(const std::string& path, bool frames) {
-  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(path);
+Status InspectFile(const TraceSource& source, bool frames) {
+  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(source);
   if (!opened.ok()) return opened.status();
   TraceReader& r = **opened;
   PrintRunInfo(r);
@@ -175,18 +176,42 @@ Status InspectFile(const std::string& path, bool frames) {
   return r.status();
 }
 
-// A file, or a trace-set directory: its rank-*.gtrace files in name order.
-std::vector<std::string> Expand(const std::string& path, Status* error) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return {path};
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("rank-", 0) == 0 && e.path().extension() == ".gtrace") out.push_back(e.path().string());
+// The trace files of `arg` (path order): a file; a trace-set directory; a
+// bug-report archive (every SET/rank-*.gtrace member), "ARCHIVE:SET" (one
+// set's) or "ARCHIVE:MEMBER" (one member), read in place.
+std::vector<TraceSource> Expand(const std::string& arg, Status* error) {
+  const size_t colon = arg.rfind(':');
+  std::string archive_path = arg, pick;
+  if (!LooksLikeArchive(arg) && colon != std::string::npos && LooksLikeArchive(arg.substr(0, colon))) {
+    archive_path = arg.substr(0, colon);
+    pick = arg.substr(colon + 1);
   }
-  if (ec) *error = Status::IoError(path + ": cannot list directory: " + ec.message());
-  if (out.empty() && error->ok()) *error = Status::InvalidArgument(path + ": no rank-*.gtrace files in this directory");
-  std::sort(out.begin(), out.end());
+  std::vector<TraceSource> out;
+  if (LooksLikeArchive(archive_path)) {
+    auto archive = Archive::Open(archive_path);
+    if (!archive.ok()) {
+      *error = archive.status();
+      return out;
+    }
+    for (const ArchiveMember& m : archive->members()) {
+      const std::string base = fs::path(m.name).filename().string();
+      const bool trace = base.rfind("rank-", 0) == 0 && fs::path(base).extension() == ".gtrace";
+      const bool picked = pick.empty() ? trace : m.name == pick || (trace && m.name.rfind(pick + "/", 0) == 0);
+      if (picked) out.push_back(TraceSource::Window(archive_path, m.offset, m.size, archive->NameOf(m)));
+    }
+    if (out.empty()) *error = Status::InvalidArgument(arg + ": no such trace member in the archive");
+    return out;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(arg, ec)) return {TraceSource::File(arg)};
+  for (const auto& e : fs::directory_iterator(arg, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && e.path().extension() == ".gtrace")
+      out.push_back(TraceSource::File(e.path().string()));
+  }
+  if (ec) *error = Status::IoError(arg + ": cannot list directory: " + ec.message());
+  if (out.empty() && error->ok()) *error = Status::InvalidArgument(arg + ": no rank-*.gtrace files in this directory");
+  std::sort(out.begin(), out.end(), [](const TraceSource& x, const TraceSource& y) { return x.path < y.path; });
   return out;
 }
 
@@ -195,7 +220,10 @@ int Main(int argc, char** argv) {
   std::vector<std::string> paths;
   bool verify = false;
   bool frames = false;
-  app.add_option("PATH", paths, "trace file, or directory holding rank-*.gtrace")->required();
+  app.add_option("PATH", paths,
+                 "trace file, directory holding rank-*.gtrace, or bug-report archive (ARCHIVE, ARCHIVE:SET, "
+                 "ARCHIVE:MEMBER)")
+      ->required();
   app.add_flag("--verify", verify, "check every frame's CRC, the index and the footer; report truncation");
   app.add_flag("--frames", frames, "list every frame with its offset and sizes");
   try {
@@ -213,11 +241,11 @@ int Main(int argc, char** argv) {
   };
   for (const std::string& arg : paths) {
     Status listed;
-    for (const std::string& path : Expand(arg, &listed)) {
+    for (const TraceSource& source : Expand(arg, &listed)) {
       std::fflush(stdout);
-      Status s = InspectFile(path, frames);
+      Status s = InspectFile(source, frames);
       if (s.ok() && verify) {
-        s = VerifyFile(path);
+        s = VerifyFile(source);
         if (s.ok()) std::printf("verify       ok: every frame checksum, the index and the footer are valid\n");
       }
       std::fflush(stdout);

@@ -69,14 +69,26 @@ TraceReader::~TraceReader() {
 std::string TraceReader::Where(uint64_t offset) const { return path_ + ": offset " + std::to_string(offset) + ": "; }
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path, const ReadOptions& options) {
+  return Open(TraceSource::File(path), options);
+}
+
+Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& source, const ReadOptions& options) {
   std::unique_ptr<TraceReader> r(new TraceReader());
+  const std::string& path = source.display();
   r->path_ = path;
-  r->file_ = std::fopen(path.c_str(), "rb");
+  r->file_ = std::fopen(source.path.c_str(), "rb");
   if (r->file_ == nullptr) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
   struct stat st;
   if (fstat(fileno(r->file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return Status::IoError(path + ": not a regular file");
-  r->file_size_ = static_cast<uint64_t>(st.st_size);
+  const uint64_t real_size = static_cast<uint64_t>(st.st_size);
+  if (source.offset > real_size || source.size.value_or(0) > real_size - source.offset) {
+    return Status::Truncated(path + ": window [" + std::to_string(source.offset) + ", +" +
+                             std::to_string(source.size.value_or(0)) + ") runs past the end of " + source.path + " (" +
+                             std::to_string(real_size) + " bytes)");
+  }
+  r->base_ = source.offset;
+  r->file_size_ = source.size.value_or(real_size - source.offset);
   r->end_of_frames_ = r->file_size_;
   r->zstd_ctx_ = ZSTD_createDCtx();
   if (r->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
@@ -88,7 +100,7 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
                                                       std::to_string(format::kFileHeaderSize) + " bytes"));
   }
   uint8_t h[format::kFileHeaderSize];
-  if (!ReadExact(r->file_, 0, h, sizeof h))
+  if (!ReadExact(r->file_, r->base_, h, sizeof h))
     return Status::IoError(r->Where(0) + "read failed: " + std::strerror(errno));
   if (std::memcmp(h, format::kFileMagic, 8) != 0)
     return Status::Corruption(r->Where(0) + "bad magic: not a gradtrace file");
@@ -145,7 +157,7 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
                     std::to_string(format::kFrameHeaderSize) + " bytes");
   }
   uint8_t hb[format::kFrameHeaderSize];
-  if (!ReadExact(file_, offset, hb, sizeof hb))
+  if (!ReadExact(file_, base_ + offset, hb, sizeof hb))
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   if (h.stored_len > format::kMaxFramePayload) {
@@ -166,7 +178,7 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   // reader would multiply memory by the number of files.
   thread_local std::string stored;
   stored.resize(h.stored_len);
-  if (!ReadExact(file_, offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
+  if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   }
   uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
@@ -265,7 +277,8 @@ bool TraceReader::TryLoadIndex() {
   if (file_size_ < first_data_offset_ + format::kFrameHeaderSize + format::kFooterSize) return false;
   const uint64_t footer = file_size_ - format::kFooterSize;
   uint8_t fb[format::kFooterSize];
-  if (!ReadExact(file_, footer, fb, sizeof fb) || std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return false;
+  if (!ReadExact(file_, base_ + footer, fb, sizeof fb) || std::memcmp(fb + 8, format::kFooterMagic, 8) != 0)
+    return false;
   const uint64_t index_offset = frame_io::GetU64(fb);
   if (index_offset < first_data_offset_ || index_offset > footer - format::kFrameHeaderSize) return false;
   pb::Index merged;
@@ -330,7 +343,7 @@ Status TraceReader::ScanEnd(uint64_t offset) {
                              std::to_string(format::kFooterSize) + " bytes");
   }
   uint8_t fb[format::kFooterSize];
-  if (!ReadExact(file_, offset, fb, sizeof fb))
+  if (!ReadExact(file_, base_ + offset, fb, sizeof fb))
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   if (std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return Status::Corruption(Where(offset) + "bad footer magic");
   if (frame_io::GetU64(fb) != index_run_offset_) {
@@ -391,8 +404,11 @@ Status TraceReader::ReadAt(uint64_t offset, Frame* frame) {
   return ReadFrameAt(offset, frame, &next);
 }
 
-Status VerifyFile(const std::string& path) {
-  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(path);
+Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }
+
+Status VerifyFile(const TraceSource& source) {
+  const std::string& path = source.display();
+  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(source);
   if (!opened.ok()) return opened.status();
   TraceReader& r = **opened;
   std::vector<pb::IndexEntry> seen;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -25,6 +26,30 @@ struct Frame {
   std::unique_ptr<pb::BucketRecord> bucket;
 };
 
+// Where a trace lives: a whole file, or a byte window of one (a member of a
+// bug-report archive, archive.h). Every offset the reader uses and reports is
+// relative to the window and every bound is checked against it, never the file.
+struct TraceSource {
+  std::string path;              // the file to open
+  uint64_t offset = 0;           // first byte of the trace in that file
+  std::optional<uint64_t> size;  // bytes of the window; none: to the end of the file
+  std::string name;              // how messages name it ("bug.gtpack:a/rank-00000.gtrace"); empty: path
+  const std::string& display() const { return name.empty() ? path : name; }
+
+  static TraceSource File(std::string path) {
+    TraceSource s;
+    s.path = std::move(path);
+    return s;
+  }
+  static TraceSource Window(std::string path, uint64_t offset, uint64_t size, std::string name) {
+    TraceSource s = File(std::move(path));
+    s.offset = offset;
+    s.size = size;
+    s.name = std::move(name);
+    return s;
+  }
+};
+
 struct ReadOptions {
   bool use_index = true;  // false: always scan frames from the start
 };
@@ -34,11 +59,13 @@ class TraceReader {
   // Opens `path`, checks the file header and reads RunInfo (the first frame).
   // Fails with a one-line message naming the file and offset.
   static Expected<std::unique_ptr<TraceReader>> Open(const std::string& path, const ReadOptions& options = {});
+  // The same for a window of a file; path() is then source.display().
+  static Expected<std::unique_ptr<TraceReader>> Open(const TraceSource& source, const ReadOptions& options = {});
   ~TraceReader();
 
   const pb::RunInfo& run_info() const { return run_; }
   const std::string& path() const { return path_; }
-  uint64_t file_size() const { return file_size_; }
+  uint64_t file_size() const { return file_size_; }  // the window's size for an archive member
   bool has_index() const { return has_index_; }
   const pb::Index& index() const { return index_; }  // empty when !has_index()
   uint16_t minor_version() const { return minor_; }
@@ -89,6 +116,7 @@ class TraceReader {
 
   std::string path_;
   std::FILE* file_ = nullptr;
+  uint64_t base_ = 0;  // window offset in file_: every read adds it
   uint64_t file_size_ = 0;
   uint64_t pos_ = 0;
   uint64_t end_of_frames_ = 0;  // footer/index start when indexed, else file size
@@ -116,5 +144,6 @@ class TraceReader {
 // (index_entry.h); frames of types from a newer minor version are not listed.
 // The inspection command's --verify.
 Status VerifyFile(const std::string& path);
+Status VerifyFile(const TraceSource& source);
 
 }  // namespace gradtrace

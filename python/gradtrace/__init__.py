@@ -13,13 +13,37 @@ and numpy arrays. See python/README.md.
         w.write_step({"step": 0, "loss": 2.3, "valid_tokens": 512})
         w.write_bucket({"step": 0, "phase": "FINAL",
                         "slices": [{"param_id": 0, "values": grad, "mode": "sketch:64"}]})
+
+Capturing live training (each imports torch only when used):
+``gradtrace.ddp_adapter.attach``, ``gradtrace.fsdp2_adapter.attach``,
+``gradtrace.manual_adapter.attach``, ``gradtrace.hf_adapter.GradtraceCallback``,
+``gradtrace.deepspeed_adapter.attach``; the shared writer ``gradtrace.RankRecorder`` and
+``gradtrace.Layout``.
 """
+
+import importlib
 
 from ._gtcodec import FORMAT_VERSION, TraceError
 from .dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
 from .trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
 
+_ADAPTERS = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter", "rank_recorder",
+             "layout", "adapter_base")
+_LAZY = {"RankRecorder": "rank_recorder", "Layout": "layout"}
+
+
+def __getattr__(name):
+    """The adapters and their shared parts load on first use: importing gradtrace imports no torch."""
+    if name in _ADAPTERS:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'gradtrace' has no attribute {name!r}")
+
+
 __all__ = [
+    "Layout",
+    "RankRecorder",
     "FORMAT_VERSION",
     "TraceError",
     "TraceReader",

@@ -47,16 +47,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import time
-import uuid
 from typing import Any
 
 import torch
 
 from . import deepspeed_zero3
-from .trace import TraceWriter
+from .layout import Layout
+from .rank_recorder import RankRecorder
 
 log = logging.getLogger("gradtrace.deepspeed_adapter")
 
@@ -72,8 +69,6 @@ LOSS_RECIPES = {
     "global-token-weighted": "global-token-weighted",
     "full-sequence": "full-sequence",
 }
-
-_DTYPES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16", torch.float64: "FP64"}
 
 
 def _group_ranks(group) -> list[int]:
@@ -122,14 +117,12 @@ class DeepSpeedCapture:
         self.names: dict[int, str] = {}
         self.param_ids: dict[int, int] = {}  # id(Parameter) -> param table id
         self.params: list[torch.nn.Parameter] = []
-        table = []
         for name, p in engine.module.named_parameters():
             if not p.requires_grad:
                 continue
             self.param_ids[id(p)] = len(self.params)
             self.names[id(p)] = name
             self.params.append(p)
-            table.append({"name": name, "shape": deepspeed_zero3.full_shape(p), "dtype": _DTYPES.get(p.dtype, "FP32")})
 
         stage = int(_call(engine, "zero_optimization_stage", 0) or 0)
         self.zero_stage = stage
@@ -148,7 +141,6 @@ class DeepSpeedCapture:
             dp_ranks = [r for r in sdp_ranks if (r - self.rank) % len(sp_ranks) == 0]
         sp, dp = len(sp_ranks), len(dp_ranks)
         ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
-        dtype = table[0]["dtype"] if table else "FP32"
         gas = int(_call(engine, "gradient_accumulation_steps", 1) or 1)
         if stage > 0:
             bucket = int(getattr(engine.optimizer, "reduce_bucket_size", 0) or _call(engine, "zero_reduce_bucket_size", 0))
@@ -157,7 +149,7 @@ class DeepSpeedCapture:
             bucket = int(getattr(ds_engine, "MEMORY_OPT_ALLREDUCE_SIZE", 0))
         backend = tdist.get_backend() if tdist.is_initialized() else ""
         cfg = {"world": self.world, "dp": dp, "sp": sp, "zero_stage": stage, "gas": gas,
-               "reduce_bucket_size": bucket, "dtype": dtype, "backend": str(backend),
+               "reduce_bucket_size": bucket, "backend": str(backend),
                "scaling": f"deepspeed@{ds_version}", "capture_mode": mode,
                "loss": LOSS_RECIPES.get(loss_recipe, loss_recipe)}
         cfg.update(config or {})
@@ -170,26 +162,18 @@ class DeepSpeedCapture:
             "adapter_unrecordable_phases": json.dumps(self.unrecordable),
         }
         run_extra.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (extra or {}).items()})
-        if run_id is None:
-            run_id = os.environ.get("GRADTRACE_RUN_ID") or uuid.uuid4().hex  # pass one to share it across ranks
-        run_info = {
-            "producer": "deepspeed via adapter",
-            "producer_version": f"deepspeed {ds_version} / torch {torch_version}",
-            "run_id": run_id,
-            "config": cfg,
-            "rank": self.rank,
-            "dp_rank": dp_ranks.index(self.rank) if self.rank in dp_ranks else 0,
-            "sp_rank": sp_ranks.index(self.rank) if self.rank in sp_ranks else 0,
-            "host": socket.gethostname(),
-            "groups": [{"name": "sp", "ranks": sp_ranks}, {"name": "dp", "ranks": dp_ranks},
-                       {"name": "sdp", "ranks": sdp_ranks}],
-            "params": table,
-            "created_unix_ns": time.time_ns(),
-            "extra": run_extra,
-        }
-        os.makedirs(out_dir, exist_ok=True)
-        self.path = os.path.join(os.fspath(out_dir), f"rank-{self.rank:05d}.gtrace")
-        self.writer = TraceWriter(self.path, run_info, mode=mode)
+        groups = {"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}
+        expert_rule, expert_degrees = _expert_layout(engine.module.named_parameters(), groups)
+        layout = Layout.infer(groups, dp=dp, sp=sp, gas=gas, default_group="sdp", **expert_degrees)
+        if expert_rule:
+            layout.add_rule(expert_rule, kind="EXPERT", grad_group="edp")
+        self.recorder = RankRecorder(
+            engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
+            layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg, extra=run_extra,
+            producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
+            shape_of=deepspeed_zero3.full_shape)
+        self.path = self.recorder.path
+        self.writer = self.recorder.writer
         for phase, why in self.unrecordable.items():
             log.warning("gradtrace: DeepSpeed %s: cannot record %s: %s", ds_version, phase, why)
 
@@ -413,6 +397,9 @@ class DeepSpeedCapture:
                 self._capture_final()
             result = original(*args, **kwargs)
             if boundary:
+                lrs = _call(self.engine, "get_lr", None) or [None]
+                self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0],
+                                                   step=self.step, micro=self.micro)
                 self.step += 1
                 self.micro = 0
             else:
@@ -472,6 +459,29 @@ class DeepSpeedCapture:
         self.close()
 
 
+def _expert_layout(named_parameters, groups: dict):
+    """DeepSpeed MoE: expert parameters carry ``allreduce = False`` and the name of their expert
+    group (``group_name``); their gradients are reduced over that group's expert-data-parallel ranks.
+    Adds ``ep`` and ``edp`` to ``groups`` and returns (a regex matching the expert parameters' names,
+    {"ep": .., "edp": ..}), or ("", {}) without experts."""
+    import re
+
+    experts = [(n, p) for n, p in named_parameters if p.requires_grad and getattr(p, "allreduce", True) is False]
+    if not experts:
+        return "", {}
+    from deepspeed.utils import groups as ds_groups
+
+    group_name = getattr(experts[0][1], "group_name", None)
+    try:
+        groups["ep"] = _group_ranks(ds_groups._get_expert_parallel_group(group_name))
+        groups["edp"] = _group_ranks(ds_groups._get_expert_data_parallel_group(group_name))
+    except Exception as e:  # an older release without these helpers: experts still marked, no groups
+        log.warning("gradtrace: DeepSpeed expert groups of %r not found (%s); ep/edp not recorded", group_name, e)
+        return "^(?:" + "|".join(re.escape(n) for n, _ in experts) + ")$", {}
+    regex = "^(?:" + "|".join(re.escape(n) for n, _ in experts) + ")$"
+    return regex, {"ep": len(groups["ep"]), "edp": len(groups["edp"])}
+
+
 class _Absent:
     pass
 
@@ -484,5 +494,5 @@ def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeed
     file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (``loss``, ``loss-div-sp``,
     ``token-weighted``, ``full-sequence`` or the gradtrace names), ``config`` (extra Config fields:
     seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac, optimizer, lr, steps), ``extra``
-    (RunInfo.extra), ``run_id`` (the same on every rank; default $GRADTRACE_RUN_ID or random), ``phases``."""
+    (RunInfo.extra), ``run_id`` (default $GRADTRACE_RUN_ID, else drawn by rank 0 and broadcast), ``phases``."""
     return DeepSpeedCapture(engine, out_dir, mode, mpu, **kwargs)

@@ -94,3 +94,10 @@ def to_torch(slice_dict: dict):
     if slice_dict.get("dtype") == "BF16" and slice_dict.get("mode") == "full":
         return torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(values)
+
+
+def torch_dtype_name(dtype) -> str:
+    """Codec dtype name of a torch dtype (float32 -> "FP32", bfloat16 -> "BF16"); other
+    dtypes (integer buffers, fp8) are recorded as "FP32", the dtype their values are stored in."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    return _ALIASES.get(name, "FP32")

@@ -97,5 +97,35 @@ TEST(Metrics, MomentsOfDifferentShapesDisagree) {
   EXPECT_EQ(Classify(CompareMoments(a, b, false), 1e-6), Verdict::kMismatch);
 }
 
+// The absolute floor (tolerance.h): a gradient that is rounding noise on both
+// sides passes; anything the floor cannot explain does not.
+TEST(Metrics, AbsoluteFloorPassesRoundingNoiseOnly) {
+  const int n = 64;
+  auto noise = Ramp(n);
+  std::vector<double> a(n), b(n);
+  for (int i = 0; i < n; ++i) a[i] = 1e-11 * noise[i], b[i] = 1e-11 * noise[(i * 7) % n];  // unrelated noise
+  Metrics m = CompareValues(a.data(), b.data(), n, Basis::kFull);
+  EXPECT_GT(m.residual, 0.3);
+  EXPECT_EQ(Classify(m, 1e-4), Verdict::kMismatch);
+  EXPECT_EQ(Classify(m, 1e-4, 3e-8), Verdict::kMatch);
+  // Zero in A, noise in B: within the floor.
+  std::vector<double> zero(n, 0.0);
+  EXPECT_EQ(Classify(CompareValues(zero.data(), b.data(), n, Basis::kFull), 1e-4, 3e-8), Verdict::kMatch);
+  // Zero in A, a real gradient in B (1e-6 per element, 30x the floor): still a mismatch.
+  std::vector<double> real(n);
+  for (int i = 0; i < n; ++i) real[i] = 1e-6 * noise[i];
+  EXPECT_EQ(Classify(CompareValues(zero.data(), real.data(), n, Basis::kFull), 1e-4, 3e-8), Verdict::kMismatch);
+  // A small real gradient, twice too large: scaled, not hidden by the floor.
+  std::vector<double> twice(n);
+  for (int i = 0; i < n; ++i) twice[i] = 2 * real[i];
+  Metrics s = CompareValues(real.data(), twice.data(), n, Basis::kFull);
+  EXPECT_EQ(Classify(s, 1e-4, 3e-8), Verdict::kScaled);
+  EXPECT_NEAR(s.scale, 2.0, 1e-12);
+  // Stats have no elementwise floor.
+  Metrics st = m;
+  st.basis = Basis::kStats;
+  EXPECT_EQ(Classify(st, 1e-4, 3e-8), Verdict::kMismatch);
+}
+
 }  // namespace
 }  // namespace gradtrace::diff

@@ -25,7 +25,7 @@ TEST(SelfCheck, Ds4530DividesByDpOnly) {
     EXPECT_EQ(p.group, "sdp");
     EXPECT_EQ(p.group_size, 4);
     EXPECT_EQ(p.expected, 4.0);
-    EXPECT_EQ(p.verdict, "wrong-divisor");
+    EXPECT_EQ(p.verdict, SelfVerdict::kWrongDivisor);
   }
   EXPECT_EQ(r.verdict, "wrong-divisor");
   EXPECT_EQ(r.ExitCode(), 1);
@@ -40,7 +40,7 @@ TEST(SelfCheck, MeanDividesByGroupSize) {
   ASSERT_EQ(r.self_params.size(), 14u);
   for (const auto& p : r.self_params) {
     EXPECT_NEAR(p.divisor, 4.0, 1e-4) << p.name;
-    EXPECT_EQ(p.verdict, "ok");
+    EXPECT_EQ(p.verdict, SelfVerdict::kOk);
   }
   EXPECT_EQ(r.verdict, "ok");
   EXPECT_EQ(r.ExitCode(), 0);
@@ -52,7 +52,7 @@ TEST(SelfCheck, Ds4530WithLossDividedBySpIsCorrect) {
   for (const auto& p : r.self_params) {
     EXPECT_NEAR(p.divisor, 1.0, 1e-4) << p.name;  // dp = 1
     EXPECT_EQ(p.expected, 1.0);
-    EXPECT_EQ(p.verdict, "ok");
+    EXPECT_EQ(p.verdict, SelfVerdict::kOk);
   }
   EXPECT_EQ(r.ExitCode(), 0);
 }

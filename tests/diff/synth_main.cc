@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   gradtrace::testing::SynthSpec spec;
   std::string out;
   std::vector<std::string> scramble;
+  int64_t grow = 1;
   CLI::App app{"gradtrace-synth: write a synthetic trace set with known gradients", "gradtrace-synth"};
   app.add_option("out", out, "output directory")->required();
   app.add_option("--dp", spec.dp);
@@ -24,7 +25,10 @@ int main(int argc, char** argv) {
   app.add_option("--split-seed", spec.split_seed, "changes only how ranks share the gradient (rounding noise)");
   app.add_option("--scramble", scramble, "parameters given unrelated gradients");
   app.add_option("--disagree-rank", spec.disagree_rank, "this rank's FINAL replica differs");
+  app.add_option("--grow", grow, "multiply every parameter's first dimension by N (traces N times larger)")
+      ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
+  for (auto& p : spec.params) p.shape[0] *= grow;
   spec.scramble.insert(scramble.begin(), scramble.end());
   gradtrace::Status st = gradtrace::testing::WriteSynthSet(out, spec);
   if (!st.ok()) {

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -10,10 +12,26 @@
 
 namespace gradtrace::testing {
 
+// This process's scratch root; removed when the process exits (each test
+// binary run is its own process under ctest). The pid keeps concurrent runs
+// (other checkouts, ctest -j) apart.
+inline std::filesystem::path ScratchRoot() {
+  // Leaked on purpose: the atexit handler runs after static destructors.
+  static const auto* root = [] {
+    auto* p = new std::filesystem::path(std::filesystem::path(::testing::TempDir()) /
+                                        ("gradtrace_diff." + std::to_string(getpid())));
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(ScratchRoot(), ec);
+    });
+    return p;
+  }();
+  return *root;
+}
+
 inline std::string FreshDir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path p = std::filesystem::path(::testing::TempDir()) / "gradtrace_diff" /
-                            (std::string(info->test_suite_name()) + "." + info->name()) / name;
+  std::filesystem::path p = ScratchRoot() / (std::string(info->test_suite_name()) + "." + info->name()) / name;
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p.parent_path());
   return p.string();

@@ -102,8 +102,18 @@ def test_run_info_and_phases(runs):
         assert c["scaling"] == f"deepspeed@{deepspeed.__version__}" and c["loss"] == "local-mean"
         assert json.loads(ri["extra"]["ds_config"])["zero_optimization"]["stage"] == 2
         assert json.loads(ri["extra"]["adapter_unrecordable_phases"]) == {}
-        assert {g["name"]: g["ranks"] for g in ri["groups"]} == {"sp": [0, 1], "dp": [r.rank], "sdp": [0, 1]}
+        assert {g["name"]: g["ranks"] for g in ri["groups"]} == {"world": [0, 1], "sp": [0, 1], "dp": [r.rank],
+                                                                 "sdp": [0, 1]}
         assert ri["sp_rank"] == r.rank and ri["dp_rank"] == 0
+        assert (ri["framework"], ri["framework_version"], ri["versions"]["deepspeed"]) == ("deepspeed",) + (
+            deepspeed.__version__,) * 2
+        assert {(p["kind"], p["grad_group"]) for p in ri["params"]} == {("DENSE", "sdp")}
+        # engine.get_global_grad_norm() after the step: the norm of the averaged gradient, i.e. of FINAL
+        frames = list(r.frames())
+        final = [s for f in frames if f["type"] == "bucket" and f["phase"] == "FINAL" for s in f["slices"]]
+        norm = np.sqrt(sum(np.sum(gradtrace.slice_values(s, np.float64) ** 2) for s in final))
+        marks = [f for f in frames if f["type"] == "step" and f["optimizer_step"]]
+        assert len(marks) == 1 and abs(marks[0]["reported_grad_norm"] - norm) <= 1e-5 * norm
         assert [p["name"] for p in ri["params"]] == names
         phases = {f["phase"] for f in r.frames() if f["type"] == "bucket"}
         assert phases == {"PRE_REDUCE", "POST_REDUCE", "FINAL"}

@@ -1,0 +1,31 @@
+// Gradient bug or logging bug: the grad norm a framework reported for the
+// compared step (StepInfo.reported_grad_norm, format 1.2) against the norm of
+// the FINAL gradients the trace holds. Logging-only bugs (the norm printed is
+// wrong, the gradients are right) then read "gradients match, the reported
+// norm is off by X" instead of looking like a training bug.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "report.h"
+#include "trace_set.h"
+
+namespace gradtrace::diff {
+
+// The norm the producer reported for `step`: rank 0's optimizer-step StepInfo
+// (or, lacking one, the last StepInfo of the step that carries a norm).
+std::optional<double> ReportedGradNorm(const TraceSet& set, int64_t step);
+
+// Relative disagreement beyond which a reported norm is called off: norms
+// are summed in another order, often in fp32 over bf16 gradients.
+inline constexpr double kGradNormRtol = 1e-3;
+
+// Compares each side's reported norm with sqrt(sum of ||FINAL_p||^2) over
+// `params` (judged results of a phase-final diff). Empty when neither side
+// reported a norm, the phase is not final, or not every parameter was
+// compared in full (a partial norm proves nothing).
+std::optional<GradNormCheck> CheckGradNorms(const Report& r);
+
+}  // namespace gradtrace::diff

@@ -1,0 +1,90 @@
+// gradtrace-pack: one archive for a bug report -- one or two trace sets, the
+// diff of what was packed, the environment, attachments and a README -- under
+// a bug tracker's attachment limit. Exit 0 when the archive is written (the
+// diff's verdict is in it), 2 on bad input or when it cannot fit, with one
+// line "gradtrace-pack: <file>: <what>" on stderr and the output untouched.
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "byte_size.h"
+#include "fidelity.h"
+#include "packer.h"
+
+namespace {
+
+int Fail(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::fprintf(stderr, "gradtrace-pack: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gradtrace;
+  CLI::App app{"gradtrace-pack: pack trace sets, their diff and the environment into one archive for a bug report",
+               "gradtrace-pack"};
+  pack::PackOptions o;
+  std::string limit_text = "25M", step_text;
+  app.add_option("SETS", o.sets, "trace set A (the reference), and B (the suspect); one set packs a --self check")
+      ->required()
+      ->expected(1, 2);
+  app.add_option("-o,--output", o.output, "archive to write (e.g. bug.gtpack)")->required();
+  app.add_option("--limit", limit_text,
+                 "largest archive: 25M (default; k, M, G decimal; KiB, MiB, GiB binary); traces are re-encoded "
+                 "(sketch:K, stats) when they do not fit");
+  app.add_option("--attach", o.attachments,
+                 "a file to include under attached/ (repeatable), e.g. the DeepSpeed config");
+  app.add_option("--phase", o.diff.phase, "diff option: phase to compare (final, post, pre)")
+      ->check(CLI::IsMember({"final", "post", "pre"}));
+  app.add_option("--step", step_text, "diff option: step to compare (default: the first both sets recorded)");
+  app.add_option("--rtol", o.diff.rtol, "diff option: relative tolerance")->check(CLI::PositiveNumber);
+  app.add_option("--rename", o.diff.renames, "diff option: rename rule 'REGEX=REPL' (repeatable)");
+  app.add_option("--threads", o.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail(e.what());
+  }
+  auto limit = pack::ParseByteSize(limit_text);
+  if (!limit.ok()) return Fail(limit.status().message());
+  o.limit = *limit;
+  if (!step_text.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(step_text.c_str(), &end, 10);
+    if (errno != 0 || end == step_text.c_str() || *end != '\0' || n < 0) {
+      return Fail("--step: expected a step number, got '" + step_text + "'");
+    }
+    o.diff.step = n;
+  }
+  if (o.sets.size() == 1) {
+    o.diff.mode = "self";
+    if (app.count("--phase") > 0 || !o.diff.renames.empty()) {
+      return Fail("one trace set packs a --self check, which takes no --phase or --rename");
+    }
+  }
+  for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
+
+  auto packed = pack::Pack(o);
+  if (!packed.ok()) return Fail(packed.status().message());
+  const pack::PackResult& r = *packed;
+  std::printf("%s: %s in %zu members (limit %s); traces %s\n", o.output.c_str(),
+              pack::HumanBytes(static_cast<double>(r.archive_bytes)).c_str(), r.members,
+              pack::HumanBytes(static_cast<double>(o.limit)).c_str(),
+              r.reencoded ? ("re-encoded from " + pack::HumanBytes(static_cast<double>(r.captured_bytes)) + " to " +
+                             pack::HumanBytes(static_cast<double>(r.packed_trace_bytes)) +
+                             " (README.md lists what each parameter kept)")
+                                .c_str()
+                          : "byte for byte as captured");
+  std::printf("packed diff (exit %d): %s\nrerun: gradtrace-diff %s\n", r.diff_exit, r.headline.c_str(),
+              o.output.c_str());
+  return 0;
+}

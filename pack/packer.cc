@@ -1,0 +1,409 @@
+#include "packer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "diff_engine.h"
+#include "environment.h"
+#include "fidelity.h"
+#include "progress.h"
+#include "readme.h"
+#include "reencode.h"
+#include "self_check.h"
+#include "tar_writer.h"
+
+namespace gradtrace::pack {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kMaxAttempts = 6;
+// A re-encoded archive below this fraction of the limit is planned again with
+// the room left (the size estimates are deliberately pessimistic).
+constexpr double kGoodFill = 0.9;
+
+void Say(const std::string& line) { std::fprintf(stderr, "gradtrace-pack: %s\n", line.c_str()); }
+
+// One trace member to pack: its name in the archive and where its bytes are.
+struct TraceMember {
+  std::string set;  // "a" or "b"
+  std::string name;
+  TraceSource source;
+};
+
+// Removes a file or directory tree when it goes out of scope (temporaries).
+struct Cleanup {
+  std::string path;
+  ~Cleanup() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+diff::LoadOptions LoadOptionsWithThreads(int threads) {
+  diff::LoadOptions o;
+  o.threads = threads;
+  return o;
+}
+
+std::string SetName(size_t i) { return i == 0 ? diff::kPackSetA : diff::kPackSetB; }
+
+std::vector<TraceMember> CapturedMembers(const std::vector<diff::TraceSet>& sets) {
+  std::vector<TraceMember> out;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    for (const diff::RankFile& f : sets[i].ranks()) {
+      out.push_back({SetName(i), SetName(i) + "/" + fs::path(f.path).filename().string(), f.source});
+    }
+  }
+  return out;
+}
+
+Expected<diff::Report> RunComparison(const std::vector<const diff::TraceSet*>& sets, const diff::PackedDiff& d,
+                                     int threads) {
+  if (d.mode == "self") {
+    diff::SelfOptions o;
+    o.step = d.step;
+    o.rtol = d.rtol;
+    o.threads = threads;
+    return diff::SelfCheckSet(*sets[0], o);
+  }
+  diff::DiffOptions o;
+  o.phase = d.phase == "pre" ? pb::PRE_REDUCE : d.phase == "post" ? pb::POST_REDUCE : pb::FINAL;
+  o.step = d.step;
+  o.rtol = d.rtol;
+  o.renames = d.renames;
+  o.threads = threads;
+  return diff::DiffSets(*sets[0], *sets[1], o);
+}
+
+// What the plan needs from the captured diff: parameters that differ first
+// (worst first, as the report lists them), and a word for why.
+void Priorities(const diff::Report& r, std::vector<std::string>* order, std::map<std::string, std::string>* differs) {
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const diff::ParamResult& p : r.params) {
+      const bool bad = p.verdict != diff::Verdict::kMatch;
+      if (bad == (pass == 0)) order->push_back(p.name);
+      if (bad && pass == 0) (*differs)[p.name] = diff::VerdictName(p.verdict);
+    }
+    for (const diff::SelfParam& p : r.self_params) {
+      const bool bad = p.verdict != diff::SelfVerdict::kOk;
+      if (bad == (pass == 0)) order->push_back(p.name);
+      if (bad && pass == 0) (*differs)[p.name] = diff::SelfVerdictName(p.verdict);
+    }
+  }
+}
+
+std::string Options(const diff::PackedDiff& d) {
+  std::string s;
+  if (d.phase != "final") s += " --phase " + d.phase;
+  if (d.step) s += " --step " + std::to_string(*d.step);
+  if (d.rtol) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", *d.rtol);
+    s += std::string(" --rtol ") + buf;
+  }
+  for (const std::string& r : d.renames) s += " --rename '" + r + "'";
+  return s.empty() ? s : s.substr(1);
+}
+
+struct Attempt {
+  std::vector<TraceMember> traces;
+  std::vector<Choice> fidelity;  // empty: as captured
+  std::optional<diff::Report> original;
+};
+
+struct Written {
+  uint64_t size = 0;
+  uint64_t trace_bytes = 0;
+  size_t members = 0;
+  diff::Report report;
+};
+
+// Writes the whole archive to `tmp`; messages name options.output.
+Expected<Written> WriteArchive(const PackOptions& options, const std::string& tmp, const Attempt& attempt,
+                               uint64_t captured_bytes, const std::vector<diff::TraceSet>& captured) {
+  const std::string& out = options.output;
+  auto tar = TarWriter::Create(tmp, out, static_cast<int64_t>(std::time(nullptr)));
+  if (!tar.ok()) return tar.status();
+  TarWriter& w = **tar;
+  uint64_t total = 0, done = 0;
+  for (const TraceMember& m : attempt.traces) total += m.source.size.value_or(fs::file_size(m.source.path));
+  diff::Progress bar("gradtrace-pack: copying traces", diff::Progress::Wanted(total));
+  // Members are named by the archive's file name, as the README's rerun
+  // command (`gradtrace-diff bug.gtpack`, run where the file is) names them.
+  const std::string name = fs::path(out).filename().string();
+  std::map<std::string, std::vector<TraceSource>> packed;  // set -> its members, read back from `tmp`
+  for (const TraceMember& m : attempt.traces) {
+    GT_RETURN_IF_ERROR(w.AddCopy(m.name, m.source, [&](uint64_t n) { bar.Update(done += n, total); }));
+    const ArchiveMember& am = w.members().back();
+    packed[m.set].push_back(TraceSource::Window(tmp, am.offset, am.size, name + ":" + am.name));
+  }
+  bar.Finish();
+  GT_RETURN_IF_ERROR(w.Flush());
+  Written result;
+  result.trace_bytes = done;
+
+  // The report comes from the packed members, named as the archive will be,
+  // so `gradtrace-diff ARCHIVE` reproduces it byte for byte.
+  Say("comparing the packed traces (" + HumanBytes(static_cast<double>(done)) + ")");
+  std::vector<diff::TraceSet> sets;
+  for (const auto& [set, sources] : packed) {
+    auto s = diff::TraceSet::LoadSources(name + ":" + set, sources, LoadOptionsWithThreads(options.threads));
+    if (!s.ok()) return s.status();
+    sets.push_back(std::move(*s));
+  }
+  std::vector<const diff::TraceSet*> ptrs;
+  for (const auto& s : sets) ptrs.push_back(&s);
+  auto report = RunComparison(ptrs, options.diff, options.threads);
+  if (!report.ok()) return report.status();
+  GT_RETURN_IF_ERROR(w.Add("report.json", diff::RenderJson(*report)));
+  GT_RETURN_IF_ERROR(w.Add("report.md", diff::RenderMarkdown(*report)));
+  GT_RETURN_IF_ERROR(w.Add("report.html", diff::RenderHtml(*report)));
+  if (attempt.original) GT_RETURN_IF_ERROR(w.Add("original-report.json", diff::RenderJson(*attempt.original)));
+
+  std::vector<PackedSet> env_sets;
+  for (size_t i = 0; i < captured.size(); ++i) env_sets.push_back({SetName(i), options.sets[i], &captured[i]});
+  GT_RETURN_IF_ERROR(
+      w.Add("environment.json", diff::DumpJson(EnvironmentJson(env_sets, options.argv, std::time(nullptr)))));
+
+  diff::Json manifest = diff::Json::object();
+  manifest["format"] = diff::kPackFormat;
+  manifest["diff"] = diff::PackedDiffToJson(options.diff);
+  manifest["sets"] = diff::Json::object();
+  for (size_t i = 0; i < options.sets.size(); ++i) manifest["sets"][SetName(i)] = options.sets[i];
+  manifest["limit_bytes"] = options.limit;
+  manifest["captured_trace_bytes"] = captured_bytes;
+  manifest["packed_trace_bytes"] = done;
+  manifest["reencoded"] = !attempt.fidelity.empty();
+  manifest["fidelity"] = diff::Json::array();
+  for (const Choice& c : attempt.fidelity) {
+    manifest["fidelity"].push_back({{"param", c.name}, {"kept", c.mode.ToString()}, {"why", c.why}});
+  }
+  GT_RETURN_IF_ERROR(w.Add(diff::kPackManifest, diff::DumpJson(manifest)));
+
+  ReadmeFacts facts;
+  facts.archive = fs::path(out).filename().string();
+  facts.sources = options.sets;
+  facts.mode = options.diff.mode;
+  facts.diff_options = Options(options.diff);
+  facts.headline = diff::Headline(*report);
+  facts.exit_code = report->ExitCode();
+  facts.captured_bytes = captured_bytes;
+  facts.packed_trace_bytes = done;
+  facts.limit = options.limit;
+  facts.fidelity = attempt.fidelity;
+  facts.original_report = attempt.original.has_value();
+  for (const std::string& a : options.attachments) {
+    const std::string base = fs::path(a).filename().string();
+    GT_RETURN_IF_ERROR(w.AddCopy("attached/" + base, TraceSource::File(a), nullptr));
+    facts.attachments.push_back(base);
+  }
+  GT_RETURN_IF_ERROR(w.Add("README.md", RenderReadme(facts)));
+  GT_RETURN_IF_ERROR(w.Finish());
+  result.size = w.size();
+  result.members = w.members().size();
+  result.report = std::move(*report);
+  return result;
+}
+
+// The archive without its traces, estimated from the captured diff's report
+// (the packed one is about as large): reports, environment, manifest and
+// README (a fidelity row per parameter in the last two), attachments, headers.
+double RestOfArchive(const diff::Report& r, const PackOptions& o, size_t params, size_t traces) {
+  double bytes = 2.0 * diff::RenderJson(r).size() + diff::RenderMarkdown(r).size() + diff::RenderHtml(r).size();
+  bytes += 16e3 + 2 * 200.0 * params;
+  for (const std::string& a : o.attachments) bytes += static_cast<double>(fs::file_size(a));
+  bytes += 2.0 * kTarBlock * (traces + 8 + o.attachments.size()) + 2.0 * kTarBlock;
+  return 1.05 * bytes;
+}
+
+// Re-encodes every captured trace into `dir` following `plan`.
+Expected<std::vector<TraceMember>> Reencode(const std::vector<TraceMember>& captured, const std::vector<Choice>& plan,
+                                            const std::string& dir) {
+  std::unordered_map<std::string, CaptureMode> modes;
+  for (const Choice& c : plan) modes.emplace(c.name, c.mode);
+  std::vector<TraceMember> out;
+  int kinds[3] = {0, 0, 0};
+  for (const Choice& c : plan) ++kinds[static_cast<int>(c.mode.kind)];
+  Say("re-encoding " + std::to_string(captured.size()) + " trace files; parameters: " + std::to_string(kinds[0]) +
+      " full, " + std::to_string(kinds[1]) + " sketch, " + std::to_string(kinds[2]) + " stats");
+  for (const TraceMember& m : captured) {
+    const std::string path = (fs::path(dir) / m.name).string();
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    if (ec) return Status::IoError(path + ": cannot create its directory: " + ec.message());
+    auto n = ReencodeTrace(m.source, path, modes);
+    if (!n.ok()) return n.status();
+    out.push_back({m.set, m.name, TraceSource::File(path)});
+  }
+  return out;
+}
+
+// The output and attachments, checked before any work: errors name the file.
+Status CheckPaths(const PackOptions& options) {
+  const std::string& out = options.output;
+  struct stat st;
+  if (::stat(out.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(out + ": exists and is not a regular file");
+  }
+  std::set<std::string> attached;
+  for (const std::string& a : options.attachments) {
+    if (::stat(a.c_str(), &st) != 0) return Status::IoError(a + ": cannot attach: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(a + ": cannot attach: not a regular file");
+    const std::string base = fs::path(a).filename().string();
+    if (base.size() > 90 || !BadMemberName(base).empty()) {
+      return Status::InvalidArgument(a + ": cannot attach: file name too long or unusual for an archive member");
+    }
+    if (!attached.insert(base).second) {
+      return Status::InvalidArgument(a + ": cannot attach: another attachment is also named " + base);
+    }
+  }
+  return Status::Ok();
+}
+
+// The sets as captured, with a line each on stderr. The archive replaces the
+// output only at the end, but never one of its inputs.
+Expected<std::vector<diff::TraceSet>> LoadCaptured(const PackOptions& options) {
+  std::vector<diff::TraceSet> captured;
+  for (size_t i = 0; i < options.sets.size(); ++i) {
+    auto s = diff::TraceSet::Load(options.sets[i], LoadOptionsWithThreads(options.threads));
+    if (!s.ok()) return s.status();
+    Say("set " + SetName(i) + ": " + options.sets[i] + ", " + std::to_string(s->world()) + " ranks, " +
+        HumanBytes(static_cast<double>(s->total_bytes())));
+    for (const diff::RankFile& f : s->ranks()) {
+      std::error_code ec;
+      if (fs::equivalent(f.source.path, options.output, ec)) {
+        return Status::InvalidArgument(options.output + ": is one of the trace files to pack (" + f.path + ")");
+      }
+    }
+    captured.push_back(std::move(*s));
+  }
+  return captured;
+}
+
+}  // namespace
+
+Expected<PackResult> Pack(const PackOptions& options) {
+  const std::string& out = options.output;
+  GT_RETURN_IF_ERROR(CheckPaths(options));
+  auto loaded = LoadCaptured(options);
+  if (!loaded.ok()) return loaded.status();
+  const std::vector<diff::TraceSet>& captured = *loaded;
+  PackResult result;
+  for (const auto& s : captured) result.captured_bytes += s.total_bytes();
+
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  Cleanup tmp_cleanup{tmp};
+  const std::string best_tmp = out + ".fit." + std::to_string(::getpid());
+  Cleanup best_cleanup{best_tmp};
+  // The last archive that fit, renamed into place at the end.
+  struct Best {
+    Written written;
+    bool reencoded = false;
+  };
+  std::optional<Best> best;
+  const std::string work = out + ".reencode." + std::to_string(::getpid());
+  Cleanup work_cleanup{work};
+
+  Attempt attempt;
+  attempt.traces = CapturedMembers(captured);
+  std::optional<Costs> costs;
+  std::vector<std::string> priority;
+  std::map<std::string, std::string> differs;
+  // Everything but the traces, guessed until an archive has been written:
+  // reports and README grow with the parameters.
+  size_t params = captured[0].run().params_size();
+  double overhead = 64e3 + 3e3 * params + 2048.0 * attempt.traces.size();
+  for (const std::string& a : options.attachments) overhead += fs::file_size(a) + 1024;
+  double budget = static_cast<double>(options.limit) - overhead;
+  bool try_captured = static_cast<double>(result.captured_bytes) <= budget;
+  bool rest_measured = false;  // budget from a written archive rather than a guess
+  for (int n = 1; n <= kMaxAttempts; ++n) {
+    result.attempts = n;
+    if (!try_captured) {
+      if (!costs) {
+        Say("the traces (" + HumanBytes(static_cast<double>(result.captured_bytes)) + ") do not fit " +
+            HumanBytes(static_cast<double>(options.limit)) + ": comparing them to choose what to keep");
+        std::vector<const diff::TraceSet*> ptrs;
+        for (const auto& s : captured) ptrs.push_back(&s);
+        auto original = RunComparison(ptrs, options.diff, options.threads);
+        if (!original.ok()) return original.status();
+        Priorities(*original, &priority, &differs);
+        if (!rest_measured) {
+          budget = static_cast<double>(options.limit) -
+                   RestOfArchive(*original, options, captured[0].run().params_size(), attempt.traces.size());
+        }
+        attempt.original = std::move(*original);
+        diff::Progress bar("gradtrace-pack: measuring", diff::Progress::Wanted(result.captured_bytes));
+        auto measured = MeasureCosts(ptrs, [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); });
+        bar.Finish();
+        if (!measured.ok()) return measured.status();
+        costs = std::move(*measured);
+      }
+      auto plan = PlanFidelity(*costs, priority, differs, budget);
+      if (!plan.ok()) {
+        return Status::InvalidArgument(out + ": cannot fit under --limit " +
+                                       HumanBytes(static_cast<double>(options.limit)) + ": " + plan.status().message() +
+                                       " (reports, environment and README take about " +
+                                       HumanBytes(static_cast<double>(options.limit) - budget) + ")");
+      }
+      std::error_code ec;
+      fs::remove_all(work, ec);
+      auto traces = Reencode(CapturedMembers(captured), *plan, work);
+      if (!traces.ok()) return traces.status();
+      attempt.traces = std::move(*traces);
+      attempt.fidelity = std::move(*plan);
+    }
+    auto written = WriteArchive(options, tmp, attempt, result.captured_bytes, captured);
+    if (!written.ok()) return written.status();
+    rest_measured = true;
+    Say("attempt " + std::to_string(n) + ": " + HumanBytes(static_cast<double>(written->size)) + " (limit " +
+        HumanBytes(static_cast<double>(options.limit)) + ")");
+    const double size = static_cast<double>(written->size);
+    const double limit = static_cast<double>(options.limit);
+    if (written->size <= options.limit) {
+      // A re-encoded archive well under the limit was planned on pessimistic
+      // estimates: keep it, and try once more with the room left.
+      const bool roomy = !try_captured && size < kGoodFill * limit && n < kMaxAttempts;
+      if (best) std::remove(best_tmp.c_str());
+      if (std::rename(tmp.c_str(), best_tmp.c_str()) != 0) {
+        return Status::IoError(out + ": cannot rename " + tmp + ": " + std::strerror(errno));
+      }
+      best = Best{std::move(*written), !attempt.fidelity.empty()};
+      if (!roomy) break;
+      budget += kGoodFill * (limit - size);
+      continue;
+    }
+    if (best) break;  // the last one that fit is the answer
+    // Over: the rest of the archive is now measured; aim under the limit by the overshoot and a margin.
+    const double rest = static_cast<double>(written->size - written->trace_bytes);
+    budget = try_captured ? limit - rest - 16e3 : budget - 1.1 * (size - limit) - 16e3;
+    try_captured = false;
+  }
+  if (best) {
+    if (std::rename(best_tmp.c_str(), out.c_str()) != 0) {
+      return Status::IoError(out + ": cannot rename into place: " + std::strerror(errno));
+    }
+    result.archive_bytes = best->written.size;
+    result.packed_trace_bytes = best->written.trace_bytes;
+    result.members = best->written.members;
+    result.reencoded = best->reencoded;
+    result.headline = diff::Headline(best->written.report);
+    result.diff_exit = best->written.report.ExitCode();
+    return result;
+  }
+  return Status::InvalidArgument(out + ": could not fit under --limit " +
+                                 HumanBytes(static_cast<double>(options.limit)) + " in " +
+                                 std::to_string(kMaxAttempts) + " attempts");
+}
+
+}  // namespace gradtrace::pack

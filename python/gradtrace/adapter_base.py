@@ -1,0 +1,91 @@
+"""What every PyTorch adapter does the same way: count micro-steps at the model's forward, write
+FINAL before the optimizer step and the optimizer-step StepInfo after it (or at an explicit
+``step()``), carry the grad norm the user reports, and undo its hooks on ``close()``."""
+
+from __future__ import annotations
+
+from .rank_recorder import RankRecorder, optimizer_hooks
+
+
+class Capture:
+    """The object an adapter's ``attach`` returns; one per rank, not thread-safe.
+
+    ``recorder``: the :class:`gradtrace.rank_recorder.RankRecorder` (its ``step``, ``micro``,
+    ``recorded`` counts and ``path``). With ``optimizer`` given, FINAL and the step bookkeeping run
+    inside ``optimizer.step()``; without one, call :meth:`step` after the gradients are final."""
+
+    def __init__(self, recorder: RankRecorder, model=None, optimizer=None):
+        self.recorder = recorder
+        self.optimizer = optimizer
+        self._handles = []
+        self._grad_norm = None
+        if model is not None:
+            self._handles.append(model.register_forward_pre_hook(lambda *_: recorder.begin_micro_step()))
+        if optimizer is not None:
+            recorder.optimizer = optimizer
+            self._handles += optimizer_hooks(optimizer, self._before_optimizer, self._after_optimizer)
+
+    @property
+    def path(self) -> str:
+        return self.recorder.path
+
+    def final(self) -> None:
+        """Writes FINAL for the current step; adapters override it (FSDP2 writes shards)."""
+        self.recorder.write_final()
+
+    def _before_optimizer(self) -> None:
+        self.final()
+
+    def _after_optimizer(self) -> None:
+        norm, self._grad_norm = self._grad_norm, None
+        self.recorder.end_optimizer_step(norm)
+
+    def report_grad_norm(self, norm) -> None:
+        """The gradient norm the training reported for this step (e.g. ``clip_grad_norm_``'s
+        result); written with the optimizer-step StepInfo."""
+        self._grad_norm = norm
+
+    def record_step(self, loss, valid_tokens=0, lr: float | None = None) -> None:
+        """StepInfo of this micro-step: this rank's loss as passed to backward, its valid tokens."""
+        self.recorder.record_step(loss, valid_tokens, lr)
+
+    def step(self, grad_norm=None, lr: float | None = None) -> None:
+        """Without an attached optimizer: FINAL now, then the optimizer-step StepInfo."""
+        if self.optimizer is not None:
+            raise RuntimeError("gradtrace: an optimizer is attached; its step() records FINAL already")
+        self.final()
+        self.recorder.end_optimizer_step(grad_norm if grad_norm is not None else self._grad_norm, lr)
+        self._grad_norm = None
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def close(self) -> None:
+        self.detach()
+        self.recorder.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "cp_kind", "gas", "rules", "default_group",
+                   "default_kind"}
+
+
+def make_layout(options: dict, groups: dict | None = None, layout=None):
+    """A Layout from ``layout`` (kept as given) or inferred from ``groups`` and the layout keywords
+    in ``options`` (removed from it, so that the rest goes to the RankRecorder)."""
+    from .layout import Layout
+
+    overrides = {k: options.pop(k) for k in list(options) if k in LAYOUT_KEYWORDS}
+    if layout is not None:
+        if overrides:
+            raise ValueError(f"give either layout= or layout keywords {sorted(overrides)}, not both")
+        return layout
+    return Layout.infer(groups, **overrides)

@@ -1,0 +1,219 @@
+"""Capture an FSDP2 (``torch.distributed.fsdp.fully_shard``) run, in one call.
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    cap = gradtrace.fsdp2_adapter.attach(model, "traces/fsdp", optimizer=opt)
+
+PRE_REDUCE / POST_REDUCE: every FSDP module (each ``fully_shard`` call) gets a custom
+reduce-scatter (``FSDPModule.set_custom_reduce_scatter``, the public hook FSDP2 offers) that runs
+torch's own ``reduce_scatter_single`` and records around it. PRE_REDUCE is the reduce-scatter
+input: this rank's unsharded gradients, each cut into the world's dim-0 shards, as FSDP lays them
+out (after FSDP's pre-division, which fp32/bf16 reductions do not apply). POST_REDUCE is this rank's
+shard of the output, read once FSDP has finished with it (its post-division included): at the next
+reduce-scatter, the next forward, or the optimizer step, whichever comes first. Gradient clipping
+between backward and the step would show in POST_REDUCE; FINAL is after it by definition.
+
+FINAL: this rank's shard of each gradient (the DTensor's local tensor) at its offset in the full
+parameter, before ``optimizer.step()``; the diff joins the ranks' shards. ``full_final=True``
+writes each rank's ``full_tensor()`` instead (an all-gather per parameter). Parameters not sharded
+as ``Shard(0)`` on a 1-D mesh are written in full.
+
+On CPU with gloo (torch 2.15) the whole path runs, measured: see python/README.md for what does not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .adapter_base import Capture, make_layout
+from .rank_recorder import RankRecorder
+
+log = logging.getLogger("gradtrace")
+
+__all__ = ["attach", "FSDP2Capture"]
+
+
+def _shard_rows(numel: int, shape, world: int):
+    """(rows per shard c, elements per row) of torch.chunk's dim-0 split into ``world`` shards."""
+    dim0 = int(shape[0]) if len(shape) else 1
+    row = numel // dim0 if dim0 else 0
+    return -(-dim0 // world), row, dim0
+
+
+def _rank_piece(fp_numel: int, shape, world: int, r: int):
+    """(element offset in the flattened parameter, element count) of shard ``r``."""
+    c, row, dim0 = _shard_rows(fp_numel, shape, world)
+    first = min(r * c, dim0)
+    last = min((r + 1) * c, dim0)
+    return first * row, (last - first) * row
+
+
+class FSDP2Capture(Capture):
+    def __init__(self, model, out_dir, optimizer=None, *, full_final: bool = False, groups=None, layout=None,
+                 **options):
+        import torch
+        from torch.distributed.fsdp import FSDPModule
+
+        self.full_final = full_final
+        self.param_groups = []  # (FSDPModule, FSDPParamGroup)
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                state = m._get_fsdp_state()
+                for pg in getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]:
+                    if pg is not None:
+                        self.param_groups.append((m, pg))
+        if not self.param_groups:
+            raise ValueError("gradtrace.fsdp2_adapter: the model has no fully_shard'ed module with parameters")
+        shard_group = self.param_groups[0][1].mesh_info.shard_process_group
+        layout = make_layout(options, {"dp": shard_group, **(groups or {})}, layout)
+        self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
+        # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.
+        self._flush_handle = model.register_forward_pre_hook(lambda *_: self.flush())
+        recorder = RankRecorder(model.named_parameters(), out_dir, framework="pytorch-fsdp2",
+                                framework_version=torch.__version__.split("+")[0], layout=layout,
+                                optimizer=optimizer,
+                                config={"scaling": "mean", "zero_stage": 3, **options.pop("config", {})}, **options)
+        super().__init__(recorder, model, optimizer)
+        self._handles.append(self._flush_handle)
+        self.unrecordable: dict[str, str] = {}
+        self._bucket = 0
+        for m, pg in self.param_groups:
+            try:
+                m.set_custom_reduce_scatter(_RecordingReduceScatter(self, pg))
+            except (ValueError, AttributeError) as e:
+                self.unrecordable.setdefault("PRE_REDUCE", str(e))
+                self.unrecordable.setdefault("POST_REDUCE", str(e))
+        for phase, why in self.unrecordable.items():
+            log.warning("gradtrace: FSDP2: cannot record %s: %s", phase, why)
+
+    # ---- PRE/POST around the reduce-scatter ----------------------------------------------------
+
+    def _layout(self, pg, input_numel: int, world: int):
+        """[(param id, FSDPParam, offset of its shard within a rank's row)], or None when the
+        reduce-scatter input is not every parameter of the group (some had no gradient)."""
+        out, off = [], 0
+        for fp in pg.fsdp_params:
+            pid = self.recorder.param_id(fp.sharded_param)
+            if pid is None:
+                return None
+            out.append((pid, fp, off))
+            off += fp.padded_sharded_param_size.numel()
+        return out if off * world == input_numel else None
+
+    def reduce_scatter(self, pg, output_tensor, input_tensor, group, op, async_op):
+        import torch.distributed as dist
+
+        self.flush()
+        rec = self.recorder
+        world = dist.get_world_size(group)
+        layout = self._layout(pg, input_tensor.numel(), world) if rec.capturing else None
+        if layout is None:
+            if rec.capturing:
+                log.warning("gradtrace: FSDP2: a reduce-scatter of %d elements does not map onto its parameter "
+                            "group; not recorded", input_tensor.numel())
+            return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
+                                              async_op=async_op)
+        bucket_id, self._bucket = self._bucket, self._bucket + 1
+        rows = input_tensor.view(world, -1)
+        numel = sum(fp.sharded_param.numel() for _, fp, _ in layout)
+        pieces = []
+        for r in range(world):
+            for pid, fp, seg in layout:
+                off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, r)
+                pieces.append((pid, off, rows[r, seg:seg + n]))
+        pieces.sort(key=lambda x: (x[0], x[1]))
+        rec.write_bucket("PRE_REDUCE", pieces, group="dp", bucket_id=bucket_id, bucket_numel=numel)
+        work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
+                                          async_op=async_op)
+        me = dist.get_rank(group)
+        mine = []
+        for pid, fp, seg in layout:
+            off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, me)
+            mine.append((pid, off, output_tensor, seg, n))
+        divisor = float(world) if _is_avg(op) else 0.0
+        self._pending.append((bucket_id, mine, numel, divisor))
+        return work
+
+    def flush(self) -> None:
+        """Writes the POST_REDUCE records whose reduce-scatter FSDP has finished."""
+        pending, self._pending = self._pending, []
+        for bucket_id, mine, numel, divisor in pending:
+            pieces = [(pid, off, out[seg:seg + n]) for pid, off, out, seg, n in mine]
+            held = sum(n for *_, n in mine)
+            self.recorder.write_bucket("POST_REDUCE", pieces, group="dp", bucket_id=bucket_id, bucket_numel=numel,
+                                       partition_count=held, divisor=divisor)
+
+    # ---- FINAL ---------------------------------------------------------------------------------
+
+    def final(self) -> None:
+        from torch.distributed.tensor import DTensor, Shard
+
+        self.flush()
+        self._bucket = 0
+        rec = self.recorder
+        if not rec.wants("FINAL"):
+            return
+        pieces = []
+        for pid, p in enumerate(rec.params):
+            g = p.grad
+            if g is None:
+                continue
+            if not isinstance(g, DTensor):
+                pieces.append((pid, 0, g.detach()))
+            elif not self.full_final and g.device_mesh.ndim == 1 and tuple(g.placements) == (Shard(0),):
+                world = g.device_mesh.size()
+                off, n = _rank_piece(p.numel(), tuple(p.shape), world, g.device_mesh.get_local_rank())
+                local = g.to_local().detach().reshape(-1)
+                pieces.append((pid, off, local[:n]))
+            else:
+                pieces.append((pid, 0, g.full_tensor().detach()))
+        rec.write_bucket("FINAL", pieces, group="", bucket_id=0)
+
+    def close(self) -> None:
+        self.flush()
+        super().close()
+
+
+def _is_avg(op) -> bool:
+    import torch.distributed as dist
+
+    try:
+        return op == dist.ReduceOp.AVG
+    except TypeError:
+        return False
+
+
+def _recording_reduce_scatter_class():
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    class RecordingReduceScatter(ReduceScatter):
+        """torch's default reduce-scatter (fresh buffers, ``reduce_scatter_single``), recorded."""
+
+        def __init__(self, capture, param_group):
+            self.capture, self.param_group = capture, param_group
+
+        def allocate(self, size, *, dtype, device):
+            import torch
+
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            return self.capture.reduce_scatter(self.param_group, output_tensor, input_tensor, group, op, async_op)
+
+    return RecordingReduceScatter
+
+
+def _RecordingReduceScatter(capture, param_group):
+    return _recording_reduce_scatter_class()(capture, param_group)
+
+
+def attach(model, out_dir, optimizer=None, **options) -> FSDP2Capture:
+    """Attach to a model after ``fully_shard`` (before its first backward) and open this rank's
+    ``out_dir/rank-NNNNN.gtrace``. ``optimizer``: FINAL and the step count follow its ``step()``
+    (else call ``cap.step()``). Keywords: ``full_final`` (write full gradients, not shards),
+    ``groups``, layout overrides (``dp``, ``gas``, ``rules``, ... or ``layout=``), and the
+    RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``, ``loss``,
+    ``loss_description``, ``config``, ``extra``)."""
+    return FSDP2Capture(model, out_dir, optimizer, **options)

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# gradtrace-pack end to end: pack and read back (members byte for byte, read by
+# Python's tarfile as a second implementation), the diff rerun from the
+# archive reproducing the packed report.json byte for byte, diff from the
+# archive == diff from the directories, inspect on an archive, the size limit
+# with re-encoding (sketch and stats) keeping the factor, and damaged
+# archives refused with exit 2 and one line naming the file.
+# Usage: pack_test.sh GRADTRACE_PACK GRADTRACE_DIFF GRADTRACE_INSPECT GRADTRACE_SYNTH PYTHON
+set -uo pipefail
+pack="$1" diff_bin="$2" inspect_bin="$3" synth="$4" python="$5"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+expect() {  # CODE CMD...: stdout/stderr kept in $work/out, $work/err
+  local want="$1"; shift
+  "$@" >"$work/out" 2>"$work/err"
+  local got=$?
+  [ "$got" = "$want" ] || fail "exit $got (want $want): $* -- $(tail -c 400 "$work/err")"
+}
+expect_one_line_error() {  # PREFIX NEEDLE: the diff and inspect print one line; the pack's progress
+  local lines                #                lines come first and its error is the last line
+  [ "$1" = gradtrace-pack ] && lines=1 || lines=$(wc -l <"$work/err")
+  [ "$lines" = 1 ] || fail "stderr has $lines lines: $(cat "$work/err")"
+  tail -1 "$work/err" | grep -q "^$1: " || fail "stderr lacks prefix $1: $(cat "$work/err")"
+  tail -1 "$work/err" | grep -qF -- "$2" || fail "stderr lacks '$2': $(cat "$work/err")"
+}
+py() { "$python" - "$@"; }
+cd "$work"
+
+"$synth" ref
+"$synth" sp2 --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean
+echo '{"zero_optimization": {"stage": 2}}' >ds_config.json
+
+# Pack and read back.
+expect 0 "$pack" ref sp2 -o bug.gtpack --attach ds_config.json
+grep -qF 'byte for byte as captured' out || fail "pack summary: $(cat out)"
+grep -qF 'rerun: gradtrace-diff bug.gtpack' out || fail "pack summary lacks the rerun line: $(cat out)"
+py bug.gtpack <<'PY' || fail "archive contents"
+import sys, tarfile, os, json
+t = tarfile.open(sys.argv[1])  # Python's own ustar reader
+names = t.getnames()
+want = ["a/rank-00000.gtrace", "b/rank-00000.gtrace", "b/rank-00001.gtrace", "report.json", "report.md",
+        "report.html", "environment.json", "pack.json", "attached/ds_config.json", "README.md"]
+assert names == want, names
+for n in names:
+    if n.endswith(".gtrace"):
+        src = ("ref/" if n.startswith("a/") else "sp2/") + os.path.basename(n)
+        assert t.extractfile(n).read() == open(src, "rb").read(), n
+assert t.extractfile("attached/ds_config.json").read() == open("ds_config.json", "rb").read()
+env = json.load(t.extractfile("environment.json"))
+assert env["sets"]["b"]["config"]["sp"] == 2 and env["sets"]["b"]["world"] == 2, env["sets"]["b"]
+assert env["sets"]["a"]["source"] == "ref" and env["pack"]["tool"] == "gradtrace-pack"
+man = json.load(t.extractfile("pack.json"))
+assert man["format"] == "gtpack 1" and man["diff"]["mode"] == "diff" and man["reencoded"] is False, man
+readme = t.extractfile("README.md").read().decode()
+assert "gradtrace-diff bug.gtpack" in readme and "byte for byte" in readme, readme
+open("packed-report.json", "wb").write(t.extractfile("report.json").read())
+PY
+
+# The rerun reproduces the packed report byte for byte; the archive diff equals the directory diff.
+expect 1 "$diff_bin" bug.gtpack --json rerun.json
+grep -qF 'B/A = 2.000 = sp(B) for all 14 parameters' out || fail "rerun explanation: $(tail -3 out)"
+cmp -s rerun.json packed-report.json || fail "rerun report.json differs from the packed one"
+expect 1 "$diff_bin" bug.gtpack:a bug.gtpack:b --json archive.json
+cmp -s archive.json packed-report.json || fail "explicit a/b report differs from the packed one"
+expect 1 "$diff_bin" ref sp2 --json dirs.json
+py archive.json dirs.json <<'PY' || fail "archive diff != directory diff"
+import sys, json
+a, d = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["trace_a"]["dir"] == "bug.gtpack:a" and d["trace_a"]["dir"] == "ref"
+for j in (a, d):
+    for side in ("trace_a", "trace_b"): j[side].pop("dir")
+assert a == d, "reports differ beyond the set names"
+PY
+# Packed elsewhere, rerun where the archive is: the same bytes.
+mkdir elsewhere
+expect 0 "$pack" ref sp2 -o elsewhere/nested.gtpack
+(cd elsewhere && "$diff_bin" nested.gtpack --json nested-rerun.json >/dev/null 2>&1)
+py elsewhere/nested.gtpack elsewhere/nested-rerun.json <<'PY' || fail "rerun beside the archive differs from its report.json"
+import sys, tarfile
+assert tarfile.open(sys.argv[1]).extractfile("report.json").read() == open(sys.argv[2], "rb").read()
+PY
+# Options given on the command line override the packed ones.
+expect 0 "$diff_bin" bug.gtpack --rtol 0.75 --json loose.json
+expect 2 "$diff_bin" bug.gtpack:b
+expect_one_line_error gradtrace-diff "usage"
+
+# --self: one set.
+expect 0 "$pack" sp2 -o self.gtpack --limit 5M
+expect 1 "$diff_bin" self.gtpack --json self-rerun.json
+py self.gtpack self-rerun.json <<'PY' || fail "self rerun != packed self report"
+import sys, tarfile
+t = tarfile.open(sys.argv[1])
+assert t.extractfile("report.json").read() == open(sys.argv[2], "rb").read()
+assert b'"mode": "self"' in t.extractfile("pack.json").read()
+PY
+
+# inspect reads archives, a set, or one member, in place.
+expect 0 "$inspect_bin" --verify bug.gtpack
+[ "$(grep -c '^verify       ok' out)" = 3 ] || fail "inspect --verify of 3 members: $(grep -c verify out)"
+grep -qF '== bug.gtpack:b/rank-00001.gtrace' out || fail "inspect names members: $(grep '^==' out)"
+expect 0 "$inspect_bin" bug.gtpack:a
+[ "$(grep -c '^== ' out)" = 1 ] || fail "inspect bug.gtpack:a shows $(grep -c '^== ' out) files"
+expect 0 "$inspect_bin" bug.gtpack:b/rank-00001.gtrace
+expect 2 "$inspect_bin" bug.gtpack:c
+expect_one_line_error gradtrace-inspect "bug.gtpack:c"
+
+# The limit: 10 MB of traces under 90 kB (about 73 kB of it reports, environment and README),
+# re-encoded with sketch and stats; the factor holds.
+"$synth" bigref --grow 48
+"$synth" bigsp2 --grow 48 --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean
+big=$(du -cb bigref bigsp2 | tail -1 | cut -f1)
+[ "$big" -gt 3000000 ] || fail "big sets are only $big bytes"
+expect 0 "$pack" bigref bigsp2 -o big.gtpack --limit 90k
+size=$(stat -c %s big.gtpack)
+[ "$size" -le 90000 ] || fail "big.gtpack is $size bytes, over the 90k limit"
+grep -qF 're-encoded from' out || fail "pack summary does not say it re-encoded: $(cat out)"
+expect 1 "$diff_bin" big.gtpack --json big-rerun.json
+py big.gtpack big-rerun.json <<'PY' || fail "re-encoded archive"
+import sys, tarfile, json
+t = tarfile.open(sys.argv[1])
+assert t.extractfile("report.json").read() == open(sys.argv[2], "rb").read(), "rerun differs"
+man = json.load(t.extractfile("pack.json"))
+kept = {f["param"]: f["kept"] for f in man["fidelity"]}
+assert man["reencoded"] and len(kept) == 14, man
+assert any(k.startswith("sketch:") for k in kept.values()) and "stats" in kept.values(), kept
+rep = json.load(t.extractfile("report.json"))
+orig = json.load(t.extractfile("original-report.json"))
+assert orig["verdict"] == rep["verdict"] == "scaled", (orig["verdict"], rep["verdict"])
+bases = set()
+for p in rep["params"]:
+    bases.add(p["basis"])
+    assert abs(p["scale"] - 2.0) < 1e-3 and p["verdict"] == "scaled", p
+    want = "full" if kept[p["name"]] == "full" else kept[p["name"]].split(":")[0]
+    assert p["basis"] == want, (p["name"], p["basis"], kept[p["name"]])
+assert {"sketch", "stats"} <= bases, bases
+assert [g["scale"] for g in rep["groups"]] == [2.0] or abs(rep["groups"][0]["scale"] - 2) < 1e-3, rep["groups"]
+readme = t.extractfile("README.md").read().decode()
+assert "| parameter | kept as | why |" in readme and "stats" in readme, readme
+PY
+ls | grep -q 'tmp\|reencode' && fail "temporary files left: $(ls)"
+
+# Bad input: exit 2, one line naming the file, the output already there kept.
+echo keep >kept.gtpack
+expect 2 "$pack" bigref bigsp2 -o kept.gtpack --limit 20k
+expect_one_line_error gradtrace-pack "kept.gtpack: cannot fit under --limit 20.0 kB"
+[ "$(cat kept.gtpack)" = keep ] || fail "a failed pack destroyed its output"
+expect 2 "$pack" ref missing -o kept.gtpack
+expect_one_line_error gradtrace-pack "missing"
+[ "$(cat kept.gtpack)" = keep ] || fail "a failed pack destroyed its output"
+expect 2 "$pack" ref sp2 -o kept.gtpack --limit 25X
+expect_one_line_error gradtrace-pack "--limit"
+mkdir other && cp ds_config.json other/
+expect 2 "$pack" ref sp2 -o kept.gtpack --attach ds_config.json --attach other/ds_config.json
+expect_one_line_error gradtrace-pack "other/ds_config.json: cannot attach: another attachment is also named ds_config.json"
+cp -r ref ref-copy
+expect 2 "$pack" ref-copy sp2 -o ref-copy/rank-00000.gtrace
+expect_one_line_error gradtrace-pack "ref-copy/rank-00000.gtrace: is one of the trace files to pack"
+cmp -s ref/rank-00000.gtrace ref-copy/rank-00000.gtrace || fail "packing over an input trace changed it"
+ls | grep -q 'tmp\|reencode' && fail "temporary files left: $(ls)"
+
+# Damaged archives.
+damage() {  # NAME PYTHON-EDIT: copies bug.gtpack to NAME after the edit of bytes `b`
+  py "$1" "$2" <<'PY'
+import sys
+b = bytearray(open("bug.gtpack", "rb").read())
+def reseal(at):
+    b[at + 148:at + 156] = b" " * 8
+    b[at + 148:at + 155] = b"%06o\0" % sum(b[at:at + 512]) + b""
+    b[at + 155] = 32
+exec(sys.argv[2])
+open(sys.argv[1], "wb").write(b)
+PY
+}
+damage cut.gtpack 'del b[len(b) // 2:]'
+damage sum.gtpack 'b[5] ^= 1'
+damage size.gtpack 'b[124:136] = b"%011o\0" % (1 << 30); reseal(0)'
+damage escape.gtpack 'b[0:100] = b"../../etc/rank-00000.gtrace".ljust(100, b"\0"); reseal(0)'
+damage frame.gtpack 'b[512 + 40] ^= 0xff'
+for bad in cut sum size escape; do
+  expect 2 "$diff_bin" $bad.gtpack
+  expect_one_line_error gradtrace-diff "$bad.gtpack: offset "
+  expect 2 "$inspect_bin" $bad.gtpack
+  expect_one_line_error gradtrace-inspect "$bad.gtpack: offset "
+done
+grep -qF 'runs past the end' <(2>&1 "$diff_bin" size.gtpack) || fail "size beyond EOF not named as such"
+grep -qF 'climbs out' <(2>&1 "$diff_bin" escape.gtpack) || fail "../ not named as such"
+expect 2 "$diff_bin" frame.gtpack
+expect_one_line_error gradtrace-diff "frame.gtpack:a/rank-00000.gtrace: offset "
+expect 2 "$diff_bin" bug.gtpack:c bug.gtpack:b
+expect_one_line_error gradtrace-diff "bug.gtpack: archive holds no trace set 'c' (it holds a, b)"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "pack_test: all passed"

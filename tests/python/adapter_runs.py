@@ -1,0 +1,188 @@
+"""Real training runs captured by the PyTorch adapters, for the adapter tests: one process per rank
+(gloo on 127.0.0.1, CPU), the same weights and global batch at every world size, so a correct run's
+FINAL gradients equal the single-rank reference's.
+
+    python adapter_runs.py KIND WORLD OUT [--bug] [--steps N] [--gas G]
+
+KIND: ddp (DistributedDataParallel, batch split over dp), cp (hand-written context parallel:
+each rank holds a contiguous half of the sequence, attention all-gathers K and V, loss = global
+token mean via all-reduced counts, gradients all-reduced over the cp group, manual adapter), fsdp2
+(fully_shard, batch split over dp). WORLD 1 with kind ref-dense/ref-seq is the reference
+(manual adapter, no process group). --bug: ddp sums without dividing (a hook of the user's);
+cp takes each rank's local token mean (the #5248 pattern).
+"""
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+VOCAB, HIDDEN, BATCH, SEQ, IGNORE = 32, 16, 4, 16, -100
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one single-head attention layer over the (possibly gathered) sequence, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.norm = torch.nn.LayerNorm(HIDDEN)
+        self.head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, tokens, gather=None):
+        x = self.embed(tokens)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if gather is not None:  # context parallel: keys and values of the whole sequence
+            k, v = gather(k), gather(v)
+        att = torch.softmax(q @ k.transpose(1, 2) / HIDDEN ** 0.5, dim=-1)
+        x = self.norm(x + self.proj(att @ v))
+        return self.head(x)
+
+
+class GatherSeq(torch.autograd.Function):
+    """All-gather along the sequence over the cp group; backward sums the gradient over the group
+    and keeps this rank's part (gloo has no reduce-scatter for this)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        n = dist.get_world_size(ctx.group)
+        return grad.chunk(n, dim=1)[dist.get_rank(ctx.group)], None
+
+
+def make_model():
+    torch.manual_seed(1234)
+    return TinyLM()
+
+
+def batch(step, ignore):
+    """The global batch of ``step``; with ``ignore`` a quarter of the labels are ignored (so the
+    ranks' token counts differ), without it every rank's mean covers as many tokens."""
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    if ignore:
+        labels[torch.rand(BATCH, SEQ, generator=g) < 0.25] = IGNORE
+    return tokens, labels
+
+
+def ce_sum(logits, labels):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=IGNORE,
+                                             reduction="sum")
+
+
+def run_rank(rank, args):
+    import gradtrace
+
+    world = args.world
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    model = make_model()
+    kind = args.kind
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        hook = None
+        if args.bug:
+            def hook(state, bucket):  # sums over the ranks, forgets to divide
+                return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+        cap = gradtrace.ddp_adapter.attach(net, args.out, optimizer=opt, hook=hook, gas=args.gas,
+                                           loss="local-mean", loss_description="mean CE over the rank's tokens")
+    elif kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model.qkv, model.proj):
+            fully_shard(layer)
+        net = fully_shard(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
+                                             loss_description="mean CE over the rank's tokens")
+    elif kind == "cp":
+        net = model
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, groups={"cp": None},
+                                              cp_kind="all-gather", dp=1, loss="token-weighted",
+                                              loss_description="CE summed over the rank's tokens / all-reduced count",
+                                              config={"scaling": "sum"})
+    else:  # ref-dense, ref-seq: one rank, the whole batch and sequence
+        net = model
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, loss="mean",
+                                              loss_description="mean CE over every token")
+    for step in range(args.steps):
+        tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq"))
+        for micro in range(args.gas):
+            mb = slice(micro * BATCH // args.gas, (micro + 1) * BATCH // args.gas)
+            t, y = tokens[mb], labels[mb]
+            if kind in ("ddp", "fsdp2"):  # dp: this rank's rows
+                rows = t.shape[0] // world
+                t, y = t[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+            if kind == "cp":  # cp: this rank's half of the sequence
+                cols = SEQ // world
+                t, y = t[:, rank * cols:(rank + 1) * cols], y[:, rank * cols:(rank + 1) * cols]
+            quiet = kind == "ddp" and micro < args.gas - 1  # DDP skips the all-reduce (forward and backward)
+            with net.no_sync() if quiet else contextlib.nullcontext():
+                logits = net(t, gather=lambda x: GatherSeq.apply(x, None)) if kind == "cp" else net(t)
+                count = (y != IGNORE).sum()
+                local = count.clone()
+                if kind == "cp" and not args.bug:
+                    dist.all_reduce(count)
+                loss = ce_sum(logits, y) / count / args.gas
+                loss.backward()
+            cap.record_step(loss, local)
+        if kind == "cp":
+            params = [p for p in net.parameters() if p.grad is not None]
+            with cap.around("cp", params):
+                for p in params:
+                    dist.all_reduce(p.grad)
+        cap.report_grad_norm(torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9))
+        opt.step()
+        opt.zero_grad()
+    cap.close()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=["ddp", "fsdp2", "cp", "ref-dense", "ref-seq"])
+    ap.add_argument("world", type=int)
+    ap.add_argument("out")
+    ap.add_argument("--bug", action="store_true")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--gas", type=int, default=1)
+    args = ap.parse_args(argv)
+    args.port = free_port()
+    if args.world == 1:
+        run_rank(0, args)
+    else:
+        mp.spawn(run_rank, args=(args,), nprocs=args.world, join=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

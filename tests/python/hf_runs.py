@@ -1,0 +1,81 @@
+"""A Hugging Face Trainer run captured by gradtrace.hf_adapter.GradtraceCallback, for the adapter tests:
+a config-built one-layer Llama (no downloads), 4 samples = one global batch per step, SGD, on CPU;
+WORLD processes (gloo DDP through accelerate) each take 4 / WORLD samples.
+
+    python hf_runs.py WORLD OUT               # Trainer + gradtrace.hf_adapter.GradtraceCallback
+    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.ddp_adapter, no Trainer
+
+Accelerate without Trainer: each rank trains a small MLP on its own rows (rank r: inputs r + 1),
+through the prepared (DDP) model and AcceleratedOptimizer, with gradient accumulation 2.
+"""
+
+import os
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.multiprocessing as mp
+
+SAMPLES, LENGTH, VOCAB = 4, 8, 32
+
+
+def run_rank(rank, world, out, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    import gradtrace
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    g = torch.Generator().manual_seed(7)
+    data = [{"input_ids": t, "labels": t.clone()} for t in torch.randint(0, VOCAB, (SAMPLES, LENGTH), generator=g)]
+    with tempfile.TemporaryDirectory() as scratch:
+        args = TrainingArguments(output_dir=scratch, per_device_train_batch_size=SAMPLES // world, max_steps=2,
+                                 logging_steps=1, use_cpu=True, report_to=[], save_strategy="no", learning_rate=0.1,
+                                 optim="sgd", lr_scheduler_type="constant", seed=0, disable_tqdm=True,
+                                 ddp_backend="gloo" if world > 1 else None)
+        cb = gradtrace.hf_adapter.GradtraceCallback(out, loss="global-token-mean")
+        Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+
+
+def run_accelerate_rank(rank, world, out, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+
+    import gradtrace
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    cap = gradtrace.ddp_adapter.attach(model, out, optimizer=opt, gas=2, loss="local-mean")
+    for _ in range(4):  # 2 optimizer steps of 2 micro-steps
+        with acc.accumulate(model):
+            loss = model(torch.full((2, 4), rank + 1.0)).pow(2).mean()
+            acc.backward(loss)
+            cap.record_step(loss, 2)
+            opt.step()
+            opt.zero_grad()
+    cap.close()
+
+
+def main():
+    world, out = int(sys.argv[1]), sys.argv[2]
+    target = run_accelerate_rank if sys.argv[3:] == ["accelerate"] else run_rank
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if world == 1:
+        target(0, 1, out, port)
+    else:
+        mp.spawn(target, args=(world, out, port), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()

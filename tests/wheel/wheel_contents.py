@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Checks what the gradtrace wheel holds: exactly the package's .py files (python/gradtrace/), the codec
+extension _gtcodec, the gradtrace-diff and gradtrace-inspect executables (scripts, executable), the
+dist-info; no capture/ (LibTorch) code; numpy as its only dependency.
+
+    wheel_contents.py WHEEL
+
+Exit 0 and one summary line, or 1 and a line per problem, each naming the wheel.
+"""
+
+import pathlib
+import re
+import sys
+import zipfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = {"gradtrace-diff", "gradtrace-inspect"}
+
+
+def problems(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        infos = {i.filename: i for i in z.infolist()}
+        metadata = next((z.read(n).decode() for n in infos if n.endswith(".dist-info/METADATA")), "")
+    py = {f"gradtrace/{p.name}" for p in (ROOT / "python" / "gradtrace").glob("*.py")}
+    ext = {n for n in infos if re.fullmatch(r"gradtrace/_gtcodec\.cpython-[^/]+\.so", n)}
+    scripts = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.data/scripts/[^/]+", n)}
+    dist_info = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.dist-info/[^/]+", n)}
+    out = []
+    if missing := py - set(infos):
+        out.append(f"missing Python files {sorted(missing)}")
+    if len(ext) != 1:
+        out.append(f"expected one _gtcodec extension, found {sorted(ext)}")
+    if {n.rsplit("/", 1)[1] for n in scripts} != SCRIPTS:
+        out.append(f"expected scripts {sorted(SCRIPTS)}, found {sorted(scripts)}")
+    for n in scripts:
+        if not (infos[n].external_attr >> 16) & 0o111:
+            out.append(f"{n} is not executable")
+    if extra := set(infos) - py - ext - scripts - dist_info:
+        out.append(f"unexpected files {sorted(extra)}")
+    if any("capture" in n or "gradtrace-train" in n for n in infos):
+        out.append("holds capture/ code")
+    requires = re.findall(r"^Requires-Dist: (\S+)", metadata, re.M)
+    if requires != ["numpy"]:
+        out.append(f"dependencies {requires}, expected ['numpy']")
+    return out, len(infos)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    found, count = problems(argv[0])
+    for p in found:
+        print(f"{argv[0]}: {p}", file=sys.stderr)
+    if not found:
+        print(f"wheel_contents: {argv[0]}: {count} files as expected", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
