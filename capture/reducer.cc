@@ -79,6 +79,11 @@ void Reducer::PlanBuckets() {
       cur.group = &GradGroup(*groups_, config_.zero_stage, expert_stream);
       BucketContext ctx;
       ctx.path = engine ? ReductionPath::kEngineAllreduce : ReductionPath::kZeroPartitioned;
+      if (config_.zero_stage == 3) {
+        ctx.path = !config_.reduce_scatter && cur.numel <= config_.bucket_size ? ReductionPath::kZero3Allreduce
+                                                                               : ReductionPath::kZero3ReduceScatter;
+      }
+      cur.path = ctx.path;
       ctx.group_size = static_cast<int>(cur.group->ranks.size());
       ctx.sp = groups_->topo.sp;
       ctx.has_moe = cur.has_moe;
@@ -127,7 +132,6 @@ std::vector<SliceRef> Reducer::Slices(const Bucket& b, const at::Tensor& flat, i
 Status Reducer::Reduce(int64_t step, int32_t micro_step, GradSink* sink) {
   if (!planned_) PlanBuckets();
   const bool record = sink != nullptr && sink->WantsStep(step);
-  const bool partitioned = config_.zero_stage > 0 && config_.reduce_scatter;
   struct Done {
     at::Tensor full;
     int64_t own_begin = 0, own_count = 0;
@@ -137,6 +141,8 @@ Status Reducer::Reduce(int64_t step, int32_t micro_step, GradSink* sink) {
   for (auto& b : buckets_) {
     const NamedGroup& g = *b.group;
     const int G = static_cast<int>(g.ranks.size());
+    const bool partitioned = b.path == ReductionPath::kZero3ReduceScatter ||
+                             (b.path == ReductionPath::kZeroPartitioned && config_.reduce_scatter);
     at::Tensor flat = Flatten(b);
     BucketMeta meta;
     meta.step = step;

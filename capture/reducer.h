@@ -12,6 +12,12 @@
 //   ZeRO 1/2 (zero path):  one bucket stream; with reduce_scatter each flat
 //           bucket is split into group-size partitions (the last ones may be
 //           short or empty) and each partition is reduced to its owner.
+//   ZeRO 3  (zero3 path):  as ZeRO 1/2, but the path is chosen per bucket as
+//           stage3.py:1673 does: all-reduce when reduce_scatter is false and
+//           the bucket holds at most --reduce-bucket-size elements, else
+//           reduce-scatter (a parameter larger than a bucket is alone in one).
+//           Partitions are per flat bucket here, per parameter in DeepSpeed:
+//           the same FINAL, another POST_REDUCE layout.
 //
 // Per bucket it records PRE_REDUCE (the rank's local flat bucket, before any
 // scaling), POST_REDUCE (what the rank holds after collective and scaling:
@@ -55,6 +61,7 @@ struct Bucket {
   int64_t numel = 0;
   bool has_moe = false;
   const NamedGroup* group = nullptr;
+  ReductionPath path = ReductionPath::kEngineAllreduce;
   BucketScaling scaling;
 };
 

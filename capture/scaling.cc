@@ -18,6 +18,11 @@ struct VersionRow {
   // Non-empty: the release's stage-0 path reduces over another group than the
   // emulation's (sdp), so stage 0 with sp > 1 is refused for it.
   const char* engine_unmodelled = "";
+  // ZeRO-3 (stage3.py): the two paths' rules; zero3_cite empty: stage3.py of
+  // this release was not read, so stage 3 is refused for it.
+  ScalingRule zero3_reduce_scatter = ScalingRule::kMean;
+  ScalingRule zero3_allreduce = ScalingRule::kDs4530;
+  const char* zero3_cite = "";
 };
 
 // The engine divides by the size of the sequence-data-parallel group
@@ -73,8 +78,12 @@ constexpr std::array<VersionRow, 14> kVersions = {{
     {"0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/engine.py:2496 (dp_world_size = world/sp) -> 2430,2432 @ v0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1115 @ v0.16.0: div_(world/sp) on every bucket"},
+    // ZeRO-3 measured on 0.19.8 (docs/ds5248.md): reduce-scatter divides by world, all-reduce by world/sp.
     {"0.19.8", ScalingRule::kDs4530, "deepspeed/runtime/engine.py:3884 (divisor world(sdp)/sp) -> 3815 @ v0.19.8",
-     ScalingRule::kDs4530, "deepspeed/runtime/zero/stage_1_and_2.py:1688 @ v0.19.8: div_(world/sp)"},
+     ScalingRule::kDs4530, "deepspeed/runtime/zero/stage_1_and_2.py:1688 @ v0.19.8: div_(world/sp)", "",
+     ScalingRule::kMean, ScalingRule::kDs4530,
+     "deepspeed/runtime/comm/coalesced_collectives.py:124 div_(world) (reduce-scatter path, stage3.py:1931); "
+     "deepspeed/runtime/zero/stage3.py:1878 div_(world/sp) (all-reduce path) @ v0.19.8"},
 }};
 
 const VersionRow& Row(const std::string& version) {
@@ -137,6 +146,10 @@ Expected<ScalingPolicy> ResolvePolicy(const std::string& name) {
         p.engine_cite = row.engine_cite;
         p.zero_cite = row.zero_cite;
         p.engine_unmodelled = row.engine_unmodelled;
+        p.zero3_reduce_scatter = row.zero3_reduce_scatter;
+        p.zero3_allreduce = row.zero3_allreduce;
+        p.zero3_cite = row.zero3_cite;
+        if (p.zero3_cite.empty()) p.zero3_unmodelled = "stage3.py of DeepSpeed " + v + " has not been read";
         return p;
       }
     }
@@ -148,6 +161,9 @@ Expected<ScalingPolicy> ResolvePolicy(const std::string& name) {
     return Status::InvalidArgument("--scaling: unknown policy '" + name +
                                    "' (expected mean, sum, ds-4530, ds-pre-4957 or deepspeed@VERSION)");
   }
+  // The named policies apply their ZeRO-1/2 rule on both stage-3 paths (no double division there).
+  p.zero3_reduce_scatter = p.zero3_allreduce = p.zero == ScalingRule::kDsPre4957 ? ScalingRule::kDs4530 : p.zero;
+  p.zero3_cite = "the ZeRO-1/2 rule on both stage-3 paths: " + p.zero_cite;
   return p;
 }
 
@@ -174,6 +190,15 @@ BucketScaling PlanBucketScaling(const ScalingPolicy& policy, const BucketContext
       if (f != 1.0) s.pre.push_back({false, 1.0 / f});
       if (f != eff) s.post.push_back({false, f / eff});
     }
+    return s;
+  }
+  if (b.path == ReductionPath::kZero3ReduceScatter || b.path == ReductionPath::kZero3Allreduce) {
+    // Both divide the local bucket before the collective (coalesced_collectives.py:124,
+    // stage3.py:1878); stage 3 refuses gradient_predivide_factor != 1 with reduce_scatter.
+    s.cite = policy.zero3_cite;
+    const ScalingRule rule =
+        b.path == ReductionPath::kZero3ReduceScatter ? policy.zero3_reduce_scatter : policy.zero3_allreduce;
+    if (rule != ScalingRule::kSum) s.pre.push_back({true, RuleDivisor(rule, g, b.sp)});
     return s;
   }
   s.cite = policy.zero_cite;

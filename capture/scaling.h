@@ -6,6 +6,10 @@
 //   zero    — ZeRO stage 1/2: DeepSpeedZeroOptimizer.average_tensor
 //             (reduce_scatter=true) or gradient_reduction_w_predivide
 //             (reduce_scatter=false), in runtime/zero/stage_1_and_2.py
+//   zero3   — ZeRO stage 3, runtime/zero/stage3.py, two paths per bucket:
+//             reduce-scatter (__avg_scatter_grads -> reduce_scatter_coalesced)
+//             and all-reduce (__avg_scatter_contiguous_grads, taken only with
+//             reduce_scatter=false for a bucket of <= reduce_bucket_size)
 // No LibTorch here.
 #pragma once
 
@@ -31,6 +35,10 @@ struct ScalingPolicy {
   std::string engine_cite;  // "deepspeed/runtime/engine.py:2341,2343 @ v0.13.1: ..."
   std::string zero_cite;
   std::string engine_unmodelled;  // why stage 0 with sp > 1 is not modelled ("" if it is)
+  ScalingRule zero3_reduce_scatter = ScalingRule::kMean;
+  ScalingRule zero3_allreduce = ScalingRule::kMean;
+  std::string zero3_cite;
+  std::string zero3_unmodelled;  // why stage 3 is not modelled for this policy ("" if it is)
 };
 
 // "mean", "sum", "ds-4530", "ds-pre-4957" or "deepspeed@X.Y.Z" for a version
@@ -45,7 +53,7 @@ struct ScaleOp {
   double value = 1;
 };
 
-enum class ReductionPath { kEngineAllreduce, kZeroPartitioned };
+enum class ReductionPath { kEngineAllreduce, kZeroPartitioned, kZero3ReduceScatter, kZero3Allreduce };
 
 struct BucketContext {
   ReductionPath path = ReductionPath::kEngineAllreduce;

@@ -20,11 +20,12 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--backend", o.backend, "collective backend")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--timeout", o.timeout_s, "collective and rendezvous timeout in seconds")->check(CLI::PositiveNumber);
 
-  app.add_option("--zero-stage", o.zero_stage, "ZeRO stage")->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--zero-stage", o.zero_stage, "ZeRO stage")->check(CLI::IsMember({0, 1, 2, 3}));
   app.add_option("--scaling", o.scaling, "scaling policy: mean, sum, ds-4530, ds-pre-4957, deepspeed@VERSION");
   app.add_option("--reduce-bucket-size", o.reduce_bucket_size, "bucket size in elements")->check(CLI::PositiveNumber);
   app.add_option("--zero-reduce-scatter", o.zero_reduce_scatter,
-                 "ZeRO-1/2: reduce each bucket to its partition owners (true) or all-reduce it (false)");
+                 "ZeRO-1/2: reduce each bucket to its partition owners (true) or all-reduce it (false); ZeRO-3: "
+                 "false all-reduces the buckets of at most --reduce-bucket-size elements");
   app.add_option("--gradient-predivide-factor", o.gradient_predivide_factor, "DeepSpeed gradient_predivide_factor")
       ->check(CLI::PositiveNumber);
   app.add_flag("--prescale-gradients", o.prescale_gradients, "DeepSpeed prescale_gradients");
@@ -127,6 +128,13 @@ Status ValidateTrainOptions(const TrainOptions& o) {
   if (o.zero_stage == 0 && o.sp > 1 && !policy->engine_unmodelled.empty()) {
     return bad("--scaling " + o.scaling +
                " with --zero-stage 0 and --sp > 1 is not modelled: " + policy->engine_unmodelled);
+  }
+  if (o.zero_stage == 3 && !policy->zero3_unmodelled.empty()) {
+    return bad("--scaling " + o.scaling + " with --zero-stage 3 is not modelled: " + policy->zero3_unmodelled);
+  }
+  if (o.zero_stage == 3 && (o.gradient_predivide_factor != 1.0 || o.prescale_gradients)) {
+    // stage3.py:394-396 refuses both with reduce_scatter; not modelled on the all-reduce path either.
+    return bad("--zero-stage 3 with --gradient-predivide-factor or --prescale-gradients is not modelled");
   }
   if (!CaptureOff(o)) {
     if (auto m = ParseCaptureMode(o.capture); !m.ok()) {

@@ -23,7 +23,7 @@ struct TrainOptions {
   int zero_stage = 0;
   std::string scaling = "mean";            // see scaling.h
   int64_t reduce_bucket_size = 500000000;  // elements, DeepSpeed's default
-  bool zero_reduce_scatter = true;         // ZeRO-1/2 "reduce_scatter" config key
+  bool zero_reduce_scatter = true;         // ZeRO "reduce_scatter" config key
   double gradient_predivide_factor = 1.0;
   bool prescale_gradients = false;
 

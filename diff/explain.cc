@@ -41,6 +41,12 @@ bool HasPolicy(const pb::Config& c, const char* what) { return c.scaling().find(
 // Why a configuration's gradient carries its own SP degree as an extra factor.
 std::string SpWhy(const pb::Config& c) {
   bool local_mean = c.loss() == "local-mean";
+  if (local_mean && HasPolicy(c, "deepspeed") && c.zero_stage() == 3) {
+    // Only stage 3's all-reduce path divides by dp (stage3.py:1878); its default reduce-scatter path divides by dp x
+    // sp.
+    return "the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed ZeRO-3 with "
+           "reduce_scatter false, stage3.py all-reduce path)";
+  }
   if (local_mean && (HasPolicy(c, "4530") || HasPolicy(c, "deepspeed"))) {
     return "the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed ZeRO-1/2 since #4530)";
   }

@@ -25,9 +25,11 @@ lacks is reported, see ``DeepSpeedCapture.unrecordable``):
   ``_buffered_reduce_fallback_preserving_fp32`` receive the list of gradients (all-reduced in place).
 - Stage 0: ``DeepSpeedEngine.allreduce_and_copy(small_bucket, dp_group, ...)`` receives a list of
   ``param.grad`` tensors, all-reduces a flattened copy and copies it back.
-- FINAL: ``deepspeed.utils.safe_get_full_grad(param)`` for every parameter (a collective for ZeRO-1/2:
-  every rank calls it for every parameter in the same order) inside a wrapper of ``engine.step``,
-  at gradient-accumulation boundaries, before the optimizer step consumes the gradients.
+- ZeRO-3: ``gradtrace.deepspeed_zero3`` (stage 3's bucket reduction, both of its paths, and ``partition_grads``).
+- FINAL: ``deepspeed.utils.safe_get_full_grad(param)`` for every parameter (a collective for ZeRO-1/2/3; for
+  ZeRO-3 it all-gathers the fp32 gradient partitions; every rank calls it for every parameter in the same order)
+  inside a wrapper of ``engine.step``, at gradient-accumulation boundaries, before the optimizer step consumes
+  the gradients.
 
 Older releases (measured with tools/repro/ds5248 on 0.11.1, 0.11.2, 0.13.0, 0.13.1, 0.14.5 and 0.19.8):
 the same hook points exist under the same names; ``average_tensor(tensor)`` takes one argument and the
@@ -49,6 +51,7 @@ from typing import Any
 
 import torch
 
+from . import deepspeed_zero3
 from .layout import Layout
 from .rank_recorder import RankRecorder
 
@@ -167,7 +170,8 @@ class DeepSpeedCapture:
         self.recorder = RankRecorder(
             engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
             layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg, extra=run_extra,
-            producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}")
+            producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
+            shape_of=deepspeed_zero3.full_shape)
         self.path = self.recorder.path
         self.writer = self.recorder.writer
         for phase, why in self.unrecordable.items():
@@ -210,9 +214,7 @@ class DeepSpeedCapture:
                 self.unrecordable["PRE_REDUCE"] = why
                 self.unrecordable["POST_REDUCE"] = why
         else:
-            why = f"ZeRO stage {stage}: reduce-scatter of partitioned parameters is not hooked"
-            self.unrecordable["PRE_REDUCE"] = why
-            self.unrecordable["POST_REDUCE"] = why
+            deepspeed_zero3.install(self, opt)
         try:
             from deepspeed.utils import safe_get_full_grad  # noqa: F401
             self._patch(eng, "step", self._wrap_step)

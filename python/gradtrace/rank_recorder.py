@@ -86,13 +86,14 @@ class RankRecorder:
     "stats"), ``steps`` (which optimizer steps to capture: None = all, N = the first N, or a list),
     ``params`` (a regex: only matching parameters are written; the table keeps them all so that
     fingerprints agree), ``phases``, ``run_id``, ``loss`` (the recipe's name), ``loss_description``
-    (in words), ``config`` (more Config fields), ``extra`` (RunInfo.extra)."""
+    (in words), ``config`` (more Config fields), ``extra`` (RunInfo.extra), ``shape_of`` (a parameter's
+    full shape when its tensor is a placeholder, as ZeRO-3's are)."""
 
     def __init__(self, named_params, out_dir, *, framework: str, framework_version: str = "",
                  layout: Layout | None = None, packages=(), mode: str = "full", steps=None, params: str | None = None,
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
-                 producer_version: str = ""):
+                 producer_version: str = "", shape_of=None):
         import torch.distributed as tdist
 
         self.layout = layout or Layout.infer()
@@ -116,7 +117,8 @@ class RankRecorder:
             self.ids[id(p)] = len(self.params)
             self.names.append(name)
             self.params.append(p)
-            table.append({"name": name, "shape": list(p.shape), "dtype": torch_dtype_name(p.dtype),
+            shape = shape_of(p) if shape_of is not None else list(p.shape)
+            table.append({"name": name, "shape": shape, "dtype": torch_dtype_name(p.dtype),
                           **self.layout.param_fields(name)})
         self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
         run_id = agree_run_id(run_id)

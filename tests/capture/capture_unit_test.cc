@@ -41,7 +41,9 @@ TEST(TrainOptions, RejectsBadInputWithOneLine) {
       {"--out", "d", "--scaling", "deepspeed@9.9.9"},
       {"--out", "d", "--scaling", "deepspeed@0.11.1", "--sp", "2", "--zero-stage", "0"},  // engine group not modelled
       {"--out", "d", "--loss", "mean"},
-      {"--out", "d", "--zero-stage", "3"},
+      {"--out", "d", "--zero-stage", "4"},
+      {"--out", "d", "--zero-stage", "3", "--scaling", "deepspeed@0.13.1"},  // stage3.py not read there
+      {"--out", "d", "--zero-stage", "3", "--gradient-predivide-factor", "2"},
       {"--out", "d", "--capture", "sketch:x"},
       {"--out", "d", "--capture", "Off"},
       {"--out", "d", "--zstd-level", "0"},
@@ -218,6 +220,15 @@ TEST(Scaling, DeepSpeedVersionTable) {
   // MoE at dp=2 on 0.13.0: buckets holding expert parameters measured at 0.5 (divided twice), 1.0 on 0.13.1.
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.0").value(), Ctx(Z, 2, 1, true)).Divisor(), 4);
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 2, 1, true)).Divisor(), 2);
+  // ZeRO-3 on 0.19.8, sp=2, dp=1, measured (docs/ds5248.md): `loss` gives 1 on the reduce-scatter path
+  // (coalesced_collectives.py:124 divides by world) and 2 on the all-reduce path (stage3.py:1878, world/sp).
+  auto newest = ResolvePolicy("deepspeed@0.19.8").value();
+  EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(newest, Ctx(ReductionPath::kZero3ReduceScatter, 2, 2)).Divisor(), 1);
+  EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(newest, Ctx(ReductionPath::kZero3Allreduce, 2, 2)).Divisor(), 2);
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(newest, Ctx(ReductionPath::kZero3ReduceScatter, 4, 2)).Divisor(), 4);  // dp2 x sp2
+  EXPECT_DOUBLE_EQ(PlanBucketScaling(newest, Ctx(ReductionPath::kZero3Allreduce, 4, 2)).Divisor(), 2);
+  EXPECT_TRUE(newest.zero3_unmodelled.empty());
+  EXPECT_FALSE(ResolvePolicy("deepspeed@0.14.5").value().zero3_unmodelled.empty());
   for (const auto& v : KnownDeepSpeedVersions()) {
     auto p = ResolvePolicy("deepspeed@" + v);
     ASSERT_TRUE(p.ok()) << v;

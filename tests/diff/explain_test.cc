@@ -45,6 +45,16 @@ TEST(Explain, Issue5248SentenceForSp2) {
   EXPECT_EQ(expr, "sp(B)");
 }
 
+// ZeRO-3 divides by dp only on its all-reduce path (reduce_scatter false): the sentence names that path.
+TEST(Explain, Issue5248SentenceNamesZero3Path) {
+  std::string expr;
+  pb::Config b = Cfg(1, 2, "deepspeed@0.19.8", "local-mean");
+  b.set_zero_stage(3);
+  std::string s = ExplainScale(2.0, 14, 14, Cfg(1, 1, "mean", "local-mean"), b, 1e-4, &expr);
+  EXPECT_EQ(expr, "sp(B)");
+  EXPECT_NE(s.find("(DeepSpeed ZeRO-3 with reduce_scatter false, stage3.py all-reduce path)"), std::string::npos) << s;
+}
+
 TEST(Explain, Sp4AmongDp2) {
   std::string expr;
   std::string s =

@@ -18,8 +18,8 @@ loss aggregation across ranks" with torch.distributed.nn.functional.all_gather a
 The model is a tiny LlamaForCausalLM built from a LlamaConfig (no weights are downloaded; `torch.manual_seed(--seed)`
 before construction, fp32, attn_implementation "sdpa"), the data a deterministic synthetic dataset (--seed).
 Differences from the tutorial, all forced by CPU: gloo instead of nccl, a client torch.optim.SGD instead of the
-config's Adam (FusedAdam needs compiled ops; `zero_allow_untested_optimizer`), ZeRO-0/1/2 instead of 3 (the
-adapter does not hook ZeRO-3), fp32 instead of bf16.
+config's Adam (FusedAdam needs compiled ops; `zero_allow_untested_optimizer`), fp32 instead of bf16. Any ZeRO
+stage runs (the tutorial's is 3; its mpu has no get_data_parallel_group, so ZeRO-3 partitions over all ranks).
 
 Data: every rank's DataLoader reads the dataset through a DistributedSampler over all dp x sp ranks (no
 shuffle); UlyssesSPDataLoaderAdapter gathers one batch from each SP rank and returns, in turn, each of them
@@ -55,7 +55,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sp", type=int, default=2)
     ap.add_argument("--dp", type=int, default=1)
-    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=2)
+    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=2)
+    ap.add_argument("--no-reduce-scatter", action="store_true",
+                    help="ZeRO reduce_scatter false (ZeRO-3: the all-reduce path for buckets up to "
+                         "--reduce-bucket-size elements)")
     ap.add_argument("--loss", choices=sorted(LOSS_NAMES), default="alst")
     ap.add_argument("--reference", action="store_true",
                     help="world size 1, plain HF loss, on the global batch of the --sp x --dp run's first step")

@@ -16,6 +16,14 @@ class Layout:
     moe: int = 0  # experts per MoE layer (deepspeed.moe.layer.MoE, ep_size 1); 0: dense
     gas: int = 1  # gradient_accumulation_steps
     contiguous: bool = True  # ZeRO contiguous_gradients
+    reduce_scatter: bool = True  # ZeRO reduce_scatter (stage 3: which of its two reduction paths runs)
+    bucket: int = 0  # ZeRO reduce_bucket_size in elements; 0: run.py's default (2000)
+
+
+# ZeRO-3 with reduce_scatter false takes the all-reduce path (stage3.py __avg_scatter_contiguous_grads) only
+# for buckets of at most reduce_bucket_size elements; a bucket holding a larger parameter still takes the
+# reduce-scatter path. This bucket holds the whole tiny model, so every bucket takes the all-reduce path.
+WHOLE_MODEL_BUCKET = 100000
 
 
 LAYOUTS = {
@@ -29,7 +37,17 @@ LAYOUTS = {
     # emulation is compared by bucket divisors, not elementwise (emulation.py).
     "dp2-moe2": Layout(1, 2, moe=2),
     "sp2-moe2": Layout(2, 1, moe=2),
+    # ZeRO-3's second path (reduce_scatter false); the tables show these as stage "3 rs=false".
+    "dp2-rsoff": Layout(1, 2, reduce_scatter=False, bucket=WHOLE_MODEL_BUCKET),
+    "sp2-rsoff": Layout(2, 1, reduce_scatter=False, bucket=WHOLE_MODEL_BUCKET),
+    "sp4-rsoff": Layout(4, 1, reduce_scatter=False, bucket=WHOLE_MODEL_BUCKET),
+    "dp2xsp2-rsoff": Layout(2, 2, reduce_scatter=False, bucket=WHOLE_MODEL_BUCKET),
+    # reduce_scatter false with run.py's 2000-element buckets: parameters above 2000 elements take the
+    # reduce-scatter path, the others the all-reduce path, in one run.
+    "sp2-rsoff-b2000": Layout(2, 1, reduce_scatter=False),
+    "sp2-rsoff-nocontig": Layout(2, 1, reduce_scatter=False, contiguous=False),
 }
+RSOFF = "-rsoff"  # layouts NAME-rsoff: NAME with ZeRO-3 reduce_scatter false
 LAYOUT_ORDER = list(LAYOUTS)
 SANITY = ("dp2", "loss", 0.0)  # layout, recipe, ignore of the per-stage sanity cell
 MOE_VERSIONS = ("0.13.0", "0.13.1", "0.19.8")  # the releases around #4957, and the newest
@@ -42,8 +60,18 @@ def extra_cells(version):
     cells += [("sp2-nocontig", 2, r, 0.0) for r in ("loss", "loss-div-sp")]
     # The recipe that is exact for the global token mean when DP replicas hold unequal counts.
     cells += [("dp2xsp2", s, "global-token-weighted", 0.25) for s in (0, 1, 2)]
+    cells += zero3_cells()
     if version in MOE_VERSIONS:
         cells += [(l, 2, r, 0.0) for l in ("dp2-moe2", "sp2-moe2") for r in ("loss", "loss-div-sp")]
+    return cells
+
+
+def zero3_cells():
+    """ZeRO-3's reduce_scatter-false path over the main matrix, and the cells around its two paths."""
+    cells = [(l + RSOFF, 3, r, g) for l in ("sp2", "sp4", "dp2xsp2") for r in RECIPES for g in (0.0, 0.25)]
+    cells += [(l, 3, "global-token-weighted", 0.25) for l in ("dp2xsp2", "dp2xsp2" + RSOFF)]
+    cells += [("dp2" + RSOFF, 3, "loss", 0.0), ("sp2-gas2", 3, "loss", 0.0), ("sp2-nocontig", 3, "loss", 0.0)]
+    cells += [(l, 3, r, 0.0) for l in ("sp2-rsoff-b2000", "sp2-rsoff-nocontig") for r in ("loss", "loss-div-sp")]
     return cells
 
 

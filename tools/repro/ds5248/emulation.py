@@ -57,7 +57,12 @@ def emulate(train, out, version, layout, stage, recipe, ignore, global_batch, fl
     cmd = [str(train), *flags, "--nproc", str(layout.sp * layout.dp), "--sp", str(layout.sp), "--dp", str(layout.dp),
            "--zero-stage", str(stage), "--scaling", f"deepspeed@{version}", "--loss", GT_LOSS[recipe],
            "--batch", str(global_batch), "--ignore-frac", str(ignore), "--gas", str(layout.gas),
-           "--reduce-bucket-size", str(BUCKET_ELEMENTS), "--moe-experts", str(layout.moe), "--out", str(out)]
+           "--reduce-bucket-size", str(layout.bucket or BUCKET_ELEMENTS), "--moe-experts", str(layout.moe),
+           "--out", str(out)]
+    if stage == 3:
+        # gradtrace-train models contiguous_gradients true; with it false stage 3 always takes the
+        # reduce-scatter path (stage3.py:1673), which --zero-reduce-scatter true selects.
+        cmd += ["--zero-reduce-scatter", "true" if layout.reduce_scatter or not layout.contiguous else "false"]
     rc = run_once(cmd, out, log, timeout=300)
     if rc == 0:
         return 0, ""

@@ -56,6 +56,10 @@ def run(out, layout, stage, loss, ignore, batch, flags, log, model_args):
         cmd += ["--moe-experts", str(layout.moe)]
     if not layout.contiguous:
         cmd.append("--no-contiguous-gradients")
+    if not layout.reduce_scatter:
+        cmd.append("--no-reduce-scatter")
+    if layout.bucket:
+        cmd += ["--reduce-bucket-size", str(layout.bucket)]
     return run_once(cmd, out, log)
 
 
@@ -79,6 +83,14 @@ def measure(diff, ref, got, out):
     sc = sorted(r["scale"] for r in t.values())
     return {"scale": sc[len(sc) // 2], "min": sc[0], "max": sc[-1],
             "residual": max(r["residual"] for r in t.values()), "verdict": "", "explanation": "", "tool": "compare.py"}
+
+
+def stage3_paths(log):
+    """{"stage3_paths": {path: buckets}}: which ZeRO-3 reduction path each bucket took, as run.py printed it."""
+    import ast
+    import re
+    m = re.search(r"stage-3 paths (\{[^}]*\})", pathlib.Path(log).read_text(errors="replace"))
+    return {"stage3_paths": ast.literal_eval(m.group(1))} if m else {}
 
 
 def emulation_row(args, tools, out, version, layout_name, stage, recipe, ignore, cell, init_flags):
@@ -113,9 +125,10 @@ def single_version(args):
             layout, stage, recipe, ignore = c.split(":")
             cells.append((layout, int(stage), recipe, float(ignore)))
     else:
-        cells = [c for g in priority_cells(list(map(int, args.stages.split(","))), args.layouts.split(","),
-                                           args.recipes.split(","), list(map(float, args.ignore.split(","))),
-                                           [] if args.no_extra else extra_cells(version)) for c in g]
+        stages = list(map(int, args.stages.split(",")))
+        extra = [] if args.no_extra else [c for c in extra_cells(version) if c[1] in stages]
+        cells = [c for g in priority_cells(stages, args.layouts.split(","), args.recipes.split(","),
+                                           list(map(float, args.ignore.split(","))), extra) for c in g]
     previous = {}
     if (out / "results.json").exists():
         previous = {row_key(r): r for r in json.loads((out / "results.json").read_text())}
@@ -135,7 +148,16 @@ def single_version(args):
     def do_cell(layout_name, stage, recipe, ignore, sanity=False):
         key = (version, layout_name, stage, recipe, ignore)
         if key in previous and not args.redo and previous[key].get("status") in ("measured", "not-runnable"):
-            return previous[key]
+            row = previous[key]
+            if args.redo_emulation and row.get("status") == "measured" and row.get("emulation_exit") is None:
+                # The real run stands; only its emulation is run (again) and compared.
+                row.update(emulation_row(args, tools, out, version, layout_name, stage, recipe, ignore,
+                                         pathlib.Path(row["trace"]), flags))
+                merge_write(out, [row])
+                print(f"deepspeed {version} {layout_name:12s} z{stage} {recipe:15s} ignore {ignore:4.2f}: emulation "
+                      + (f"exit {row['emulation_exit']}" if row.get("emulation_exit") is not None
+                         else row.get("emulation_note", "-")), flush=True)
+            return row
         layout = LAYOUTS[layout_name]
         t0 = time.time()
         ref, model_args = inputs(layout, ignore)
@@ -146,7 +168,8 @@ def single_version(args):
         cell = out / cell_name(layout_name, stage, recipe, ignore)
         rc = run(cell, layout, stage, recipe, ignore, args.batch, flags, str(cell) + ".log", model_args)
         row = {"deepspeed": version, "layout": layout_name, "sp": layout.sp, "dp": layout.dp, "gas": layout.gas,
-               "contiguous_gradients": layout.contiguous, "zero_stage": stage, "loss": recipe,
+               "contiguous_gradients": layout.contiguous, "reduce_scatter": layout.reduce_scatter,
+               "reduce_bucket_size": layout.bucket or 2000, "zero_stage": stage, "loss": recipe,
                "ignore_frac": ignore, "trace": str(cell), "reference": str(ref), "sanity_cell": sanity,
                "moe_experts": layout.moe, "model": "tiny" if layout.moe else "gradtrace"}
         try:
@@ -172,9 +195,11 @@ def single_version(args):
             # MoE: buckets with and without expert parameters may be divided differently (that is what
             # PR #4957 is about), so one divisor over all buckets is not expected; only the ranks'
             # agreement on FINAL decides there.
-            problem = runnable_problem({"final_rank_spread": check["final_rank_spread"]} if layout.moe else check)
+            problem = runnable_problem({"final_rank_spread": check["final_rank_spread"]} if layout.moe else check,
+                                       per_bucket=stage == 3)
+            row.update(stage3_paths(str(cell) + ".log"))
             if problem:
-                known = KNOWN_CPU_LIMITS[stage] if stage < 2 or not layout.contiguous else ""
+                known = KNOWN_CPU_LIMITS[stage] if stage < 2 or (stage == 2 and not layout.contiguous) else ""
                 row.update({"measured_but_invalid": {k: row[k] for k in ("scale", "min", "max", "residual")},
                             "scale": None, "status": "not-runnable",
                             "note": f"not runnable on CPU: {problem}" + (f" (code: {known})" if known else "")})
@@ -240,7 +265,7 @@ def all_versions(args):
     stages = list(map(int, args.stages.split(",")))
     out = pathlib.Path(args.out)
     if args.tables_only:
-        combine(out, versions, results_path)
+        combine(out, versions, results_path, keep_existing=args.merge)
         if args.update_docs:
             paste_into_doc(args.update_docs, results_path)
         return 0
@@ -250,7 +275,8 @@ def all_versions(args):
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + py_path)
     phases_of = {v: priority_cells(stages, args.layouts.split(","), args.recipes.split(","),
                                    list(map(float, args.ignore.split(","))),
-                                   [] if args.no_extra else extra_cells(v)) for v in versions}
+                                   [] if args.no_extra else [c for c in extra_cells(v) if c[1] in stages])
+                 for v in versions}
     for i in range(max(len(p) for p in phases_of.values())):
         for v in versions:
             if i >= len(phases_of[v]):
@@ -284,7 +310,7 @@ def main(argv=None):
                     help="with --versions: the combined results (table.md, pivot.md, emulation.md, timing.json "
                          "beside it)")
     ap.add_argument("--layouts", default="sp2,sp4,dp2xsp2")
-    ap.add_argument("--stages", default="0,1,2")
+    ap.add_argument("--stages", default="0,1,2,3")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--ignore", default="0,0.25", help="ignore fractions (0.25: uneven valid tokens per shard)")
     ap.add_argument("--cells", default=None, help="explicit cells layout:stage:recipe:ignore,... (one version)")
@@ -293,8 +319,14 @@ def main(argv=None):
     ap.add_argument("--no-sanity", action="store_true", help="skip the per-stage dp=2 sanity cell")
     ap.add_argument("--no-emulation", action="store_true", help="do not run and compare gradtrace-train's emulation")
     ap.add_argument("--redo", action="store_true", help="re-measure cells already in results.json")
+    ap.add_argument("--redo-emulation", action="store_true",
+                    help="run the emulation of measured cells that have none yet (e.g. after gradtrace-train "
+                         "learned a stage); the real runs are kept")
     ap.add_argument("--tables-only", action="store_true",
                     help="with --versions: only rebuild the combined results.json/table.md/pivot.md")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --tables-only: keep the cells of --results that OUT does not hold (e.g. after "
+                         "measuring only ZeRO-3 cells into a fresh OUT)")
     ap.add_argument("--update-docs", nargs="?", const=str(ROOT / "docs" / "ds5248.md"), default=None,
                     help="with --versions: paste pivot.md, emulation.md and the timing into the generated blocks of "
                          "this file (default docs/ds5248.md)")

@@ -34,7 +34,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sp", type=int, default=2)
     ap.add_argument("--dp", type=int, default=1)
-    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=2)
+    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=2)
     ap.add_argument("--loss", choices=["loss", "loss-div-sp", "token-weighted", "global-token-weighted", "full-sequence"],
                     default="loss")
     ap.add_argument("--ignore-frac", type=float, default=0.0, help="fraction of label positions set to -100")
@@ -53,7 +53,15 @@ def parse_args(argv=None):
                     help="ZeRO reduce_bucket_size in elements (small: several buckets, params split "
                          "across partitions)")
     ap.add_argument("--no-contiguous-gradients", action="store_true",
-                    help="ZeRO-1/2 contiguous_gradients false (reduces nothing on CPU in some versions)")
+                    help="ZeRO contiguous_gradients false (ZeRO-1/2: reduces nothing on CPU in some versions)")
+    ap.add_argument("--no-reduce-scatter", action="store_true",
+                    help="ZeRO reduce_scatter false (ZeRO-3: the all-reduce path, stage3.py "
+                         "__avg_scatter_contiguous_grads, when contiguous_gradients is true)")
+    ap.add_argument("--zero3-partition", choices=["sdp", "initialize"], default="sdp",
+                    help="ZeRO-3: sdp = partition the parameters over the sequence-data-parallel group with "
+                         "deepspeed.zero.Init(module=..., data_parallel_group=sdp), as Megatron-DeepSpeed does; "
+                         "initialize = leave it to deepspeed.initialize, which partitions (and so reduces) over "
+                         "mpu.get_data_parallel_group(), leaving the SP ranks out")
     ap.add_argument("--moe-experts", type=int, default=0,
                     help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
     ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
@@ -116,7 +124,7 @@ def ds_config(args):
         cfg["zero_optimization"].update({
             "contiguous_gradients": not args.no_contiguous_gradients,
             "overlap_comm": False,
-            "reduce_scatter": True,
+            "reduce_scatter": not args.no_reduce_scatter,
             "reduce_bucket_size": args.reduce_bucket_size,
             "allgather_bucket_size": args.reduce_bucket_size,
         })
@@ -236,6 +244,12 @@ def worker(args):
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
         params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
                                                                        "name": "params"})
+    if args.zero_stage == 3 and args.zero3_partition == "sdp":
+        # deepspeed.initialize would convert the parameters itself, partitioned over the mpu's pure DP group
+        # (runtime/zero/parameter_offload.py:267); stage 3 reduces each gradient over its parameter's
+        # partition group, so partition over sdp first (the model is already built: module=).
+        deepspeed.zero.Init(module=model, data_parallel_group=mpu.get_sequence_data_parallel_group(),
+                            config_dict_or_path=ds_config(args))
     optimizer = torch.optim.SGD(params, lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args), mpu=mpu)
     cap = deepspeed_adapter.attach(
@@ -278,7 +292,8 @@ def worker(args):
     if tdist.get_rank() == 0:
         print(f"ds5248: wrote {args.out} (deepspeed {deepspeed.__version__}, sp={sp} dp={args.dp} "
               f"zero={args.zero_stage} loss={args.loss}; recorded {cap.recorded}; "
-              f"unrecordable {cap.unrecordable or 'none'})", flush=True)
+              f"unrecordable {cap.unrecordable or 'none'}"
+              + (f"; stage-3 paths {cap.zero3_paths}" if hasattr(cap, "zero3_paths") else "") + ")", flush=True)
     tdist.barrier()
     tdist.destroy_process_group()
     return 0
