@@ -160,6 +160,17 @@ def run_rank(rank, args):
     cap.close()
     if world > 1:
         dist.destroy_process_group()
+    end_process()
+
+
+def end_process():
+    """Exits this rank without the interpreter's teardown. With a comm hook of the user's that chains
+    `.then(...)` on gloo's future (--bug), torch 2.15.0's teardown aborted about one run in 15 after
+    everything was written and closed ("terminate called without an active exception", no Python
+    frame on any thread): measured 1 in 10 and 1 in 18 runs, never before cap.close() returned."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port():
