@@ -1,7 +1,6 @@
 #include "grad_norm.h"
 
 #include <cmath>
-#include <cstdio>
 
 namespace gradtrace::diff {
 
@@ -17,18 +16,13 @@ std::optional<double> ReportedGradNorm(const TraceSet& set, int64_t step) {
 
 namespace {
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
 bool Off(const std::optional<double>& ratio) { return ratio && !(std::fabs(*ratio - 1) <= kGradNormRtol); }
 
 // "B reports 4.737, its FINAL gradients have norm 1.626: off by 2.913x".
 std::string Misreport(const char* side, double reported, double computed, double ratio) {
-  std::string s = std::string("the reported grad norm of ") + side + " is off by " + Num(ratio) + "x (" + side +
-                  " reports " + Num(reported) + ", its FINAL gradients have norm " + Num(computed) + ")";
+  std::string s = std::string("the reported grad norm of ") + side + " is off by " + FormatNumber(ratio, 6) + "x (" +
+                  side + " reports " + FormatNumber(reported, 6) + ", its FINAL gradients have norm " +
+                  FormatNumber(computed, 6) + ")";
   if (ratio > 1) s += "; or the gradients were clipped after the norm was taken";
   return s;
 }
@@ -58,8 +52,8 @@ std::optional<GradNormCheck> CheckGradNorms(const Report& r) {
   g.verdict = wrong.empty() ? "consistent" : "misreported";
   if (wrong.empty()) {
     g.message = "the reported grad norms agree with the FINAL gradients";
-    if (g.reported_a) g.message += " (A " + Num(*g.reported_a) + ")";
-    if (g.reported_b) g.message += " (B " + Num(*g.reported_b) + ")";
+    if (g.reported_a) g.message += " (A " + FormatNumber(*g.reported_a, 6) + ")";
+    if (g.reported_b) g.message += " (B " + FormatNumber(*g.reported_b, 6) + ")";
     return g;
   }
   g.message = r.verdict == "match" ? "gradients match; " : "";
