@@ -21,6 +21,7 @@ class Case:
     ok: str | None  # the corrected run (None: the distractor's gradients are right already)
     factors: dict = field(default_factory=dict)  # param group -> B/A of the buggy run; None: not a scalar
     norm_off: float | None = None  # distractors: reported / computed grad norm of the buggy run
+    slow: bool = False  # real DeepSpeed ZeRO-3: minutes; run by `run_all.py --slow`, not in CI
 
 
 CASES = [
@@ -46,10 +47,14 @@ CASES = [
          "ref-seq", "veomni-1115-bug", "veomni-1115-ok", {"all": None}),
     Case("12", "verl issues #2855/#2857", f"{PLAIN}: sp 2, gas 2, loss / micro-batch tokens / gas", "ref-seq",
          "verl-2855-bug", "verl-2855-ok", {"all": None}),
+    Case("14", "hamishivi/tmax PR #9", "real DeepSpeed 0.19.8 ZeRO-3 (tools/repro/ds5248/run.py), sp 4: "
+         "dp x CE sum / global tokens vs local mean", "ds-ref", "ds-tmax-bug", "ds-tmax-ok", {"all": 0.25}, slow=True),
     Case("15", "NVIDIA-NeMo Automodel PR #3830", f"{PLAIN}: 1 rank, gas 4 (splits [1,1,1,1]), sum of micro-batch "
          "means", "ref-dense", "nemo-3830-bug", "nemo-3830-ok", {"all": 4.0}),
     Case("16", "Hugging Face transformers PR #34191", f"{PLAIN}: dp 2, gas 2, mean per micro-batch / gas",
          "ref-seq", "hf-34191-bug", "hf-34191-ok", {"all": None}),
+    Case("18", "PyTorch issue #155903", f"{PLAIN}: HSDP shard 2 x replicate 2, reduce-scatter / shard size "
+         "then all-reduce (sum) over the replicas", "ref-dense", "hsdp-155903-bug", "hsdp-155903-ok", {"all": 2.0}),
     Case("D1", "ms-swift PR #8341", f"{PLAIN}: dp 2, logged norm of the rank's own shard", "ref-dense",
          "swift-8341-bug", None, {"all": 1.0}),  # norm_off: the test derives it from the shard's FINAL
     Case("D2", "MindSpore hyper-parallel issue #526", f"{PLAIN}: dp 2, replicated params counted once per rank",
@@ -77,3 +82,11 @@ def group_of(name: str, factors: dict) -> str:
     if "all" in factors:
         return "all"
     return "experts" if name.startswith("experts.") else "dense"
+
+# Real DeepSpeed runs (tools/repro/ds5248/run.py arguments): the slow cases.
+DS_RUNS = {
+    "ds-ref": "--sp 1 --dp 1 --batch 1 --zero-stage 3 --loss loss",
+    # tmax: the trainer scales the token-sum loss by dp only; ZeRO-3's reduce-scatter averages over dp x sp
+    "ds-tmax-bug": "--sp 4 --zero-stage 3 --loss global-token-weighted",
+    "ds-tmax-ok": "--sp 4 --zero-stage 3 --loss loss",
+}

@@ -2,11 +2,12 @@
 (launch.py), the gradtrace-train emulation runs (two at a time, beside it), then gradtrace-diff of
 every buggy and every corrected run against its reference.
 
-    python tests/zoo/run_all.py --out out/zoo [--table] [--results tests/zoo/results.json]
+    python tests/zoo/run_all.py --out out/zoo [--slow] [--table] [--results tests/zoo/results.json]
 
 OUT/traces/<run>/ holds the trace sets, OUT/reports/<run>.json the diff reports, OUT/results.json
 one entry per case (row, report, how, and per run: exit code, verdict, factor per parameter group,
-summary); --table prints the README's Markdown table from it. Needs the build's gradtrace-diff and
+summary); --table prints the README's Markdown table from it. --slow adds the real DeepSpeed ZeRO-3
+cases (tools/repro/ds5248/run.py, about a minute per run, one after the other). Needs the build's gradtrace-diff and
 gradtrace-train ($GRADTRACE_BUILD_DIR, default build/) and its Python package on PYTHONPATH.
 """
 
@@ -23,7 +24,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from cases import CASES, TRAIN_MODEL, TRAIN_RUNS, group_of  # noqa: E402
+from cases import CASES, DS_RUNS, TRAIN_MODEL, TRAIN_RUNS, group_of  # noqa: E402
 
 
 def build_dir() -> pathlib.Path:
@@ -40,12 +41,12 @@ def _check(cmd, timeout=300):
 
 def _env():
     path = [str(build_dir() / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), DS_ACCELERATOR="cpu")
     env.pop("RANK", None)
     return env
 
 
-def capture(traces: pathlib.Path) -> None:
+def capture(traces: pathlib.Path, slow: bool) -> None:
     """Every trace set the cases name, into traces/<run>."""
     train = build_dir() / "bin" / "gradtrace-train"
     jobs = [[sys.executable, str(HERE / "launch.py"), str(traces)]]
@@ -53,6 +54,10 @@ def capture(traces: pathlib.Path) -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for f in [pool.submit(_check, job) for job in jobs]:
             f.result()
+    if slow:  # each DeepSpeed run starts its own ranks: one at a time
+        for name, args in DS_RUNS.items():
+            _check([sys.executable, str(ROOT / "tools" / "repro" / "ds5248" / "run.py"), *args.split(), "--out",
+                    str(traces / name)], timeout=900)
 
 
 def diff(traces, reports, ref, run) -> dict:
@@ -78,14 +83,16 @@ def summarize(case, report) -> dict:
             "max_residual": residual, "summary": report["summary"], "grad_norm_off": gn.get("off_b")}
 
 
-def run(out: pathlib.Path) -> dict:
+def run(out: pathlib.Path, slow: bool = False) -> dict:
     start = time.perf_counter()
     traces, reports = out / "traces", out / "reports"
     reports.mkdir(parents=True, exist_ok=True)
-    capture(traces)
+    capture(traces, slow)
     captured = time.perf_counter() - start
     results = []
     for case in CASES:
+        if case.slow and not slow:
+            continue
         entry = {"row": case.row, "report": case.report, "how": case.how, "reference": case.reference,
                  "expected": case.factors, "bug": summarize(case, diff(traces, reports, case.reference, case.bug))}
         if case.ok:
@@ -120,10 +127,11 @@ def table(doc) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=pathlib.Path)
+    ap.add_argument("--slow", action="store_true", help="also the real DeepSpeed ZeRO-3 cases (minutes)")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of the results")
     ap.add_argument("--results", type=pathlib.Path, help="also copy results.json here (without the reports)")
     args = ap.parse_args(argv)
-    doc = run(args.out)
+    doc = run(args.out, args.slow)
     if args.results:
         args.results.write_text(json.dumps(doc, indent=2) + "\n")
     if args.table:

@@ -129,3 +129,34 @@ def reduce_grads(params, group, divisor):
 
 def grad_norm(params):
     return torch.sqrt(sum(p.grad.double().pow(2).sum() for p in params if p.grad is not None))
+
+
+def reduce_scatter_flat(cap, params, group, group_name, owner, shards, divisor, *, bucket_id=0, then=None):
+    """A ZeRO/FSDP bucket: the parameters' gradients as one flat bucket, summed over ``group`` and
+    divided by ``divisor``, of which this rank (``owner`` of ``shards``) keeps its contiguous part
+    (gloo has no reduce-scatter: all-reduce, then keep). ``then(part)``: a further in-place
+    reduction of the part (HSDP's all-reduce over the replicas). Records PRE_REDUCE (the whole
+    bucket) and POST_REDUCE (the part, after ``then``); returns the FINAL pieces of the part."""
+    rec = cap.recorder
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    numel = flat.numel()
+    pieces, off = [], 0
+    for p in params:
+        pieces.append((rec.param_id(p), 0, flat[off:off + p.numel()].clone()))
+        off += p.numel()
+    rec.write_bucket("PRE_REDUCE", pieces, group=group_name, bucket_id=bucket_id, bucket_numel=numel)
+    if group is not None:
+        dist.all_reduce(flat, group=group)
+    flat.div_(divisor)
+    lo, hi = owner * numel // shards, (owner + 1) * numel // shards
+    if then is not None:
+        then(flat[lo:hi])
+    part, off = [], 0
+    for p in params:
+        a, b = max(lo, off), min(hi, off + p.numel())
+        if a < b:
+            part.append((rec.param_id(p), a - off, flat[a:b].clone()))
+        off += p.numel()
+    rec.write_bucket("POST_REDUCE", part, group=group_name, bucket_id=bucket_id, bucket_numel=numel,
+                     partition_offset=lo, partition_count=hi - lo, divisor=divisor)
+    return part

@@ -11,6 +11,6 @@ class Scenario:
     run: Callable  # run(ranks, out_dir) on each of those ranks
 
 
-from . import experts, grad_norm_logging, sequence  # noqa: E402
+from . import experts, grad_norm_logging, hsdp, sequence  # noqa: E402
 
-SCENARIOS = [*sequence.SCENARIOS, *experts.SCENARIOS, *grad_norm_logging.SCENARIOS]
+SCENARIOS = [*sequence.SCENARIOS, *experts.SCENARIOS, *hsdp.SCENARIOS, *grad_norm_logging.SCENARIOS]

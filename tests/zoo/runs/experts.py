@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from zoo_model import BATCH, EXPERTS, batch, capture, ce_sum, grad_norm, make_moe, reduce_grads
+from zoo_model import BATCH, EXPERTS, batch, capture, ce_sum, grad_norm, make_moe, reduce_grads, reduce_scatter_flat
 
 from . import Scenario
 
@@ -87,37 +87,11 @@ def expert_parallel(ranks, out, *, expert_div, dense_div=4, partition=False, des
         torch.distributed.all_reduce(sq, group=ranks.group(groups["ep"]))
         cap.step(torch.sqrt(sq + grad_norm(dense).pow(2)))
     else:
-        final = _reduce_scatter_experts(cap, experts, edp, groups["edp"].index(rank), expert_div)
+        final = reduce_scatter_flat(cap, experts, edp, "edp", groups["edp"].index(rank), 2, expert_div, bucket_id=1)
         rec = cap.recorder
         rec.write_final([(rec.param_id(p), 0, p.grad) for p in dense] + final)
         rec.end_optimizer_step(None)
     cap.close()
-
-
-def _reduce_scatter_experts(cap, experts, edp, owner, divisor):
-    """ZeRO-2's expert bucket: one flat bucket of this rank's expert gradients, summed over edp and
-    divided, of which this rank keeps half (gloo has no reduce-scatter: all-reduce, then keep).
-    Records PRE (the whole bucket) and POST (the partition); returns FINAL pieces of the partition."""
-    rec = cap.recorder
-    flat = torch.cat([p.grad.reshape(-1) for p in experts])
-    numel = flat.numel()
-    pieces, off = [], 0
-    for p in experts:
-        pieces.append((rec.param_id(p), 0, flat[off:off + p.numel()].clone()))
-        off += p.numel()
-    rec.write_bucket("PRE_REDUCE", pieces, group="edp", bucket_id=1, bucket_numel=numel)
-    torch.distributed.all_reduce(flat, group=edp)
-    flat.div_(divisor)
-    lo, hi = owner * numel // 2, (owner + 1) * numel // 2
-    part, off = [], 0
-    for p in experts:
-        a, b = max(lo, off), min(hi, off + p.numel())
-        if a < b:
-            part.append((rec.param_id(p), a - off, flat[a:b].clone()))
-        off += p.numel()
-    rec.write_bucket("POST_REDUCE", part, group="edp", bucket_id=1, bucket_numel=numel, partition_offset=lo,
-                     partition_count=hi - lo, divisor=divisor)
-    return part
 
 
 def tensor_parallel_moe(ranks, out, *, bug):
