@@ -50,7 +50,8 @@ def capture(traces: pathlib.Path, slow: bool) -> None:
     """Every trace set the cases name, into traces/<run>."""
     train = build_dir() / "bin" / "gradtrace-train"
     jobs = [[sys.executable, str(HERE / "launch.py"), str(traces)]]
-    jobs += [[str(train), *args.split(), *TRAIN_MODEL, "--out", str(traces / name)] for name, args in TRAIN_RUNS.items()]
+    jobs += [[str(train), *args.split(), *TRAIN_MODEL, "--out", str(traces / name)]
+             for name, args in TRAIN_RUNS.items()]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for f in [pool.submit(_check, job) for job in jobs]:
             f.result()
@@ -115,7 +116,8 @@ def _factor(entry) -> str:
 
 
 def table(doc) -> str:
-    lines = ["| # | report | how reproduced | buggy run: factor measured | buggy: verdict (exit) | corrected: verdict (exit) |",
+    lines = ["| # | report | how reproduced | buggy run: factor measured | buggy: verdict (exit) "
+             "| corrected: verdict (exit) |",
              "|---|---|---|---|---|---|"]
     for e in doc["cases"]:
         ok = f"{e['ok']['verdict']} ({e['ok']['exit']})" if "ok" in e else "-"

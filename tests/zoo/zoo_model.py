@@ -11,9 +11,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
-from adapter_runs import BATCH, IGNORE, SEQ, VOCAB, GatherSeq, TinyLM, batch, ce_sum  # noqa: E402,F401
+from adapter_runs import BATCH, HIDDEN, IGNORE, SEQ, VOCAB, GatherSeq, TinyLM, batch, ce_sum  # noqa: E402,F401
 
-HIDDEN = 16
 EXPERTS = 4
 
 

@@ -5,7 +5,6 @@ much the reported norm is off."""
 
 import functools
 
-import torch
 import torch.distributed as dist
 
 from zoo_model import grad_norm

@@ -10,7 +10,6 @@ function below is a plain-PyTorch rendering of the report's loss and reduction a
 
 import functools
 
-import torch
 import torch.distributed as dist
 
 from zoo_model import BATCH, IGNORE, SEQ, GatherSeq, batch, capture, ce_sum, grad_norm, make_lm, reduce_grads
@@ -87,8 +86,9 @@ def veomni_338(ranks, out, *, bug):
     are averaged over; the bug scales by dp instead of dp x sp. dp 1 x sp 4, unequal shards:
     correct = reference, bug = 1/sp (the report: "8x smaller" at sp 8)."""
     scale = 1 if bug else 4
+    # the bug's recipe is gradtrace's global-token-weighted (dp x CE sum / global tokens); the fix's has no name
     train(ranks, out, dp=1, sp=4, ignore=True, loss=lambda ce, local, micro, total: ce / total * scale,
-          reduce_over="world", divisor=4, recipe="global-token-weighted",
+          reduce_over="world", divisor=4, recipe="global-token-weighted" if bug else "",
           description=f"CE sum / global valid tokens x {'dp' if bug else 'dp x sp'}, gradients averaged over dp x sp")
 
 
