@@ -226,12 +226,29 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       for (const FrameRef* f : it->second) ids.insert(f->param_ids.begin(), f->param_ids.end());
     }
     auto& acc = partial[w];
+    // The bucket-view cell of one member's POST record.
+    auto cell_of = [&](const FrameRef& post) {
+      BucketCell c;
+      c.rank = post.rank;
+      c.micro = key.micro;
+      c.bucket = key.bucket;
+      c.group = key.group;
+      c.group_size = static_cast<int>(key.members.size());
+      c.expected = ExpectedDivisor(set.config(), c.group_size);
+      c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
+                        return accumulating.count({post.rank, id}) > 0;
+                      });
+      return c;
+    };
     if (missing_pre >= 0) {
       for (const FrameRef* f : work[w].second.post) {
         for (int32_t id : f->param_ids) {
           acc[id].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) + " from rank " +
                                      std::to_string(missing_pre));
         }
+        CellSums none;
+        none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
+        cells[w].push_back(FinishCell(none, rtol, ctol, cell_of(*f)));
       }
       return;
     }
@@ -262,17 +279,7 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       CellSums cell;
       cell.pre_sq = pre_sq[post->rank];
       const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc, &cell);
-      BucketCell c;
-      c.rank = post->rank;
-      c.micro = key.micro;
-      c.bucket = key.bucket;
-      c.group = key.group;
-      c.group_size = static_cast<int>(key.members.size());
-      c.expected = ExpectedDivisor(set.config(), c.group_size);
-      c.accumulates = key.micro > 0 && std::any_of(post->param_ids.begin(), post->param_ids.end(), [&](int32_t id) {
-                        return accumulating.count({post->rank, id}) > 0;
-                      });
-      cells[w].push_back(FinishCell(cell, rtol, ctol, c));
+      cells[w].push_back(FinishCell(cell, rtol, ctol, cell_of(*post)));
       // ZeRO-1/2: the partition the record declares must be what its slices hold.
       if (post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
         std::lock_guard<std::mutex> lock(mu);
