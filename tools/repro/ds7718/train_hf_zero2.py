@@ -87,8 +87,8 @@ def make_callback(out, gas, phases, trainer_box, summary):
         def _forward(self, module, a, kwargs, output):
             if not module.training or self.cap is None:
                 return
-            # accelerate calls engine.step() only at the accumulation boundary, so the adapter's own
-            # micro-step counter (advanced by non-boundary engine.step calls) stays 0; number them here.
+            # record_step runs here, before engine.backward numbers the micro-step in the adapter,
+            # so number it for the StepInfo written now (the adapter's backward agrees with it).
             self.cap.micro = self.micro
             self.micro = (self.micro + 1) % gas
             labels = kwargs.get("labels")
