@@ -290,11 +290,21 @@ def run_bisect(study, good, bad, universe):
             cands = sorted(set(cands) | {v}, key=releases.version_key)
     print(f"bisect: {len(cands) - 2} releases between {good} and {bad}, about "
           f"{max(1, (len(cands) - 2).bit_length())} runs", file=sys.stderr, flush=True)
-    g = study.capture(good, study.layout, study.cfg, "GOOD")
+    # A GOOD that does not run (e.g. a release before the entry point's API existed) is skipped: the first
+    # release after it that runs is the good end.
+    unrunnable = []
+    while True:
+        g = study.capture(cands[0], study.layout, study.cfg, "GOOD")
+        if g["status"] == "ok":
+            break
+        unrunnable.append(cands.pop(0))
+        print(f"bisect: GOOD {g['release']} did not run; trying {cands[0]} as GOOD", file=sys.stderr, flush=True)
+        if cands[0] == bad:
+            raise RunFailed(f"no release from {good} up to {bad} ran: {g.get('error')}")
+    good = cands[0]
     b = study.capture(bad, study.layout, study.cfg, "BAD")
-    for r, what in ((g, "GOOD"), (b, "BAD")):
-        if r["status"] != "ok":
-            raise RunFailed(f"{what} release {r['release']} did not run: {r.get('error')}")
+    if b["status"] != "ok":
+        raise RunFailed(f"BAD release {bad} did not run: {b.get('error')}")
     if study.compare(g, b)["verdict"] == "match":
         raise RunFailed(f"GOOD {good} and BAD {bad} give the same gradients: nothing to bisect")
     runs = {good: g, bad: b}
@@ -320,7 +330,7 @@ def run_bisect(study, good, bad, universe):
             row["vs_previous"]["previous"] = good
         rows.append(row)
     result = {"rows": rows, "reference": desc,
-              "bisect": {"good": good, "bad": bad, "candidates": cands, **found,
+              "bisect": {"good": good, "bad": bad, "candidates": cands, "unrunnable_before_good": unrunnable, **found,
                          "visited": [list(v) for v in found["visited"]]}}
     lg, fb = found["last_good"], found["first_bad_or_skipped"]
     result["transition"] = {"from": lg, "to": fb,

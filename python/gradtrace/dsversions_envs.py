@@ -23,6 +23,8 @@ neither is used by CPU/gloo runs without fused ops, so the stubs in cpu_shims/ s
 0.13.0's setup.py imports torch, hence --no-build-isolation (the base is visible through the .pth).
 """
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import subprocess
@@ -177,7 +179,23 @@ def python_of(version: str, root: pathlib.Path = DEFAULT_ROOT, build: bool = Tru
     if not build:
         raise EnvError(f"deepspeed {version}: no environment in {root} and building is off (--no-build)")
     root.mkdir(parents=True, exist_ok=True)
-    log = pathlib.Path(log or root / f"ds-{version}.log")
+    with _locked(root / ".lock"):  # two commands building into one root wait for each other
+        if stamp.exists() and stamp.read_text() == spec_of(version):
+            return venv / "bin" / "python"
+        return _build(version, root, venv, stamp, pathlib.Path(log or root / f"ds-{version}.log"))
+
+
+@contextlib.contextmanager
+def _locked(path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(version, root, venv, stamp, log):
     log.write_text("")
     base_sp = ensure_base(releases.torch_base_of(version), root, log)
     _make_venv(venv, log)

@@ -191,3 +191,12 @@ def test_no_build_refuses_to_create_an_environment(tmp_path):
     row = [line for line in p.stdout.splitlines() if line.startswith("0.11.1")]
     assert row and "building is off (--no-build)" in row[0]
     assert not (tmp_path / "envs").exists()
+
+
+def test_bisect_moves_past_a_good_end_that_does_not_run(tmp_path):
+    p = command(tmp_path, "--config", config(tmp_path, 0), "--emulation", "--sp", "2", "--bisect", "0.12.0",
+                "0.19.8", "--release-list", "0.12.0,0.12.2,0.13.0,0.14.0,0.14.4,0.19.8", "--json", tmp_path / "b.json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    b = json.loads((tmp_path / "b.json").read_text())["bisect"]
+    assert b["unrunnable_before_good"] == ["0.12.0"] and b["good"] == "0.12.2" and b["first_bad"] == "0.14.4"
+    assert "GOOD 0.12.0 did not run; trying 0.12.2 as GOOD" in p.stderr

@@ -2,10 +2,10 @@
 """The #5248 study's DeepSpeed releases and their environments: a thin wrapper over the package's
 gradtrace.dsversions_envs (the one implementation, also used by gradtrace-deepspeed-versions).
 
-    .venv/bin/python tools/repro/ds5248/envs.py                 # create every environment (idempotent)
-    .venv/bin/python tools/repro/ds5248/envs.py 0.13.0 0.13.1   # only these
-    .venv/bin/python tools/repro/ds5248/envs.py --list          # version -> interpreter, no changes
-    .venv/bin/python tools/repro/ds5248/envs.py --check         # import test of each existing environment
+    python3 tools/repro/ds5248/envs.py                 # create every environment (idempotent)
+    python3 tools/repro/ds5248/envs.py 0.13.0 0.13.1   # only these
+    python3 tools/repro/ds5248/envs.py --list          # version -> interpreter, no changes
+    python3 tools/repro/ds5248/envs.py --check         # import test of each existing environment
 
 The environments live in the package's env root (~/.cache/gradtrace/deepspeed-envs, or
 $GRADTRACE_DS_ENVS): a shared torch-2.1.2 base and one ds-<version> venv per release; the pins and why
@@ -18,14 +18,19 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 try:
-    from gradtrace import dsversions_envs
-except ImportError:  # run without PYTHONPATH: this checkout's build
-    sys.path.insert(0, str(ROOT / "build" / "python"))
-    from gradtrace import dsversions_envs
+    import gradtrace  # noqa: F401
+except ImportError:
+    # An interpreter without numpy or the built extension (python3 repro.py): dsversions_envs needs only
+    # the standard library, so load the package's source folder as a bare package.
+    gradtrace = types.ModuleType("gradtrace")
+    gradtrace.__path__ = [str(ROOT / "python" / "gradtrace")]
+    sys.modules["gradtrace"] = gradtrace
+from gradtrace import dsversions_envs  # noqa: E402
 
 # The releases of the #5248 study (docs/ds5248.md).
 VERSIONS = ("0.11.1",  # last release without PR #4530's SP divisor
