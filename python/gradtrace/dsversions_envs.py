@@ -143,12 +143,18 @@ def ensure_base(name: str, root: pathlib.Path, log) -> pathlib.Path:
     stamp = base / ".gradtrace-pins"
     if stamp.exists() and stamp.read_text() == BASE_PINS[name]:
         return site_packages(base)
+    with _locked(root / f".lock-{name}"):
+        if not (stamp.exists() and stamp.read_text() == BASE_PINS[name]):
+            _install_base(name, base, stamp, log)
+    return site_packages(base)
+
+
+def _install_base(name, base, stamp, log):
     _make_venv(base, log)
     pins = base / "pins.txt"
     pins.write_text(BASE_PINS[name])
     _sh([base / "bin" / "pip", "install", "-q", "-r", pins], log, env=_quiet_env())
     stamp.write_text(BASE_PINS[name])
-    return site_packages(base)
 
 
 def ensure_shims(root: pathlib.Path) -> pathlib.Path:
@@ -179,7 +185,7 @@ def python_of(version: str, root: pathlib.Path = DEFAULT_ROOT, build: bool = Tru
     if not build:
         raise EnvError(f"deepspeed {version}: no environment in {root} and building is off (--no-build)")
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock"):  # two commands building into one root wait for each other
+    with _locked(root / f".lock-ds-{version}"):  # two commands building one release: the second waits
         if stamp.exists() and stamp.read_text() == spec_of(version):
             return venv / "bin" / "python"
         return _build(version, root, venv, stamp, pathlib.Path(log or root / f"ds-{version}.log"))
