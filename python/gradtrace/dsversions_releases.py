@@ -71,8 +71,8 @@ def between(releases: list, lo: str, hi: str) -> list:
 
 # The torch base a release runs on. "torch-2.1.2": the pinned base of dsversions_envs (pydantic 1.10,
 # numpy 1.26), what 0.11.x-0.14.x shipped against; "host": the interpreter running the command (the
-# project's .venv: torch 2.15.0, pydantic 2). Evidence for the boundary is in python/README.md
-# ("Which torch each release runs on"): measured by building both sides of it.
+# project's .venv: torch 2.15.0, pydantic 2). Evidence for the boundary, measured by building both sides
+# of it: docs/deepspeed-versions/README.md ("Which torch each release runs on"); 0.15.0 needs pydantic 2.
 HOST_FROM = "0.15.0"
 
 

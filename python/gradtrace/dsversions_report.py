@@ -76,7 +76,7 @@ def conclusion(result) -> str:
     if b:
         if b.get("first_bad"):
             return (f"First bad release: **{b['first_bad']}** (last good {b['last_good']}; "
-                    f"{len(b['visited'])} releases run between them).")
+                    f"{len(b['visited'])} releases visited by the search).")
         return (f"First bad release is one of {', '.join(b['skipped_between'] + [b['first_bad_or_skipped']])} "
                 f"(after {b['last_good']}): the releases between could not be run.")
     ts = transitions(result["rows"])
