@@ -130,6 +130,9 @@ def launch(args, argv, script=None, world=None, python=None, extra_env=None, log
         env = dict(os.environ, **(extra_env or {}))
         env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
+                   # As DeepSpeed's launcher: the CPU accelerator's device_count() before 0.14 reads it, else
+                   # runs numactl (deepspeed/utils/numa.py), which ZeRO-3 reaches during the reduction.
+                   LOCAL_SIZE=str(world),
                    GRADTRACE_RUN_ID=f"ds5248-{os.getpid()}-{port}", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([str(python or sys.executable)] + target + list(argv), env=env, stdout=log,
                                       stderr=subprocess.STDOUT if log else None))
