@@ -76,12 +76,14 @@ def _bucket_params(opt, comm_dtype):
 
 
 def _wrap_reduce(capture, opt, original, state):
-    def reduce_and_partition(comm_dtype, *args, **kwargs):
+    def reduce_and_partition(*args, **kwargs):
+        # Releases before per-dtype buckets (<= 0.14.x measured) call it without comm_dtype.
+        comm_dtype = args[0] if args else kwargs.get("comm_dtype")
         params = _bucket_params(opt, comm_dtype)
         if not params or not all(id(p) in capture.param_ids and p.grad is not None for p in params):
             if params:
                 capture._note_unmapped("stage3 __reduce_and_partition_ipg_grads", sum(p.ds_numel for p in params))
-            return original(comm_dtype, *args, **kwargs)
+            return original(*args, **kwargs)
         bucket_id = capture._next_bucket()
         offsets, off, slices = {}, 0, []
         for p in params:
@@ -95,7 +97,7 @@ def _wrap_reduce(capture, opt, original, state):
             capture.recorded["PRE_REDUCE"] += 1
         state["bucket"] = (bucket_id, offsets, off)
         try:
-            return original(comm_dtype, *args, **kwargs)
+            return original(*args, **kwargs)
         finally:
             state["bucket"] = None
     return reduce_and_partition

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""DeepSpeed #5248 on CPU: the issue's Ulysses training loop with real DeepSpeed, captured by
+gradtrace.deepspeed_adapter.
+
+    python -m gradtrace.ds5248_run --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
+    python -m gradtrace.ds5248_run --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
+    (tools/repro/ds5248/run.py is this module under its old name; gradtrace-deepspeed-versions runs it
+    for --model ds5248 and --model moe)
+
+Without RANK in the environment it launches sp x dp worker processes of itself (gloo on 127.0.0.1,
+a free port); under torchrun it is one worker. Weights and data depend on --seed only, and the
+global batch of a step is --batch x dp rows (dp rank d takes rows [d*batch, (d+1)*batch)), so the
+reference for an sp x dp run is `--sp 1 --dp 1 --batch <batch x dp>`.
+
+The loop, per micro-step, as the issue's reporter wrote it:
+    input_ids, labels, position_ids: this rank's contiguous chunk of the sequence
+    loss = model_engine(input_ids=..., labels=..., position_ids=...)
+    model_engine.backward(loss)            # --loss loss
+    model_engine.backward(loss / sp)       # --loss loss-div-sp
+    model_engine.step()
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sp", type=int, default=2)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=2)
+    ap.add_argument("--loss", choices=["loss", "loss-div-sp", "token-weighted", "global-token-weighted", "full-sequence"],
+                    default="loss")
+    ap.add_argument("--ignore-frac", type=float, default=0.0, help="fraction of label positions set to -100")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--gas", type=int, default=1)
+    ap.add_argument("--out", required=True, help="trace directory (rank-NNNNN.gtrace)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="micro-batch rows per DP rank")
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--reduce-bucket-size", type=int, default=2000,
+                    help="ZeRO reduce_bucket_size in elements (small: several buckets, params split "
+                         "across partitions)")
+    ap.add_argument("--no-contiguous-gradients", action="store_true",
+                    help="ZeRO contiguous_gradients false (ZeRO-1/2: reduces nothing on CPU in some versions)")
+    ap.add_argument("--no-reduce-scatter", action="store_true",
+                    help="ZeRO reduce_scatter false (ZeRO-3: the all-reduce path, stage3.py "
+                         "__avg_scatter_contiguous_grads, when contiguous_gradients is true)")
+    ap.add_argument("--zero3-partition", choices=["sdp", "initialize"], default="sdp",
+                    help="ZeRO-3: sdp = partition the parameters over the sequence-data-parallel group with "
+                         "deepspeed.zero.Init(module=..., data_parallel_group=sdp), as Megatron-DeepSpeed does; "
+                         "initialize = leave it to deepspeed.initialize, which partitions (and so reduces) over "
+                         "mpu.get_data_parallel_group(), leaving the SP ranks out")
+    ap.add_argument("--moe-experts", type=int, default=0,
+                    help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
+    ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
+                    help="tiny: model.py's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
+                         "model (capture/model.cc), weights and global batches from --init")
+    ap.add_argument("--init", help="--model gradtrace: the file of `gradtrace-train --export-init FILE` (same "
+                                   "--seed --seq-len --vocab --hidden --heads --layers --steps --gas, and "
+                                   "gradtrace-train --batch = this --batch x --dp)")
+    ap.add_argument("--ds-config", help="a DeepSpeed config (JSON file) laid over the one built from these "
+                                       "options: its zero_optimization, train_micro_batch_size_per_gpu and "
+                                       "gradient_accumulation_steps win over --zero-stage, --batch and --gas")
+    ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
+    ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
+    args = ap.parse_args(argv)
+    if args.model == "gradtrace" and (not args.init or args.moe_experts):
+        ap.error("--model gradtrace needs --init FILE and is dense only (no --moe-experts)")
+    if args.model == "tiny" and args.init:
+        ap.error("--init is for --model gradtrace")
+    if args.ds_config:
+        apply_user_config(args, ap.error)
+    return args
+
+
+def merge_config(base, over):
+    """`over` laid over `base`, nested dicts merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_config(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def apply_user_config(args, error):
+    """Read --ds-config; the loop's batch, gas and stage follow it (a bad file: one line, exit 2)."""
+    try:
+        with open(args.ds_config) as f:
+            args.user_config = json.load(f)
+    except (OSError, ValueError) as e:
+        error(f"{args.ds_config}: not a readable JSON DeepSpeed config ({e})")
+    cfg = args.user_config
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("zero_optimization", {}), dict):
+        error(f"{args.ds_config}: a DeepSpeed config is a JSON object with an object zero_optimization")
+    zero = cfg.get("zero_optimization", {})
+    args.zero_stage = int(zero.get("stage", 0))
+    args.batch = int(cfg.get("train_micro_batch_size_per_gpu", args.batch))
+    args.gas = int(cfg.get("gradient_accumulation_steps", args.gas))
+    args.reduce_bucket_size = int(zero.get("reduce_bucket_size", args.reduce_bucket_size))
+    args.no_contiguous_gradients = not zero.get("contiguous_gradients", not args.no_contiguous_gradients)
+    args.no_reduce_scatter = not zero.get("reduce_scatter", not args.no_reduce_scatter)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, argv, script=None, world=None, python=None, extra_env=None, log=None):
+    """Start `world` (default sp x dp) copies of `script` (default this module, `python -m`) with `python`
+    (default this interpreter) as ranks on 127.0.0.1, each with RANK/WORLD_SIZE/MASTER_* and `extra_env` set,
+    output to the open file `log` (default: inherited); the worst exit status (124 after args.timeout s)."""
+    world = args.sp * args.dp if world is None else world
+    port = str(free_port())
+    target = ["-m", __name__ if __name__ != "__main__" else "gradtrace.ds5248_run"] if script is None \
+        else [os.path.abspath(script)]
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, **(extra_env or {}))
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
+                   # As DeepSpeed's launcher: the CPU accelerator's device_count() before 0.14 reads it, else
+                   # runs numactl (deepspeed/utils/numa.py), which ZeRO-3 reaches during the reduction.
+                   LOCAL_SIZE=str(world),
+                   GRADTRACE_RUN_ID=f"ds5248-{os.getpid()}-{port}", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([str(python or sys.executable)] + target + list(argv), env=env, stdout=log,
+                                      stderr=subprocess.STDOUT if log else None))
+    deadline = time.time() + args.timeout
+    rc = 0
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            print(f"ds5248: timed out after {args.timeout:.0f} s", file=sys.stderr)
+            return 124
+        rc = rc or p.returncode
+    return rc
+
+
+def ds_config(args):
+    cfg = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": args.gas,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,  # torch.optim.SGD under ZeRO
+        "zero_optimization": {"stage": args.zero_stage},
+    }
+    if args.zero_stage > 0:
+        cfg["zero_optimization"].update({
+            "contiguous_gradients": not args.no_contiguous_gradients,
+            "overlap_comm": False,
+            "reduce_scatter": not args.no_reduce_scatter,
+            "reduce_bucket_size": args.reduce_bucket_size,
+            "allgather_bucket_size": args.reduce_bucket_size,
+        })
+    user = getattr(args, "user_config", None)
+    return merge_config(cfg, user) if user else cfg
+
+
+def disable_shm_comm_op():
+    """DeepSpeed's TorchBackend JIT-compiles the CPU shared-memory comm op (deepspeed_shm_comm, about two
+    minutes of g++ on first use, cached in ~/.cache/torch_extensions) when it is created. Only
+    inference_all_reduce uses it; training collectives go to torch.distributed (gloo). Skip the build.
+    Runtime patch only: DeepSpeed's files are untouched."""
+    import importlib
+    try:
+        # Not `import deepspeed.comm.torch as m`: deepspeed.comm re-exports `torch`, and that form
+        # binds the torch package instead of the submodule.
+        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:
+        return
+    if hasattr(ds_torch_comm, "build_shm_op"):
+        ds_torch_comm.build_shm_op = lambda: None
+
+
+def gloo_for_stubbed_oneccl():
+    """DeepSpeed < 0.14 CPU accelerator: imports oneccl_bindings_for_pytorch unconditionally and names
+    'ccl' as its communication backend; deepspeed.init_distributed then builds the CCL comm op (needs
+    oneCCL's CCL_ROOT). In the old-release environments (dsversions_envs) that import is satisfied by an
+    empty stub (its cpu_shims); there, name gloo instead, as 0.14+ does when oneCCL is absent. Runtime only."""
+    stub = sys.modules.get("oneccl_bindings_for_pytorch")
+    if not getattr(stub, "__gradtrace_stub__", False):
+        return
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if getattr(acc, "_communication_backend_name", None) == "ccl":
+        acc._communication_backend_name = "gloo"
+
+
+def gloo_all_gather_fallback():
+    """torch < 2.2's gloo has no _allgather_base (all_gather_into_tensor): ZeRO-1/2's parameter all-gather
+    after the optimizer step (runtime/utils.py all_gather_dp_groups) then fails. DeepSpeed has its own
+    fallback to list all_gather when its backend reports no all_gather_into_tensor; make it report that
+    when a probe shows gloo cannot do it. Only the post-step parameter all-gather is affected (after
+    FINAL is captured); gradient reduction does not use this collective. Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    try:
+        t = torch.zeros(1)
+        tdist.all_gather_into_tensor(torch.zeros(tdist.get_world_size()), t)
+        return False
+    except RuntimeError:
+        from deepspeed.comm import comm as ds_comm
+        ds_comm.cdb.has_all_gather_into_tensor = lambda: False
+        return True
+
+
+def gloo_list_all_to_all():
+    """gloo has all_to_all_single but not the list form all_to_all, which DistributedAttention before
+    0.12 uses (deepspeed/sequence/layer.py: dist.all_to_all(output_list, input_list, group)). If a probe
+    shows the list form is missing, route deepspeed.comm.all_to_all through all_to_all_single: the same
+    exchange (chunk i of the input to rank i, chunk j of the output from rank j), no change to the math of
+    attention or to the gradient reduction. Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    world = tdist.get_world_size()
+    try:
+        tdist.all_to_all([torch.zeros(1) for _ in range(world)], [torch.zeros(1) for _ in range(world)])
+        return False
+    except RuntimeError:
+        pass
+    import deepspeed.comm as ds_comm
+
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+        inp = torch.cat([t.contiguous().reshape(-1) for t in input_tensor_list])
+        out = torch.empty(sum(t.numel() for t in output_tensor_list), dtype=inp.dtype, device=inp.device)
+        tdist.all_to_all_single(out, inp, output_split_sizes=[t.numel() for t in output_tensor_list],
+                                input_split_sizes=[t.numel() for t in input_tensor_list], group=group)
+        off = 0
+        for t in output_tensor_list:
+            t.copy_(out[off:off + t.numel()].view_as(t))
+            off += t.numel()
+        return None
+
+    ds_comm.all_to_all = all_to_all
+    return True
+
+
+def worker(args):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as tdist
+    import deepspeed
+    from gradtrace import deepspeed_adapter
+    from gradtrace.ds5248_model import build_gradtrace_model, build_model, load_gradtrace_init, make_batch
+    from gradtrace.ds5248_mpu import UlyssesMPU
+
+    torch.set_num_threads(1)
+    disable_shm_comm_op()
+    gloo_for_stubbed_oneccl()
+    deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
+    gloo_all_gather_fallback()
+    gloo_list_all_to_all()
+    mpu = UlyssesMPU(args.sp, args.dp)
+    recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
+    sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
+    init = None
+    if args.model == "gradtrace":
+        init = load_gradtrace_init(args.init)
+        model = build_gradtrace_model(init, args.vocab, args.hidden, args.heads, args.layers, args.seq_len, sp_group)
+    else:
+        model = build_model(args.seed, args.vocab, args.hidden, args.heads, args.layers, args.seq_len, sp_group,
+                            args.moe_experts)
+    model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
+    if args.sp * args.dp > 1:
+        model.sdp_group, model.dp = mpu.get_sequence_data_parallel_group(), args.dp
+    params = model.parameters()
+    if args.moe_experts:
+        # ZeRO needs the expert parameters in their own optimizer groups (deepspeed.moe.utils).
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
+                                                                       "name": "params"})
+    if args.zero_stage == 3 and args.zero3_partition == "sdp":
+        # deepspeed.initialize would convert the parameters itself, partitioned over the mpu's pure DP group
+        # (runtime/zero/parameter_offload.py:267); stage 3 reduces each gradient over its parameter's
+        # partition group, so partition over sdp first (the model is already built: module=).
+        deepspeed.zero.Init(module=model, data_parallel_group=mpu.get_sequence_data_parallel_group(),
+                            config_dict_or_path=ds_config(args))
+    optimizer = torch.optim.SGD(params, lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args), mpu=mpu)
+    cap = deepspeed_adapter.attach(
+        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
+        config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
+                "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
+                "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
+        extra={"runner": "gradtrace.ds5248_run", "argv": json.dumps(sys.argv[1:]), "model": args.model})
+
+    sp, sp_rank, dp_rank = args.sp, mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_rank()
+    assert args.seq_len % sp == 0, "seq_len must divide by sp"
+    sub = args.seq_len // sp
+    lo, hi = sp_rank * sub, (sp_rank + 1) * sub
+    for step in range(args.steps):
+        for micro in range(args.gas):
+            rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
+            if init is not None:  # gradtrace-train's global batch (its --ignore-frac applies, not ours)
+                key = f"batch/{step}/{micro}/"
+                if key + "input_ids" not in init:
+                    raise SystemExit(f"ds5248: --init has no {key}*: export with --steps {args.steps} --gas {args.gas}")
+                ids, labels, pos = (init[key + k] for k in ("input_ids", "labels", "position_ids"))
+                if tuple(ids.shape) != (args.batch * args.dp, args.seq_len):
+                    raise SystemExit(f"ds5248: --init batch is {tuple(ids.shape)}, expected "
+                                     f"({args.batch * args.dp}, {args.seq_len}): export with "
+                                     f"--batch {args.batch * args.dp} --seq-len {args.seq_len}")
+            else:
+                ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
+                                         args.vocab, args.ignore_frac)
+                pos = torch.arange(args.seq_len).unsqueeze(0).expand(args.batch * args.dp, -1)
+            input_ids = ids[rows, lo:hi]
+            lab = labels[rows, lo:hi]
+            position_ids = pos[rows, lo:hi]
+            loss = engine(input_ids=input_ids, labels=lab, position_ids=position_ids)
+            if recipe == "local-mean-div-sp":
+                loss = loss / sp
+            engine.backward(loss)
+            cap.record_step(loss, (lab != -100).sum())
+            engine.step()
+    cap.close()
+    if tdist.get_rank() == 0:
+        print(f"ds5248: wrote {args.out} (deepspeed {deepspeed.__version__}, sp={sp} dp={args.dp} "
+              f"zero={args.zero_stage} loss={args.loss}; recorded {cap.recorded}; "
+              f"unrecordable {cap.unrecordable or 'none'}"
+              + (f"; stage-3 paths {cap.zero3_paths}" if hasattr(cap, "zero3_paths") else "") + ")", flush=True)
+    tdist.barrier()
+    tdist.destroy_process_group()
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        return launch(args, argv)
+    return worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

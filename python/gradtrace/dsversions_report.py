@@ -1,0 +1,108 @@
+"""The table and the Markdown report of gradtrace-deepspeed-versions (from its result rows; no running).
+
+A row: {"release", "status" ("ok" | "failed"), "error", "loss", "grad_norm", "seconds", "cached",
+"vs_reference": {"verdict", "summary", "groups": [...]}, "vs_previous": {"previous", "verdict", ...}}.
+"""
+
+import json
+
+
+def fmt(x, spec=".4g"):
+    return "-" if x is None else format(x, spec)
+
+
+def groups_text(cmp) -> str:
+    """`2.000 x14 (res 3e-07)`, one per group, `; ` between; the verdict when there is no comparison."""
+    if not cmp:
+        return "-"
+    if cmp.get("error"):
+        return "diff failed: " + cmp["error"]
+    parts = []
+    for g in cmp.get("groups", []):
+        if g["kind"] == "scale":
+            expr = f" = {g['expression']}" if g.get("expression") else ""
+            parts.append(f"{fmt(g['scale'], '.4f')}{expr} x{g['count']} (res {fmt(g['residual'], '.1e')})")
+        else:
+            parts.append(f"{g['kind']} x{g['count']}")
+    return "; ".join(parts) or cmp.get("verdict", "-")
+
+
+def changed(row) -> bool:
+    """True when the row ran and its gradients differ from its predecessor's (or the comparison failed)."""
+    prev = row.get("vs_previous")
+    return row.get("status") == "ok" and bool(prev) and prev.get("verdict") != "match"
+
+
+def transitions(rows) -> list:
+    """Every (previous, release) at which anything changed, oldest first."""
+    return [(r["vs_previous"]["previous"], r["release"]) for r in rows if changed(r)]
+
+
+def table_rows(rows):
+    head = ["release", "vs reference: scale per group", "vs previous", "loss", "DS grad norm", "seconds"]
+    body = []
+    for r in rows:
+        if r.get("status") != "ok":
+            body.append([r["release"], "FAILED: " + (r.get("error") or "?")[:160], "-", "-", "-",
+                         fmt(r.get("seconds"), ".0f")])
+            continue
+        prev = r.get("vs_previous")
+        pv = "-" if not prev else ("same" if prev.get("verdict") == "match" else
+                                   f"CHANGED vs {prev['previous']}: {groups_text(prev)}")
+        body.append([r["release"], groups_text(r.get("vs_reference")), pv, fmt(r.get("loss"), ".6g"),
+                     fmt(r.get("grad_norm"), ".6g"),
+                     "cached" if r.get("cached") else fmt(r.get("seconds"), ".0f")])
+    return head, body
+
+
+def text_table(rows) -> str:
+    head, body = table_rows(rows)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(b) for b in body])
+
+
+def md_table(rows) -> str:
+    head, body = table_rows(rows)
+    esc = lambda s: str(s).replace("|", "\\|")
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
+    return "\n".join(out)
+
+
+def conclusion(result) -> str:
+    """One or two sentences: the first change (or the bisect's answer)."""
+    b = result.get("bisect")
+    if b:
+        if b.get("first_bad"):
+            return (f"First bad release: **{b['first_bad']}** (last good {b['last_good']}; "
+                    f"{len(b['visited'])} releases visited by the search).")
+        return (f"First bad release is one of {', '.join(b['skipped_between'] + [b['first_bad_or_skipped']])} "
+                f"(after {b['last_good']}): the releases between could not be run.")
+    ts = transitions(result["rows"])
+    if not ts:
+        return "Nothing changed between the releases compared."
+    first = ts[0]
+    more = "" if len(ts) == 1 else " Later changes: " + ", ".join(f"{a} -> {b}" for a, b in ts[1:]) + "."
+    return f"First release at which anything changed: **{first[1]}** (after {first[0]}).{more}"
+
+
+def markdown(result) -> str:
+    """The report to attach to a bug report."""
+    a = result["setup"]
+    lines = [
+        "# DeepSpeed versions compared with gradtrace", "",
+        f"Command: `{a['command']}`", "",
+        f"- entry point: {a['entry']}; layout: sp={a['sp']} dp={a['dp']}; loss recipe: {a['loss']}",
+        f"- reference: {a['reference']}",
+        f"- releases: {', '.join(r['release'] for r in result['rows'])}",
+        f"- compared: FINAL gradients of optimizer step 0, `gradtrace-diff REF RELEASE` (scale = B/A per "
+        "parameter group, res = worst residual in the group); `vs previous` = `gradtrace-diff PREVIOUS RELEASE`",
+        "", "DeepSpeed config:", "", "```json", json.dumps(a["config"], indent=2), "```", "",
+        "## Results", "", md_table(result["rows"]), "", conclusion(result), "",
+    ]
+    tr = result.get("transition")
+    if tr and tr.get("markdown"):
+        lines += [f"## The transition {tr['from']} -> {tr['to']} (gradtrace-diff {tr['from']} {tr['to']})", "",
+                  tr["markdown"].rstrip(), ""]
+    return "\n".join(lines)
