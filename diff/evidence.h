@@ -1,0 +1,23 @@
+// Evidence a trace set carries about its own reductions, for the diff's
+// explanations: per parameter kind, the --self measure (effective divisor of
+// PRE_REDUCE sums against POST_REDUCE), the divisor the producer declared
+// (BucketRecord.divisor) and the divisor its recorded layout needs. A side
+// whose reduction divides as needed carries a loss multiplier, not a
+// reduction bug.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "report.h"
+#include "trace_set.h"
+
+namespace gradtrace::diff {
+
+// Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
+std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads);
+
+// The smallest and largest StepInfo.valid_tokens of `step` over ranks and micro-steps (0, 0 when none recorded).
+void ValidTokenSpread(const TraceSet& set, int64_t step, TraceSide* side);
+
+}  // namespace gradtrace::diff
