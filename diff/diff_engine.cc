@@ -356,8 +356,8 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   // What each side's own reductions show (explain.h uses it to tell a loss multiplier from a divisor).
   c.a.reductions = CollectReductionEvidence(a, al.step, options.threads);
   c.b.reductions = CollectReductionEvidence(b, al.step, options.threads);
-  ValidTokenSpread(a, al.step, &c.a);
-  ValidTokenSpread(b, al.step, &c.b);
+  StepLossAndTokens(a, al.step, &c.a);
+  StepLossAndTokens(b, al.step, &c.b);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;

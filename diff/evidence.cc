@@ -33,8 +33,13 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   return out;
 }
 
-void ValidTokenSpread(const TraceSet& set, int64_t step, TraceSide* side) {
+void StepLossAndTokens(const TraceSet& set, int64_t step, TraceSide* side) {
   bool any = false;
+  double loss = 0;
+  for (const RankStep& s : set.steps()) {
+    if (s.info.step() == step && !s.info.optimizer_step() && std::isfinite(s.info.loss())) loss += s.info.loss();
+  }
+  side->loss_per_replica = loss / std::max(1, set.config().dp());
   for (const RankStep& s : set.steps()) {
     if (s.info.step() != step || s.info.optimizer_step() || s.info.valid_tokens() <= 0) continue;
     const int64_t v = s.info.valid_tokens();

@@ -17,7 +17,8 @@ namespace gradtrace::diff {
 // Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads);
 
-// The smallest and largest StepInfo.valid_tokens of `step` over ranks and micro-steps (0, 0 when none recorded).
-void ValidTokenSpread(const TraceSet& set, int64_t step, TraceSide* side);
+// From the StepInfo records of `step` (ranks x micro-steps): the smallest and largest valid_tokens, and the
+// loss per data-parallel replica (TraceSide fields; 0 when none recorded).
+void StepLossAndTokens(const TraceSet& set, int64_t step, TraceSide* side);
 
 }  // namespace gradtrace::diff

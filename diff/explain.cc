@@ -334,6 +334,14 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
     k.why = CauseWords(k, used, *side, param_kind, own);
   }
   if (predicted && !Near(scale, *predicted, ctol)) k.why += "; the configurations predict B/A = " + Fixed(*predicted);
+  // The recorded losses confirm a loss multiplier when their ratio is the factor (they never refute one:
+  // a producer's loss values may be scaled for logging).
+  if (k.cause == "loss-multiplier" && a.loss_per_replica > 0 && b.loss_per_replica > 0) {
+    const double ratio = b.loss_per_replica / a.loss_per_replica;
+    if (std::fabs(ratio - scale) <= 1e-3 * scale) {
+      k.why += "; the recorded losses agree (B's loss per data-parallel replica is " + Fixed(ratio) + " x A's)";
+    }
+  }
   return k;
 }
 

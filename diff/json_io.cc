@@ -47,6 +47,7 @@ Json TraceSideToJson(const TraceSide& s) {
   }
   j["valid_tokens_min"] = s.valid_tokens_min;
   j["valid_tokens_max"] = s.valid_tokens_max;
+  j["loss_per_replica"] = NumberOrNull(s.loss_per_replica);
   return j;
 }
 

@@ -149,6 +149,7 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
     s.framework = f.Str("framework");
     s.valid_tokens_min = f.Int("valid_tokens_min");
     s.valid_tokens_max = f.Int("valid_tokens_max");
+    s.loss_per_replica = f.Double("loss_per_replica");
     const Json& rs = f.Array("reductions");
     for (size_t i = 0; i < rs.size(); ++i) {
       Fields r(rs[i], f.Name("reductions") + "[" + std::to_string(i) + "]");

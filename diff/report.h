@@ -78,6 +78,9 @@ struct TraceSide {
   // StepInfo.valid_tokens of the compared step over its (rank, micro-step) records: unequal counts make a
   // per-micro-batch or per-shard normalised loss differ from the total-token mean (not only by a scale).
   int64_t valid_tokens_min = 0, valid_tokens_max = 0;
+  // Sum of StepInfo.loss over the step's ranks and micro-steps, per data-parallel replica (sum / dp); 0 when
+  // unrecorded. Its ratio between the sides confirms a loss multiplier (a local mean per shard, a loss x cp).
+  double loss_per_replica = 0;
 };
 
 // The reported grad norm of each side against the norm of its FINAL gradients (grad_norm.h).

@@ -89,7 +89,9 @@ TEST(Cause, ContextParallelLossTimesCp) {
   EXPECT_EQ(g.side, "B");
   EXPECT_TRUE(Has(g.explanation, "loss is multiplied by cp")) << g.explanation;
   EXPECT_TRUE(Has(g.explanation, "divide the loss by cp")) << g.explanation;
-  EXPECT_FALSE(Has(g.explanation, "data-parallel")) << g.explanation;
+  EXPECT_FALSE(Has(g.explanation, "sums the data-parallel")) << g.explanation;
+  EXPECT_TRUE(Has(g.explanation, "the recorded losses agree (B's loss per data-parallel replica is 2.000 x A's)"))
+      << g.explanation;
   // The evidence: B's own reductions divide as its layout needs.
   ASSERT_FALSE(r.b.reductions.empty());
   EXPECT_NEAR(r.b.reductions.front().measured, 2.0, 1e-4);

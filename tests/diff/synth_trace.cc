@@ -200,7 +200,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
         pb::StepInfo si;
         si.set_step(step);
         si.set_micro_step(m);
-        si.set_loss(2.5 + 0.01 * r);
+        si.set_loss((2.5 + 0.01 * r) * spec.loss_multiplier);
         si.set_valid_tokens(64 * 8 / (world * spec.gas));
         GT_RETURN_IF_ERROR(writers[r]->WriteStep(si));
       }
