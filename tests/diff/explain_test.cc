@@ -140,6 +140,23 @@ TEST(Explain, PlainPytorchCitesNoDeepSpeedHistory) {
   EXPECT_NE(s.find("#4530"), std::string::npos) << s;
 }
 
+// A side's declared divisor is believed over its measured one: declared = what the layout needs means
+// that side reduces right, so its factor is a loss multiplier (cp here, not dp = cp = 2).
+TEST(Explain, DeclaredDivisorIsBelieved) {
+  pb::Config c = Cfg(2, 1, "", "token-weighted");
+  c.set_cp(2);
+  c.set_world(4);
+  TraceSide a = Side(c, "pytorch"), b = Side(c, "pytorch");
+  b.reductions = {{"dense", 4, /*measured=*/4.0, /*declared=*/2.0, /*expected=*/2.0}};
+  Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
+  EXPECT_EQ(cause.cause, "loss-multiplier");
+  EXPECT_EQ(cause.dimension, "cp");
+  // Declaring nothing, the measured divisor (4, not the 2 needed) makes it a reduction divisor.
+  b.reductions = {{"dense", 4, 4.0, 0.0, 2.0}};
+  cause = ExplainCause(2.0, "dense", a, b, 1e-4);
+  EXPECT_EQ(cause.cause, "reduction-divisor");
+}
+
 TEST(Explain, GroupsClusterByScale) {
   std::vector<ParamResult> ps(5);
   for (int i = 0; i < 5; ++i) {

@@ -86,3 +86,23 @@ def test_bucket_divisor_from_the_policies():
         _gtcodec.bucket_divisor("deepspeed@0.1.0", "zero", 4, 2)
     with pytest.raises(ValueError, match="path"):
         _gtcodec.bucket_divisor("mean", "nowhere", 4, 2)
+
+
+def test_unequal_shards_name_the_valid_token_cause(tmp_path):
+    """The Hugging Face gradient-accumulation class on sp shards: backward(loss / sp) with 30% of labels ignored
+    is not a multiple of the reference; the shards' valid-token counts differ, and the mismatch says so."""
+    common = ["--zero-stage", "2", "--ignore-frac", "0.3", "--seed", "5248"]
+    a = _train(tmp_path / "a", *common, "--nproc", "1", "--dp", "1", "--sp", "1", "--scaling", "mean",
+               "--loss", "local-mean")
+    b = _train(tmp_path / "b", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
+               "--loss", "local-mean-div-sp")
+    r = _diff(a, b, tmp_path / "r.json")
+    assert r["verdict"] == "mismatch"
+    g = r["groups"][0]
+    assert g["kind"] == "mismatch" and g["cause"] == "token-normalisation" and g["side"] == "B"
+    assert r["trace_b"]["valid_tokens_min"] < r["trace_b"]["valid_tokens_max"]
+    assert "not by the total valid tokens" in r["summary"]
+    # The token-weighted loss on the same shards matches: no finding, nothing blamed on tokens.
+    c = _train(tmp_path / "c", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
+               "--loss", "token-weighted")
+    assert _diff(a, c, tmp_path / "c.json")["verdict"] == "match"
