@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "report.h"
+#include "status.h"
 #include "trace_set.h"
 
 namespace gradtrace::diff {
@@ -27,5 +28,13 @@ inline constexpr double kGradNormRtol = 1e-3;
 // reported a norm, the phase is not final, or not every parameter was
 // compared in full (a partial norm proves nothing).
 std::optional<GradNormCheck> CheckGradNorms(const Report& r);
+
+// --self: the set's reported norm for the report's step against the norm of
+// its FINAL gradients (every parameter, ranks joined as replicas/partitions).
+// Sets report->grad_norm (side a; nothing when the set reported no norm, has
+// no FINAL or not every parameter in full) and, when misreported, a
+// "grad-norm" finding and -- if the reductions are ok -- the summary. The
+// verdict and exit code stay those of the reductions, as in the diff.
+Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report);
 
 }  // namespace gradtrace::diff

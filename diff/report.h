@@ -112,6 +112,26 @@ struct SelfParam {
   SelfVerdict verdict = SelfVerdict::kOk;
 };
 
+// --self: one rank's POST_REDUCE of one bucket in one micro-step against the
+// PRE_REDUCE sum over its group (bucket_view.h): a cell of the per-rank x
+// per-bucket view.
+struct BucketCell {
+  int rank = 0;
+  int32_t micro = 0;
+  int32_t bucket = 0;
+  std::string group;
+  int group_size = 0;
+  int params = 0;                          // parameters this rank's POST_REDUCE holds
+  int64_t compared = 0;                    // elements compared
+  double pre_norm = 0;                     // ||PRE_REDUCE|| of this rank
+  double post_norm = 0;                    // ||POST_REDUCE|| this rank holds
+  double divisor = 0;                      // <S,S>/<S,P> over the compared elements (NaN: none)
+  double residual = 0;                     // ||P - S/divisor|| / ||P||
+  double expected = 0;                     // what the loss recipe needs for the group (0 = unknown)
+  bool accumulates = false;                // PRE holds the previous micro-step's reduced gradient (bucket_view.h)
+  SelfVerdict verdict = SelfVerdict::kOk;  // of this one reduction: divisor against expected, residual
+};
+
 struct Report {
   std::string mode = "diff";  // "diff" or "self"
   TraceSide a, b;             // b unused in self mode
@@ -122,7 +142,8 @@ struct Report {
   std::vector<Group> groups;
   std::vector<Finding> findings;
   std::vector<SelfParam> self_params;
-  std::optional<GradNormCheck> grad_norm;  // diff, phase final, when a side reported a norm
+  std::optional<GradNormCheck> grad_norm;  // phase final (diff) or --self, when a side reported a norm
+  std::vector<BucketCell> bucket_view;     // --self: rank, micro-step, bucket order
   std::string verdict = "match";           // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
   std::string summary;                     // one line
 

@@ -1,10 +1,14 @@
 // --html: one self-contained page (inline CSS and SVG, no scripts, no external
-// assets). The chart has two panels sharing the x axis, one mark per
-// parameter in each: the scale factor B/A (the effective divisor in --self)
-// and the residual on a log axis with the tolerance drawn as a line.
+// assets). The chart has two panels sharing the x axis (parameters), one mark
+// per parameter in each: the scale factor B/A (the effective divisor in
+// --self) and the residual, both on log axes, the tolerance drawn as a line.
+// --self adds the per-rank x per-bucket view (bucket_view.h) as a table
+// coloured by whether each reduction's divisor is the expected one.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <tuple>
 
 #include "report.h"
 #include "slice_codec.h"
@@ -55,21 +59,26 @@ struct Point {
   std::string verdict;
 };
 
+bool Plottable(double scale) { return std::isfinite(scale) && scale > 0; }
+
+// Log2 of the scale axis' ends: every positive factor and 1, a quarter octave of margin.
+std::pair<double, double> ScaleRange(const std::vector<Point>& pts) {
+  double lo = 0, hi = 0;
+  for (const auto& p : pts) {
+    if (!Plottable(p.scale)) continue;
+    lo = std::min(lo, std::log2(p.scale));
+    hi = std::max(hi, std::log2(p.scale));
+  }
+  return {lo - 0.25, std::max(hi, lo + 1) + 0.25};
+}
+
 std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
-  const double W = 960, H = 520, left = 70, right = 20, top = 30, mid = 270, gap = 40, bottom = 40;
+  const double W = 960, H = 540, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 56;
   const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
   size_t n = pts.size();
-  double lo = 0, hi = 1;
-  for (const auto& p : pts) {
-    if (std::isfinite(p.scale)) {
-      lo = std::min(lo, p.scale);
-      hi = std::max(hi, p.scale);
-    }
-  }
-  hi *= 1.1;
-  if (hi - lo <= 0) hi = lo + 1;
+  const auto [lo, hi] = ScaleRange(pts);
   auto x = [&](size_t i) { return left + (W - left - right) * (n <= 1 ? 0.5 : (i + 0.5) / n); };
-  auto ys = [&](double s) { return top + ph1 * (1 - (s - lo) / (hi - lo)); };
+  auto ys = [&](double s) { return top + ph1 * (1 - (std::log2(s) - lo) / (hi - lo)); };
   const double rlo = -12, rhi = 0;
   auto yr = [&](double r) {
     double l = std::clamp(std::log10(std::max(r, 1e-300)), rlo, rhi);
@@ -80,12 +89,14 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
        "\" viewBox=\"0 0 " + F(W) + " " + F(H) + "\" role=\"img\" aria-label=\"" +
        (self ? "effective divisor" : "scale factor") + " and residual per parameter\">\n";
   s += "<rect x=\"0\" y=\"0\" width=\"" + F(W) + "\" height=\"" + F(H) + "\" fill=\"#ffffff\"/>\n";
-  // Axes and gridlines.
-  for (int k = 0; k <= 4; ++k) {
-    double v = lo + (hi - lo) * k / 4;
+  // Gridlines at powers of two (factors are mostly small integers and their reciprocals), at most 9.
+  const int first = static_cast<int>(std::ceil(lo)), last = static_cast<int>(std::floor(hi));
+  const int every = std::max(1, (last - first) / 8 + 1);
+  for (int k = first; k <= last; k += every) {
+    double v = std::pow(2.0, k);
     s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(v)) + "\" y2=\"" + F(ys(v)) +
          "\" stroke=\"#e0e0e0\"/><text x=\"" + F(left - 6) + "\" y=\"" + F(ys(v) + 4) +
-         "\" text-anchor=\"end\" font-size=\"11\">" + FormatNumber(v, 3) + "</text>\n";
+         "\" text-anchor=\"end\" font-size=\"11\">" + FormatNumber(v, 4) + "</text>\n";
   }
   s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(1)) + "\" y2=\"" + F(ys(1)) +
        "\" stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n";
@@ -100,14 +111,27 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
        "\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/><text x=\"" + F(W - right) + "\" y=\"" + F(yr(rtol) - 4) +
        "\" text-anchor=\"end\" font-size=\"11\" fill=\"#c62828\">tolerance " + FormatNumber(rtol, 3) + "</text>\n";
   s += "<text x=\"" + F(left) + "\" y=\"" + F(mid + gap - 10) +
-       "\" font-size=\"13\" font-weight=\"bold\">residual (log scale)</text>\n";
+       "\" font-size=\"13\" font-weight=\"bold\">residual per parameter</text>\n";
+  // Axis labels: y of each panel (rotated, left of the tick labels), x under both.
+  auto ylabel = [&](double y0, double y1, const std::string& text) {
+    const double cy = (y0 + y1) / 2;
+    return "<text class=\"axis-label\" x=\"14\" y=\"" + F(cy) + "\" transform=\"rotate(-90 14 " + F(cy) +
+           ")\" text-anchor=\"middle\" font-size=\"12\">" + text + "</text>\n";
+  };
+  s += ylabel(top, mid, self ? "effective divisor (log)" : "scale factor B/A (log)");
+  s += ylabel(mid + gap, H - bottom, "residual (log)");
+  s += "<text class=\"axis-label\" x=\"" + F((left + W - right) / 2) + "\" y=\"" + F(H - 14) +
+       "\" text-anchor=\"middle\" font-size=\"12\">parameter (" + std::to_string(n) + ", " +
+       (self ? "worst first" : "by name") + "; hover a mark for its name)</text>\n";
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(H - bottom) + "\" y2=\"" + F(H - bottom) +
+       "\" stroke=\"#555\"/>\n";
   // One mark per parameter in each panel.
   for (size_t i = 0; i < n; ++i) {
     const Point& p = pts[i];
     std::string title = "<title>" + Esc(p.name) + ": " + (self ? "divisor " : "scale ") + FormatNumber(p.scale, 6) +
                         ", residual " + FormatNumber(p.residual, 3) + " (" + p.verdict + ")</title>";
     const char* colour = VerdictColour(p.verdict);
-    if (std::isfinite(p.scale)) {
+    if (Plottable(p.scale)) {
       s += "<circle class=\"mark scale\" data-param=\"" + Esc(p.name) + "\" cx=\"" + F(x(i)) + "\" cy=\"" +
            F(ys(p.scale)) + "\" r=\"5\" fill=\"" + colour + "\">" + title + "</circle>\n";
     } else {
@@ -120,6 +144,69 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
   }
   s += "</svg>\n";
   return s;
+}
+
+// Cell background by the reduction's verdict (pale versions of the verdict colours).
+const char* CellColour(SelfVerdict v) {
+  switch (v) {
+    case SelfVerdict::kOk:
+      return "#c8e6c9";
+    case SelfVerdict::kWrongDivisor:
+      return "#ffe0b2";
+    case SelfVerdict::kInconsistent:
+      return "#ffcdd2";
+    case SelfVerdict::kMissing:
+      break;
+  }
+  return "#eeeeee";
+}
+
+// Rows ranks, columns the (micro-step, bucket, group) reductions; each cell
+// the rank's effective divisor and its PRE/POST norms.
+std::string BucketView(const std::vector<BucketCell>& cells) {
+  using Column = std::tuple<int32_t, int32_t, std::string>;
+  std::map<Column, int> columns;
+  std::map<int, std::map<Column, const BucketCell*>> rows;
+  bool micros = false;
+  for (const BucketCell& c : cells) {
+    Column col{c.micro, c.bucket, c.group};
+    columns.emplace(col, 0);
+    rows[c.rank][col] = &c;
+    micros = micros || c.micro > 0;
+  }
+  std::string h =
+      "<h2>Reductions per rank and bucket</h2>\n<p>Each cell: the rank's POST_REDUCE against the "
+      "sum of PRE_REDUCE over its group: effective divisor d (expected in brackets), then the rank's "
+      "||PRE|| and ||POST||. &#8635; marks a bucket whose PRE_REDUCE holds the previous micro-step's "
+      "reduced gradient.</p>\n<table id=\"bucket-view\"><tr><th>rank</th>";
+  for (const auto& [col, unused] : columns) {
+    const auto& [micro, bucket, group] = col;
+    h += "<th>" + (micros ? "micro " + std::to_string(micro) + ", " : std::string()) + "bucket " +
+         std::to_string(bucket) + "<br><small>" + Esc(group) + "</small></th>";
+  }
+  h += "</tr>\n";
+  for (const auto& [rank, row] : rows) {
+    h += "<tr><th>" + std::to_string(rank) + "</th>";
+    for (const auto& [col, unused] : columns) {
+      auto it = row.find(col);
+      if (it == row.end()) {
+        h += "<td></td>";
+        continue;
+      }
+      const BucketCell& c = *it->second;
+      h += "<td class=\"cell\" data-rank=\"" + std::to_string(c.rank) + "\" data-micro=\"" + std::to_string(c.micro) +
+           "\" data-bucket=\"" + std::to_string(c.bucket) + "\" style=\"background:" + CellColour(c.verdict) +
+           "\" data-verdict=\"" + SelfVerdictName(c.verdict) + "\" title=\"group " + Esc(c.group) + " of " +
+           std::to_string(c.group_size) + " ranks, " + std::to_string(c.params) + " parameters, " +
+           std::to_string(c.compared) + " elements compared, residual " + FormatNumber(c.residual, 3) +
+           "\">d <span class=\"divisor\">" + FormatNumber(c.divisor, 5) + "</span>" +
+           (c.expected > 0 ? " (" + FormatNumber(c.expected, 5) + ")" : "") + (c.accumulates ? " &#8635;" : "") +
+           "<br><small>PRE <span class=\"pre\">" + FormatNumber(c.pre_norm, 5) +
+           "</span> &middot; POST <span class=\"post\">" + FormatNumber(c.post_norm, 5) + "</span></small></td>";
+    }
+    h += "</tr>\n";
+  }
+  return h + "</table>\n";
 }
 
 }  // namespace
@@ -154,6 +241,7 @@ std::string RenderHtml(const Report& r) {
        (self ? "" : "<td>" + Esc(ConfigSummary(r.b.config)) + "</td>") + "</tr></table>\n";
   h += "<p>Step " + std::to_string(r.step) + ", phase " + Esc(r.phase) + "; " + Esc(r.tolerance.bound) + ".</p>\n";
   h += Chart(pts, r.tolerance.rtol, self);
+  if (!r.bucket_view.empty()) h += BucketView(r.bucket_view);
   if (!r.groups.empty()) {
     h += "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
          (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";

@@ -10,10 +10,12 @@
 #include <tuple>
 
 #include "align.h"
+#include "bucket_view.h"
 #include "degrees.h"
 #include "expected_divisor.h"
 #include "explain.h"
 #include "gather.h"
+#include "grad_norm.h"
 #include "progress.h"
 #include "thread_pool.h"
 #include "tolerance.h"
@@ -160,10 +162,11 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
 }
 
 // Adds <S,S>, <S,P>, <P,P> of one POST record against the PRE sum S of its
-// reduction to `acc`; returns the elements the record holds.
+// reduction to `acc` and to the record's bucket-view `cell`; returns the
+// elements the record holds.
 int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideValues>& sums,
                        const std::vector<SideValues>& held, const ReductionKey& key, const FrameRef& post,
-                       std::map<int32_t, ParamAcc>* acc) {
+                       std::map<int32_t, ParamAcc>* acc, CellSums* cell) {
   int64_t held_total = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SideValues& s = sums[k];
@@ -174,11 +177,17 @@ int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideVa
     a.group = key.group;
     a.group_size = static_cast<int>(key.members.size());
     if (post.divisor > 0) a.declared = post.divisor;
+    cell->post_sq += SquaredNorm(p);
+    ++cell->params;
     auto add = [&](double sv, double pv) {
       a.ss += sv * sv;
       a.sp += sv * pv;
       a.pp += pv * pv;
       ++a.compared;
+      cell->ss += sv * sv;
+      cell->sp += sv * pv;
+      cell->pp += pv * pv;
+      ++cell->compared;
     };
     if (p.has_full() && s.has_full()) {
       for (int64_t e = 0; e < p.numel; ++e) {
@@ -202,13 +211,19 @@ int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideVa
 }
 
 // Every reduction in parallel: the PRE sum over the group's members against
-// each member's POST. Returns the accumulators per parameter id.
+// each member's POST. Returns the accumulators per parameter id; appends one
+// bucket-view cell per member's POST record to report->bucket_view (cells of a
+// micro-step > 0 whose parameters `accumulating` lists for the rank are marked).
 Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
-                                                           const SelfOptions& options, Report* report) {
+                                                           const SelfOptions& options,
+                                                           const std::set<std::pair<int, int32_t>>& accumulating,
+                                                           Report* report) {
   std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
   std::vector<std::map<int32_t, ParamAcc>> partial(work.size());
+  std::vector<std::vector<BucketCell>> cells(work.size());
+  const double rtol = report->tolerance.rtol, ctol = ClusterTolerance(rtol);
   std::mutex mu;
   Status first_error;
   Progress progress("gradtrace-diff: self-check", options.progress && Progress::Wanted(set.total_bytes()));
@@ -219,8 +234,8 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = std::move(st);
     };
-    // Sum of PRE over the group's members.
-    std::vector<std::vector<const FrameRef*>> pre_frames(set.world());
+    // Each member's PRE frames.
+    std::map<int, std::vector<const FrameRef*>> pre_frames;  // ascending rank: the order the sum is taken in
     std::set<int32_t> ids;
     int missing_pre = -1;
     for (int m : key.members) {
@@ -234,26 +249,65 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       for (const FrameRef* f : it->second) ids.insert(f->param_ids.begin(), f->param_ids.end());
     }
     auto& acc = partial[w];
+    // The bucket-view cell of one member's POST record.
+    auto cell_of = [&](const FrameRef& post) {
+      BucketCell c;
+      c.rank = post.rank;
+      c.micro = key.micro;
+      c.bucket = key.bucket;
+      c.group = key.group;
+      c.group_size = static_cast<int>(key.members.size());
+      // A bucket holding expert parameters needs the experts' divisor (semantics/expected_divisor.h).
+      pb::ParamKind kind = pb::DENSE;
+      for (int32_t id : post.param_ids) {
+        if (set.run().params(id).kind() == pb::EXPERT) kind = pb::EXPERT;
+      }
+      c.expected = semantics::ExpectedDivisor(set.config(), kind, c.group_size);
+      c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
+                        return accumulating.count({post.rank, id}) > 0;
+                      });
+      return c;
+    };
     if (missing_pre >= 0) {
       for (const FrameRef* f : work[w].second.post) {
         for (int32_t id : f->param_ids) {
           acc[id].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) + " from rank " +
                                      std::to_string(missing_pre));
         }
+        CellSums none;
+        none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
+        cells[w].push_back(FinishCell(none, rtol, ctol, cell_of(*f)));
       }
       return;
     }
+    // Sum of PRE over the members, one member at a time (as GatherParams sums ranks) for each one's norm.
     std::vector<int32_t> id_list(ids.begin(), ids.end());
-    std::vector<SideValues> sums;
-    Status st = GatherParams(set, pre_frames, id_list, Combine::kSum, &caches[worker], &sums);
-    if (!st.ok()) return fail(st);
+    std::vector<SideValues> sums(id_list.size());
+    std::map<int, double> pre_sq;
+    Status st;
+    for (auto& [m, frames] : pre_frames) {
+      std::vector<std::vector<const FrameRef*>> one(set.world());
+      one[m] = frames;
+      std::vector<SideValues> mine;
+      st = GatherParams(set, one, id_list, Combine::kSum, &caches[worker], &mine);
+      if (!st.ok()) return fail(st);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (mine[i].ranks == 0) continue;
+        pre_sq[m] += SquaredNorm(mine[i]);
+        MergeRank(m, 0, std::move(mine[i]), Combine::kSum, &sums[i]);
+      }
+    }
+    for (size_t i = 0; i < id_list.size(); ++i) sums[i].numel = set.run().params(id_list[i]).numel();
     for (const FrameRef* post : work[w].second.post) {
       std::vector<std::vector<const FrameRef*>> post_frames(set.world());
       post_frames[post->rank] = {post};
       std::vector<SideValues> held;
       st = GatherParams(set, post_frames, id_list, Combine::kReplicas, &caches[worker], &held);
       if (!st.ok()) return fail(st);
-      const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc);
+      CellSums cell;
+      cell.pre_sq = pre_sq[post->rank];
+      const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc, &cell);
+      cells[w].push_back(FinishCell(cell, rtol, ctol, cell_of(*post)));
       // ZeRO-1/2: the partition the record declares must be what its slices hold.
       if (post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
         std::lock_guard<std::mutex> lock(mu);
@@ -271,6 +325,10 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
   for (auto& m : partial) {
     for (auto& [id, acc] : m) total[id].Merge(acc);
   }
+  for (auto& c : cells) report->bucket_view.insert(report->bucket_view.end(), c.begin(), c.end());
+  std::sort(report->bucket_view.begin(), report->bucket_view.end(), [](const BucketCell& x, const BucketCell& y) {
+    return std::tie(x.rank, x.micro, x.bucket, x.group) < std::tie(y.rank, y.micro, y.bucket, y.group);
+  });
   return total;
 }
 
@@ -413,7 +471,9 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.step = step;
 
   StepReductions reductions = CollectReductions(set, step, &report);
-  auto total = AccumulateReductions(set, reductions, options, &report);
+  auto accumulating = AccumulatingParams(set, step, rtol, options.threads);
+  if (!accumulating.ok()) return accumulating.status();
+  auto total = AccumulateReductions(set, reductions, options, *accumulating, &report);
   if (!total.ok()) return total.status();
 
   // The absolute floor (tolerance.h) from the RMS of every POST value compared.
@@ -437,6 +497,10 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
                    [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
   report.verdict = SelfOverallVerdict(report, set.truncated());
   report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
+  const std::string accumulation = AccumulationFinding(report.bucket_view);
+  if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
+  Status norm = AddSelfGradNorm(set, options.threads, &report);
+  if (!norm.ok()) return norm;
   return report;
 }
 

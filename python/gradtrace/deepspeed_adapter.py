@@ -107,6 +107,7 @@ class DeepSpeedCapture:
         self.wanted = set(phases)
         self.step = 0
         self.micro = 0
+        self._backwards = 0  # engine.backward calls since the last accumulation boundary
         self._bucket_id = 0
         self._restore: list[tuple[Any, str, Any]] = []  # (object, attribute, previous value or _ABSENT)
         self.recorded: dict[str, int] = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
@@ -215,6 +216,10 @@ class DeepSpeedCapture:
                 self.unrecordable["POST_REDUCE"] = why
         else:
             deepspeed_zero3.install(self, opt)
+        # Micro-steps are numbered by engine.backward: accelerate (Trainer) calls engine.step() only at
+        # the accumulation boundary, so counting non-boundary step() calls would leave every micro-step 0.
+        self._patch(eng, "backward", self._wrap_backward)
+        self.hooks.append(type(eng).__name__ + ".backward")
         try:
             from deepspeed.utils import safe_get_full_grad  # noqa: F401
             self._patch(eng, "step", self._wrap_step)
@@ -401,12 +406,20 @@ class DeepSpeedCapture:
                 self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0],
                                                    step=self.step, micro=self.micro)
                 self.step += 1
-                self.micro = 0
-            else:
-                self.micro += 1
+                self._backwards = 0
             self._bucket_id = 0
             return result
         return step
+
+    def _wrap_backward(self, original):
+        def backward(*args, **kwargs):
+            self.micro = self._backwards
+            self._bucket_id = 0
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._backwards += 1
+        return backward
 
     def _next_bucket(self):
         b = self._bucket_id

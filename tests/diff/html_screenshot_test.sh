@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The HTML report renders in headless Chromium and its chart is drawn: one
-# screenshot, then a pixel count of the verdict colours inside the chart.
+# screenshot, then a pixel count of the verdict colours inside the chart; then
+# a --self report's per-rank x per-bucket view: its cells drawn, and the
+# divisors and norms it shows are those of the JSON's bucket_view.
 # Skips (exit 77) when chromium or numpy is unavailable.
 # Usage: html_screenshot_test.sh GRADTRACE_DIFF GRADTRACE_SYNTH PYTHON
 set -euo pipefail
@@ -72,5 +74,58 @@ mismatch = count((0xC6, 0x28, 0x28))  # red: the mismatching one (and the tolera
 print(f"scaled-colour pixels {scaled}, mismatch-colour pixels {mismatch}")
 assert scaled > 13 * 40, "scaled marks not drawn"
 assert mismatch > 2 * 40, "mismatch marks not drawn"
+PY
+
+# --self: the per-rank x per-bucket view is drawn (ds-4530 on dp 2 x sp 2: every reduction divides
+# by 2 where 4 is needed, so every cell is orange), and its numbers are the JSON's.
+"$synth" "$work/self" --dp 2 --sp 2 --zero-stage 2 --scaling ds-4530
+set +e
+"$diff_bin" --self "$work/self" --html "$work/self.html" --json "$work/self.json" >/dev/null
+[ $? = 1 ] || { echo "FAIL: --self exit code"; exit 1; }
+set -e
+HOME="$work" timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1400 \
+  --user-data-dir="$work/profile" --screenshot="$work/self.png" "file://$work/self.html" >/dev/null 2>&1 || true
+[ -s "$work/self.png" ] || { echo "FAIL: no --self screenshot"; exit 1; }
+"$python" - "$work/self.png" "$work/self.json" "$work/self.html" <<'PY'
+import json, re, struct, sys, zlib
+import numpy as np
+
+def read_png(path):  # 8-bit RGB(A), filters 0-4
+    data = open(path, "rb").read()
+    pos, idat = 8, b""
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, _, ctype = struct.unpack(">IIBB", body[:10])
+            ch = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(h, 1 + w * ch)
+    out, prev = np.zeros((h, w * ch), dtype=np.int32), np.zeros(w * ch, dtype=np.int32)
+    for y in range(h):
+        f, line, cur = raw[y, 0], raw[y, 1:].astype(np.int32), np.zeros(w * ch, dtype=np.int32)
+        for x in range(w * ch):
+            a = cur[x - ch] if x >= ch else 0
+            b, c = prev[x], (prev[x - ch] if x >= ch else 0)
+            pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+            p = [0, a, b, (a + b) // 2, a if pa <= pb and pa <= pc else (b if pb <= pc else c)][f]
+            cur[x] = (line[x] + p) & 255
+        out[y], prev = cur, cur
+    return out.reshape(h, w, ch)[:, :, :3]
+
+report, html = json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+cells = report["bucket_view"]
+assert len(cells) == 4 * len({c["bucket_id"] for c in cells}), len(cells)
+assert all(abs(c["divisor"] - 2) < 1e-4 and c["expected"] == 4 and c["verdict"] == "wrong-divisor" for c in cells)
+shown = re.findall(r'<span class="divisor">([^<]*)</span> \(([^)]*)\)', html)
+assert shown == [("%.5g" % c["divisor"], "%.5g" % c["expected"]) for c in cells], shown  # rank-major, as the JSON
+for c in cells:
+    assert '<span class="pre">%.5g</span>' % c["pre_norm"] in html and '<span class="post">%.5g</span>' % c["post_norm"] in html
+img = read_png(sys.argv[1])
+orange = int((np.abs(img - np.array((0xFF, 0xE0, 0xB2))).sum(axis=2) < 12).sum())
+print(f"bucket-view cells {len(cells)}, wrong-divisor cell pixels {orange}")
+assert orange > len(cells) * 1000, "bucket-view cells not drawn"
 PY
 echo "html_screenshot_test: passed"

@@ -2,14 +2,17 @@
 (gloo on 127.0.0.1, CPU), the same weights and global batch at every world size, so a correct run's
 FINAL gradients equal the single-rank reference's.
 
-    python adapter_runs.py KIND WORLD OUT [--bug] [--steps N] [--gas G]
+    python adapter_runs.py KIND WORLD OUT [--bug] [--steps N] [--gas G] [--sync-micro-steps] [--norm local]
 
 KIND: ddp (DistributedDataParallel, batch split over dp), cp (hand-written context parallel:
 each rank holds a contiguous half of the sequence, attention all-gathers K and V, loss = global
 token mean via all-reduced counts, gradients all-reduced over the cp group, manual adapter), fsdp2
 (fully_shard, batch split over dp). WORLD 1 with kind ref-dense/ref-seq is the reference
 (manual adapter, no process group). --bug: ddp sums without dividing (a hook of the user's);
-cp takes each rank's local token mean (the #5248 pattern).
+cp takes each rank's local token mean (the #5248 pattern). --sync-micro-steps (ddp): every micro-step's
+forward and backward run outside no_sync, so DDP all-reduces each micro-step while .grad accumulates.
+--norm local: the reported grad norm is each rank's norm of the gradient it holds, not reduced over
+the ranks (fsdp2: its shards; the ms-swift #8341 logging pattern); default: clip_grad_norm_'s.
 """
 
 import argparse
@@ -139,7 +142,8 @@ def run_rank(rank, args):
             if kind == "cp":  # cp: this rank's half of the sequence
                 cols = SEQ // world
                 t, y = t[:, rank * cols:(rank + 1) * cols], y[:, rank * cols:(rank + 1) * cols]
-            quiet = kind == "ddp" and micro < args.gas - 1  # DDP skips the all-reduce (forward and backward)
+            # DDP skips the all-reduce (forward and backward) of all but the last micro-step, unless told not to.
+            quiet = kind == "ddp" and micro < args.gas - 1 and not args.sync_micro_steps
             with net.no_sync() if quiet else contextlib.nullcontext():
                 logits = net(t, gather=lambda x: GatherSeq.apply(x, None)) if kind == "cp" else net(t)
                 count = (y != IGNORE).sum()
@@ -154,13 +158,26 @@ def run_rank(rank, args):
             with cap.around("cp", params):
                 for p in params:
                     dist.all_reduce(p.grad)
-        cap.report_grad_norm(torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9))
+        norm = torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9)
+        if args.norm == "local":
+            norm = local_grad_norm(net)
+        cap.report_grad_norm(norm)
         opt.step()
         opt.zero_grad()
     cap.close()
     if world > 1:
         dist.destroy_process_group()
     end_process()
+
+
+def local_grad_norm(net):
+    """The norm of the gradient values this rank holds (a DTensor's local shard), not reduced."""
+    total = 0.0
+    for p in net.parameters():
+        if p.grad is not None:
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            total += float((g.detach().double() ** 2).sum())
+    return total ** 0.5
 
 
 def end_process():
@@ -187,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--bug", action="store_true")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--gas", type=int, default=1)
+    ap.add_argument("--sync-micro-steps", action="store_true")
+    ap.add_argument("--norm", choices=["global", "local"], default="global")
     args = ap.parse_args(argv)
     args.port = free_port()
     if args.world == 1:
