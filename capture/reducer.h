@@ -8,7 +8,7 @@
 //
 //   ZeRO 0  (engine path): dense buckets over the sdp group, then expert
 //           buckets over the edp group; each bucket is flattened, scaled,
-//           all-reduced and scaled again (scaling.h).
+//           all-reduced and scaled again (semantics/scaling_policy.h).
 //   ZeRO 1/2 (zero path):  one bucket stream; with reduce_scatter each flat
 //           bucket is split into group-size partitions (the last ones may be
 //           short or empty) and each partition is reduced to its owner.
@@ -35,9 +35,19 @@
 #include "grad_sink.h"
 #include "model.h"
 #include "process_groups.h"
-#include "scaling.h"
+#include "scaling_policy.h"
 
 namespace gradtrace::capture {
+
+// The policies and bucket plans live in semantics/ (shared with the diff).
+using semantics::BucketContext;
+using semantics::BucketScaling;
+using semantics::PlanBucketScaling;
+using semantics::ReductionPath;
+using semantics::ResolvePolicy;
+using semantics::ScaleOp;
+using semantics::ScalingPolicy;
+using semantics::ScalingRule;
 
 struct ReduceConfig {
   int zero_stage = 0;

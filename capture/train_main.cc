@@ -19,7 +19,7 @@
 #include "recorder.h"
 #include "recorder_sink.h"
 #include "reducer.h"
-#include "scaling.h"
+#include "scaling_policy.h"
 #include "slice_codec.h"
 #include "trainer.h"
 
@@ -217,7 +217,7 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   run.set_created_unix_ns(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
-  auto policy = gc::ResolvePolicy(o.scaling);
+  auto policy = gradtrace::semantics::ResolvePolicy(o.scaling);
   (*run.mutable_extra())["scaling_engine_cite"] = policy->engine_cite;
   (*run.mutable_extra())["scaling_zero_cite"] = policy->zero_cite;
   (*run.mutable_extra())["launcher"] = env.source;

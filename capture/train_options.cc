@@ -5,10 +5,12 @@
 #include <regex>
 #include <sstream>
 
-#include "scaling.h"
+#include "scaling_policy.h"
 #include "slice_codec.h"
 
 namespace gradtrace::capture {
+
+using semantics::ResolvePolicy;
 
 namespace {
 

@@ -9,6 +9,8 @@
 #include <unordered_set>
 
 #include "align.h"
+#include "evidence.h"
+#include "expected_divisor.h"
 #include "explain.h"
 #include "gather.h"
 #include "grad_norm.h"
@@ -162,6 +164,7 @@ TraceSide SideOf(const TraceSet& s) {
   t.world = s.world();
   t.truncated = s.truncated();
   t.config = s.config();
+  t.framework = s.run().framework();
   return t;
 }
 
@@ -225,6 +228,10 @@ ComparedParam MakeCompared(size_t index, const ParamPair& pp, const Compared& c,
   p.shape = pp.shape;
   p.dtype = DTypeName(pp.dtype_b != pb::DTYPE_UNSPECIFIED ? pp.dtype_b : pp.dtype_a);
   p.problem = pp.problem;
+  // The layout B recorded, else A's (1.0/1.1 traces record none).
+  for (const auto& [set, id] : {std::pair{&b, pp.id_b}, std::pair{&a, pp.id_a}}) {
+    if (id >= 0 && p.param_kind.empty()) p.param_kind = semantics::ParamKindName(set->run().params(id).kind());
+  }
   if (!pp.problem.empty()) return p;
   p.metrics = c.metrics;
   p.note = c.note;
@@ -281,6 +288,7 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::ve
   r.numel = p.numel;
   r.shape = p.shape;
   r.dtype = p.dtype;
+  r.param_kind = p.param_kind;
   r.rtol = rtol;
   if (!p.problem.empty()) {
     r.verdict = Verdict::kMissing;
@@ -312,18 +320,17 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::ve
   return r;
 }
 
-// Overall verdict, first that applies (REPORT_SCHEMA.md).
+// Overall verdict (REPORT_SCHEMA.md): the worst parameter verdict by the one
+// severity order (metrics.h Severity), with a truncated set "incomplete" above
+// scaled and below missing.
 std::string OverallVerdict(const Report& report, bool replica_problem) {
-  auto any = [&](Verdict v) {
-    return std::any_of(report.params.begin(), report.params.end(),
-                       [v](const ParamResult& p) { return p.verdict == v; });
-  };
-  if (any(Verdict::kNonfinite)) return "nonfinite";
-  if (any(Verdict::kMismatch) || replica_problem) return "mismatch";
-  if (any(Verdict::kMissing)) return "missing";
+  Verdict worst = replica_problem ? Verdict::kMismatch : Verdict::kMatch;
+  for (const ParamResult& p : report.params) {
+    if (Severity(p.verdict) > Severity(worst)) worst = p.verdict;
+  }
+  if (Severity(worst) >= Severity(Verdict::kMissing)) return VerdictName(worst);
   if (report.a.truncated || report.b.truncated) return "incomplete";
-  if (any(Verdict::kScaled)) return "scaled";
-  return "match";
+  return VerdictName(worst);
 }
 
 }  // namespace
@@ -346,6 +353,11 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.b = SideOf(b);
   c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
   c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
+  // What each side's own reductions show (explain.h uses it to tell a loss multiplier from a divisor).
+  c.a.reductions = CollectReductionEvidence(a, al.step, options.threads);
+  c.b.reductions = CollectReductionEvidence(b, al.step, options.threads);
+  StepLossAndTokens(a, al.step, &c.a);
+  StepLossAndTokens(b, al.step, &c.b);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
@@ -407,7 +419,7 @@ Expected<Report> JudgeComparison(const Comparison& c) {
   for (const auto& t : c.truncations) report.findings.push_back({"truncated", t});
 
   // Groups see the parameters in alignment order; the table shows the worst first.
-  report.groups = GroupParams(report.params, c.a.config, c.b.config, report.tolerance.rtol);
+  report.groups = GroupParams(report.params, c.a, c.b, report.tolerance.rtol);
   std::stable_sort(report.params.begin(), report.params.end(), [](const ParamResult& x, const ParamResult& y) {
     if (Severity(x.verdict) != Severity(y.verdict)) return Severity(x.verdict) > Severity(y.verdict);
     double rx = std::isnan(x.metrics.residual) ? -1 : x.metrics.residual;
@@ -420,7 +432,7 @@ Expected<Report> JudgeComparison(const Comparison& c) {
   if (report.verdict == "match") {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
   } else if (!report.groups.empty()) {
-    report.summary = report.groups.front().explanation;
+    report.summary = report.groups.front().explanation;  // the most serious finding (GroupParams' order)
   }
   // A misreported norm is a finding of its own; with matching gradients it is the headline.
   report.grad_norm = CheckGradNorms(report);

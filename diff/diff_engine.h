@@ -41,7 +41,8 @@ struct ComparedParam {
   int64_t numel = 0;
   std::vector<int64_t> shape;
   std::string dtype;
-  std::string problem;  // non-empty: not compared (absent on a side, shapes differ)
+  std::string param_kind;  // ParamInfo.kind (B's, else A's): "dense", "expert", ... "" unrecorded
+  std::string problem;     // non-empty: not compared (absent on a side, shapes differ)
   Metrics metrics;
   std::string note;
   // Disagreement between replicas of this gradient, per side (0 = A, 1 = B).

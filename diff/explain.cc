@@ -4,31 +4,16 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
+
+#include "deepspeed_releases.h"
+#include "degrees.h"
+#include "loss_recipes.h"
+#include "predict.h"
+#include "scaling_policy.h"
 
 namespace gradtrace::diff {
 namespace {
-
-struct Atom {
-  const char* kind;
-  double (*get)(const pb::Config&);
-};
-
-const Atom kAtoms[] = {
-    {"sp", [](const pb::Config& c) { return double(c.sp()); }},
-    {"dp", [](const pb::Config& c) { return double(c.dp()); }},
-    {"world", [](const pb::Config& c) { return double(c.world()); }},
-    {"gas", [](const pb::Config& c) { return double(c.gas()); }},
-    {"experts", [](const pb::Config& c) { return double(c.moe_experts()); }},
-    {"ep", [](const pb::Config& c) { return double(c.ep_size()); }},
-    {"predivide", [](const pb::Config& c) { return c.gradient_predivide_factor(); }},
-};
-
-int KindRank(const std::string& kind) {
-  static const std::map<std::string, int> order = {{"one", 0}, {"sp", 1},        {"dp", 2},      {"world", 3},
-                                                   {"gas", 4}, {"predivide", 5}, {"experts", 6}, {"ep", 7}};
-  auto it = order.find(kind);
-  return it == order.end() ? 9 : it->second;
-}
 
 std::string Fixed(double v) {
   char buf[32];
@@ -36,72 +21,248 @@ std::string Fixed(double v) {
   return buf;
 }
 
-bool HasPolicy(const pb::Config& c, const char* what) { return c.scaling().find(what) != std::string::npos; }
-
-// Why a configuration's gradient carries its own SP degree as an extra factor.
-std::string SpWhy(const pb::Config& c) {
-  bool local_mean = c.loss() == "local-mean";
-  if (local_mean && HasPolicy(c, "deepspeed") && c.zero_stage() == 3) {
-    // Only stage 3's all-reduce path divides by dp (stage3.py:1878); its default reduce-scatter path divides by dp x
-    // sp.
-    return "the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed ZeRO-3 with "
-           "reduce_scatter false, stage3.py all-reduce path)";
-  }
-  if (local_mean && (HasPolicy(c, "4530") || HasPolicy(c, "deepspeed"))) {
-    return "the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed ZeRO-1/2 since #4530)";
-  }
-  if (local_mean) {
-    return "the per-rank loss is a local mean over its sequence shard and the reduction divides by dp, not dp x sp";
-  }
-  return "each sequence-parallel rank's gradient is a full-size contribution and the reduction does not divide by sp";
+bool Near(double x, double want, double ctol) {
+  return std::isfinite(x) && std::fabs(x - want) <= ctol * std::fabs(want);
 }
 
-std::string Why(const Candidate& c, const pb::Config& a, const pb::Config& b) {
-  const pb::Config& cfg = c.side == 'A' ? a : b;
-  const char* who = c.side == 'A' ? "A" : "B";
-  // A factor of an A-side atom means A carries the error (B/A = 1/x(A)).
-  bool up = c.side == 'A' ? c.reciprocal : !c.reciprocal;
-  std::string side_text = std::string(who);
-  if (c.kind == "one") return "B matches A";
-  if (c.kind == "sp") {
-    if (c.side == 'R') return "the factor follows the ratio of sequence-parallel degrees: " + SpWhy(b);
-    if (up) return SpWhy(cfg);
-    if (cfg.loss() == "local-mean-div-sp" && (HasPolicy(cfg, "mean") || cfg.scaling().empty())) {
-      return side_text + " divides by sp twice: the loss recipe divides by sp and the reduction averages over dp x sp";
+pb::ParamKind KindOf(const std::string& name) {
+  if (name == "expert") return pb::EXPERT;
+  if (name == "tp-shard") return pb::TP_SHARD;
+  if (name == "replicated") return pb::REPLICATED;
+  return pb::DENSE;
+}
+
+// The DeepSpeed release a side models or ran ("" when none is known).
+std::string DeepSpeedVersion(const TraceSide& s) {
+  auto p = semantics::ResolvePolicy(s.config.scaling());
+  if (p.ok() && !p->deepspeed_version.empty()) return p->deepspeed_version;
+  return "";
+}
+
+// The split dimension's name: "sp", "cp", or "sp x cp".
+std::string SplitName(const pb::Config& c) {
+  const auto d = semantics::DegreesOf(c);
+  if (d.cp > 1 && d.sp > 1) return "sp x cp";
+  return d.cp > 1 ? "cp" : "sp";
+}
+
+// The degree of `c` (or its reciprocal) equal to `factor`, by the one degree list.
+std::string DegreeEqualTo(double factor, const pb::Config& c, double ctol, const std::string& prefer = "") {
+  if (!prefer.empty()) {
+    for (const auto& d : semantics::ConfigDegrees()) {
+      if (prefer == d.name && d.get(c) > 1 && (Near(factor, d.get(c), ctol) || Near(factor, 1 / d.get(c), ctol))) {
+        return d.name;
+      }
     }
-    return side_text + " divides by its sequence-parallel degree once more than needed";
   }
-  if (c.kind == "dp") {
-    return up ? side_text + " sums the data-parallel ranks' gradients without dividing by dp"
-              : side_text + " divides by dp once more than needed";
-  }
-  if (c.kind == "world") {
-    return up ? side_text + " sums over all ranks without dividing (a 'sum' reduction)"
-              : side_text + " divides by the world size once more than needed";
-  }
-  if (c.kind == "gas") {
-    return up ? side_text + " adds its gradient-accumulation micro-steps without dividing the loss by gas"
-              : side_text + " divides by the accumulation steps twice (loss and gradient)";
-  }
-  if (c.kind == "predivide") {
-    return up ? side_text + " multiplies back the gradient_predivide_factor that was never divided out"
-              : side_text + " pre-divides by gradient_predivide_factor and never multiplies back";
-  }
-  if (c.kind == "experts" || c.kind == "ep") {
-    return "expert gradients are reduced over the expert-data-parallel group and divided by the wrong group size (" +
-           c.expr + ")";
+  for (const auto& d : semantics::ConfigDegrees()) {
+    const double v = d.get(c);
+    if (v > 1 && (Near(factor, v, ctol) || Near(factor, 1 / v, ctol))) return d.name;
   }
   return "";
 }
 
+std::string GroupWords(const std::string& kind) {
+  if (kind == "expert") return "expert gradients";
+  if (kind == "tp-shard") return "tensor-parallel shards";
+  if (kind == "replicated") return "replicated parameters";
+  return "";
+}
+
+// Words for a cause found on side `who` of configuration `cfg`.
+std::string CauseWords(const Cause& k, const semantics::Prediction* p, const TraceSide& side, const std::string& kind,
+                       double factor) {
+  const pb::Config& cfg = side.config;
+  const std::string who = k.side.empty() ? "B" : k.side;
+  const bool ds = CitesDeepSpeed(side);
+  const std::string version = DeepSpeedVersion(side);
+  const bool up = factor > 1;
+  if (k.cause == "none") return "B matches A";
+  if (k.cause == "double-division") {
+    std::string s = who + " divides MoE buckets twice: ZeRO-1/2 divides the bucket by group size / sp (" +
+                    Fixed(p ? std::sqrt(p->applied) : 0) + ") and again in allreduce_bucket, so " +
+                    (kind == "expert" ? "expert" : "these") + " gradients are 1/dp of the mean-loss gradient";
+    if (ds && (version.empty() || !semantics::HasPr4957(version))) s += " (DeepSpeed before PR #4957, fixed in 0.13.1)";
+    return s;
+  }
+  if (k.cause == "loss-multiplier") {
+    if (k.dimension == "gas") {
+      return up ? who +
+                      "'s loss is not divided by the gradient-accumulation steps (gas), so its micro-steps add up to "
+                      "gas x the gradient; divide the loss by gas"
+                : who + " divides by the accumulation steps twice (loss and gradient)";
+    }
+    if (k.dimension == "sp" || k.dimension == "cp" || k.dimension == "sp x cp") {
+      if (!up) return who + "'s loss divides by " + k.dimension + " once more than needed";
+      const std::string fix = semantics::SplitFix(cfg.loss(), k.dimension);
+      if (cfg.loss() == "local-mean" || cfg.loss() == "alst-tutorial" || k.dimension == "sp") {
+        std::string s = "the per-rank loss is a local mean and the reduction divides by dp only";
+        if (ds && cfg.zero_stage() == 3) {
+          s += " (DeepSpeed ZeRO-3 with reduce_scatter false, stage3.py all-reduce path)";
+        } else if (ds && (version.empty() || semantics::HasPr4530(version))) {
+          s += " (DeepSpeed ZeRO-1/2 since #4530)";
+        } else if (!ds) {
+          s = "the per-rank loss is a local mean over its sequence shard, so the " + k.dimension +
+              " ranks' gradients add up to " + k.dimension + " x the sequence's, and the reduction divides by dp";
+        }
+        return s + "; use " + fix;
+      }
+      return who + "'s loss is multiplied by " + k.dimension + " (its " + k.dimension + " ranks' gradients add up to " +
+             k.dimension + " x the sequence's) while its reduction divides as its layout needs; divide the loss by " +
+             k.dimension + " or use a loss weighted by the whole sequence's valid tokens";
+    }
+    return who + "'s loss is multiplied by " + (k.dimension.empty() ? Fixed(factor) : k.dimension);
+  }
+  if (k.cause == "predivide") {
+    return up ? who + " multiplies back the gradient_predivide_factor that was never divided out"
+              : who + " pre-divides by gradient_predivide_factor and never multiplies back";
+  }
+  if (k.cause == "reduction-divisor") {
+    const std::string group = GroupWords(kind);
+    const std::string on = group.empty() ? "" : " on the " + group;
+    if (kind == "expert" && (k.dimension == "ep" || k.dimension == "edp" || k.dimension == "experts" || up)) {
+      std::string s = who +
+                      "'s expert gradients are averaged over the expert-data-parallel group (edp) instead of "
+                      "the dense data-parallel ranks: they come out ep x the mean-loss gradient; divide expert "
+                      "gradients by dp";
+      if (ds) s += " (the mistake DeepSpeed PRs #5259/#6546 fixed)";
+      return s;
+    }
+    if (k.dimension == "dp") {
+      return up ? who + " sums the data-parallel ranks' gradients without dividing by dp" + on
+                : who + " divides by dp once more than needed" + on;
+    }
+    if (k.dimension == "world") {
+      return up ? who + " sums over all ranks without dividing (a 'sum' reduction)" + on
+                : who + " divides by the world size once more than needed" + on;
+    }
+    if (k.dimension == "sp" || k.dimension == "cp") {
+      if (up) return who + "'s reduction does not divide by " + k.dimension + on;
+      if (cfg.loss() == "local-mean-div-sp") {
+        return who + " divides by sp twice: the loss recipe divides by sp and the reduction averages over dp x sp";
+      }
+      return who + " divides by its " + (k.dimension == "sp" ? "sequence" : "context") +
+             "-parallel degree once more than needed" + on;
+    }
+    if (k.dimension == "tp") {
+      return up ? who + " sums the tensor-parallel ranks' identical gradients" + on
+                : who + " divides by tp although the tensor-parallel ranks do not share these gradients" + on;
+    }
+    return who + "'s reduction divides by " + (up ? "less" : "more") + " than its layout needs" + on;
+  }
+  return "";
+}
+
+// The cause read from one side's prediction (that side's multiple != 1).
+Cause CauseFromPrediction(const semantics::Prediction& p, const pb::Config& cfg, pb::ParamKind kind, double ctol) {
+  Cause k;
+  if (p.double_division && !Near(p.reduction_factor, 1, ctol)) {
+    k.cause = "double-division";
+    k.dimension = "dp";
+  } else if (!Near(p.reduction_factor, 1, ctol)) {
+    k.cause = "reduction-divisor";
+    k.dimension = DegreeEqualTo(p.reduction_factor, cfg, ctol, kind == pb::EXPERT ? "ep" : "");
+  } else {
+    k.cause = "loss-multiplier";
+    const auto d = semantics::DegreesOf(cfg);
+    if (Near(p.loss_factor, d.split(), ctol) && d.split() > 1) {
+      k.dimension = SplitName(cfg);
+    } else {
+      k.dimension = DegreeEqualTo(p.loss_factor, cfg, ctol);
+    }
+  }
+  return k;
+}
+
+// What a side's own reductions show for `kind`: the factor its believed divisor
+// is off by (expected / believed), or empty when it measured nothing.
+std::optional<double> ReductionOff(const TraceSide& s, const std::string& kind, double ctol) {
+  for (const auto& e : s.reductions) {
+    if (e.param_kind != kind || e.Believed() <= 0 || e.expected <= 0) continue;
+    const double off = e.expected / e.Believed();
+    return Near(off, 1, ctol) ? 1.0 : off;
+  }
+  return std::nullopt;
+}
+
+// The cause matched by candidates, using what the sides' reductions show.
+Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide& a, const TraceSide& b, double ctol) {
+  Cause k;
+  auto matches = MatchFactor(scale, ScaleCandidates(a.config, b.config), ctol);
+  if (matches.empty()) {
+    k.cause = "unexplained";
+    return k;
+  }
+  // Evidence: a side whose reduction divides as its layout needs carries a loss
+  // multiplier, so prefer a loss dimension (sp, cp, gas) over dp/world.
+  const auto off_b = ReductionOff(b, kind, ctol), off_a = ReductionOff(a, kind, ctol);
+  const bool b_reduces_right = off_b && *off_b == 1.0;
+  const bool a_reduces_right = off_a && *off_a == 1.0;
+  const Candidate* best = &matches.front();
+  auto loss_dim = [](const std::string& d) { return d == "sp" || d == "cp" || d == "gas"; };
+  for (const auto& m : matches) {
+    const bool right = m.side == 'A' ? a_reduces_right : b_reduces_right;
+    if (right && loss_dim(m.kind)) {
+      best = &m;
+      break;
+    }
+    if (kind == "expert" && (m.kind == "ep" || m.kind == "edp")) {
+      best = &m;
+      break;
+    }
+  }
+  k.expression = best->expr;
+  if (best->kind == "one") {
+    k.cause = "none";
+    return k;
+  }
+  k.side = best->side == 'A' ? "A" : best->side == 'B' ? "B" : "";
+  k.dimension = best->kind;
+  const bool right = best->side == 'A' ? a_reduces_right : b_reduces_right;
+  const std::optional<double> off = best->side == 'A' ? off_a : off_b;
+  if (best->kind == "predivide") {
+    k.cause = "predivide";
+  } else if (kind == "expert" && (best->kind == "ep" || best->kind == "edp" || best->kind == "experts")) {
+    k.cause = "reduction-divisor";
+  } else if (right && loss_dim(best->kind)) {
+    k.cause = "loss-multiplier";
+  } else if (off && *off != 1.0) {
+    k.cause = "reduction-divisor";
+  } else if (best->kind == "gas" || best->kind == "cp" || (best->kind == "sp" && !best->reciprocal)) {
+    k.cause = "loss-multiplier";
+  } else {
+    k.cause = "reduction-divisor";
+  }
+  return k;
+}
+
+// Most serious first: the verdict severity of the worst member, then a factor
+// away from 1, then size.
+int GroupRank(const Group& g, const std::map<std::string, int>& severity) {
+  int worst = 0;
+  for (const auto& name : g.params) {
+    auto it = severity.find(name);
+    if (it != severity.end()) worst = std::max(worst, it->second);
+  }
+  return worst;
+}
+
 }  // namespace
+
+bool CitesDeepSpeed(const TraceSide& s) {
+  std::string producer = s.producer + " " + s.framework;
+  std::transform(producer.begin(), producer.end(), producer.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (producer.find("deepspeed") != std::string::npos) return true;
+  auto p = semantics::ResolvePolicy(s.config.scaling());
+  return p.ok() && p->models_deepspeed;
+}
 
 std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b) {
   std::vector<Candidate> out;
   out.push_back({"1", 1.0, "one", false, 'B', 0});
-  for (const Atom& atom : kAtoms) {
+  for (const auto& atom : semantics::ConfigDegrees()) {
     double va = atom.get(a), vb = atom.get(b);
-    std::string k = atom.kind;
+    std::string k = atom.name;
     if (vb > 1) {
       out.push_back({k + "(B)", vb, k, false, 'B', 1});
       out.push_back({"1/" + k + "(B)", 1 / vb, k, true, 'B', 2});
@@ -118,7 +279,7 @@ std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b)
   std::stable_sort(out.begin(), out.end(), [](const Candidate& x, const Candidate& y) {
     if (x.complexity != y.complexity) return x.complexity < y.complexity;
     if (x.side != y.side) return x.side == 'B';
-    return KindRank(x.kind) < KindRank(y.kind);
+    return semantics::DegreeRank(x.kind) < semantics::DegreeRank(y.kind);
   });
   return out;
 }
@@ -132,71 +293,79 @@ std::vector<Candidate> MatchFactor(double value, const std::vector<Candidate>& c
   return out;
 }
 
-bool SpRanksSumToSequenceLoss(const std::string& loss) {
-  return loss == "local-mean-div-sp" || loss == "token-weighted" || loss == "full-sequence" ||
-         loss == "global-token-weighted" || loss == "alst-tutorial-div-sp";
-}
-
-std::optional<double> PredictedMultiple(const pb::Config& c) {
-  double dp = std::max(1, c.dp()), sp = std::max(1, c.sp()), world = dp * sp;
-  double share;
-  if (c.loss() == "local-mean") {
-    share = world;
-  } else if (SpRanksSumToSequenceLoss(c.loss())) {
-    share = dp;
-  } else {
-    return std::nullopt;
-  }
-  const std::string& s = c.scaling();
-  if (s == "mean") return share / world;
-  if (s == "ds-4530") return share / dp;
-  if (s == "sum") return share;
-  if (s == "ds-pre-4957") return share / (world * sp);
-  return std::nullopt;
-}
-
 double ClusterTolerance(double rtol) { return std::clamp(10 * rtol, 1e-6, 0.01); }
 
-std::string ExplainScale(double scale, int count, int total, const pb::Config& a, const pb::Config& b, double ctol,
-                         std::string* expression) {
+Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol) {
+  // The recorded layouts' prediction settles the cause when it equals the factor.
+  const pb::ParamKind kind = KindOf(param_kind);
+  const auto pa = semantics::Predict(a.config, kind), pb_ = semantics::Predict(b.config, kind);
+  std::optional<double> predicted;
+  if (pa && pb_ && pa->multiple > 0) predicted = pb_->multiple / pa->multiple;
+  Cause k;
+  const semantics::Prediction* used = nullptr;
+  const TraceSide* side = &b;
+  if (predicted && Near(scale, *predicted, ctol) && !Near(scale, 1, ctol)) {
+    const bool b_off = !Near(pb_->multiple, 1, ctol);
+    const bool a_off = !Near(pa->multiple, 1, ctol);
+    used = b_off ? &*pb_ : &*pa;
+    side = b_off ? &b : &a;
+    k = CauseFromPrediction(*used, side->config, kind, ctol);
+    k.side = b_off && a_off ? "" : b_off ? "B" : "A";
+    auto matches = MatchFactor(scale, ScaleCandidates(a.config, b.config), ctol);
+    for (const auto& m : matches) {
+      if (m.kind == k.dimension || (k.dimension == "sp x cp" && m.kind == "sp")) {
+        k.expression = m.expr;
+        break;
+      }
+    }
+    if (k.expression.empty() && !matches.empty()) k.expression = matches.front().expr;
+  } else {
+    k = CauseFromCandidates(scale, param_kind, a, b, ctol);
+    side = k.side == "A" ? &a : &b;
+  }
+  k.predicted = predicted;
+  // A factor of an A-side atom means A carries the error (B/A = 1/x(A)): words in A's direction.
+  const double own = k.side == "A" ? 1 / scale : scale;
+  if (k.cause == "unexplained") {
+    k.why =
+        "matches no expression of the two configurations (sp, cp, dp, tp, world, gas, predivide factor, ep, "
+        "edp, experts)";
+  } else {
+    k.why = CauseWords(k, used, *side, param_kind, own);
+  }
+  if (predicted && !Near(scale, *predicted, ctol)) k.why += "; the configurations predict B/A = " + Fixed(*predicted);
+  // The recorded losses confirm a loss multiplier when their ratio is the factor (they never refute one:
+  // a producer's loss values may be scaled for logging).
+  if (k.cause == "loss-multiplier" && a.loss_per_replica > 0 && b.loss_per_replica > 0) {
+    const double ratio = b.loss_per_replica / a.loss_per_replica;
+    if (std::fabs(ratio - scale) <= 1e-3 * scale) {
+      k.why += "; the recorded losses agree (B's loss per data-parallel replica is " + Fixed(ratio) + " x A's)";
+    }
+  }
+  return k;
+}
+
+std::string ExplainScale(double scale, int count, int total, const std::string& param_kind, const TraceSide& a,
+                         const TraceSide& b, double ctol, Cause* cause) {
   std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
                                      : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
   if (count == 1 && total == 1) which = "for the only parameter";
-  auto matches = MatchFactor(scale, ScaleCandidates(a, b), ctol);
-  if (matches.empty()) {
-    if (expression) expression->clear();
-    return "B/A = " + Fixed(scale) + " " + which +
-           ": matches no expression of the two configurations (sp, dp, world, gas, experts, ep size, predivide factor)";
-  }
-  const Candidate& best = matches.front();
-  if (expression) *expression = best.expr;
-  std::string s = "B/A = " + Fixed(scale) + " = " + best.expr + " " + which + ": " + Why(best, a, b);
-  // The configurations' own prediction settles an ambiguous factor; without
-  // it, name the other readings rather than pretend to know.
-  auto pa = PredictedMultiple(a), pb_ = PredictedMultiple(b);
-  bool predicted = false;
-  if (pa && pb_ && *pa > 0) {
-    double want = *pb_ / *pa;
-    predicted = std::fabs(scale - want) <= ctol * want;
-    if (!predicted) s += "; the configurations predict B/A = " + Fixed(want);
-  }
-  std::vector<std::string> also;
-  for (size_t i = 1; i < matches.size() && !predicted; ++i) {
-    if (matches[i].kind != best.kind && matches[i].complexity <= best.complexity + 1) also.push_back(matches[i].expr);
-  }
-  if (!also.empty()) {
-    s += " (the factor also equals ";
-    for (size_t i = 0; i < also.size(); ++i) s += (i ? ", " : "") + also[i];
-    s += ")";
-  }
+  const std::string group = GroupWords(param_kind);
+  if (!group.empty() && count != total) which += " (" + group + ")";
+  Cause k = ExplainCause(scale, param_kind, a, b, ctol);
+  std::string s =
+      "B/A = " + Fixed(scale) + (k.expression.empty() ? "" : " = " + k.expression) + " " + which + ": " + k.why;
+  if (cause) *cause = std::move(k);
   return s;
 }
 
-std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const pb::Config& a, const pb::Config& b,
+std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const TraceSide& a, const TraceSide& b,
                                double rtol) {
   std::vector<Group> groups;
   double ctol = ClusterTolerance(rtol);
   int total = static_cast<int>(params.size());
+  std::map<std::string, int> severity;
+  for (const auto& p : params) severity[p.name] = Severity(p.verdict);
   std::vector<const ParamResult*> scalable;
   for (const auto& p : params) {
     if ((p.verdict == Verdict::kMatch || p.verdict == Verdict::kScaled) && std::isfinite(p.metrics.scale)) {
@@ -213,27 +382,62 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const pb:
     g.kind = "scale";
     g.scale = scalable[(i + j) / 2]->metrics.scale;  // median
     g.count = static_cast<int>(j - i);
-    for (size_t k = i; k < j; ++k) g.params.push_back(scalable[k]->name);
-    g.explanation = ExplainScale(*g.scale, g.count, total, a, b, ctol, &g.expression);
+    std::set<std::string> kinds;
+    for (size_t k = i; k < j; ++k) {
+      g.params.push_back(scalable[k]->name);
+      kinds.insert(scalable[k]->param_kind);
+    }
+    g.param_kind = kinds.size() == 1 ? *kinds.begin() : "mixed";
+    // A group holding experts is explained as experts (a MoE bucket divides all it holds).
+    const std::string explain_kind = kinds.count("expert") ? "expert" : kinds.size() == 1 ? *kinds.begin() : "dense";
+    Cause k;
+    g.explanation = ExplainScale(*g.scale, g.count, total, explain_kind, a, b, ctol, &k);
+    g.expression = k.expression;
+    g.cause = k.cause;
+    g.dimension = k.dimension == "sp x cp" ? "sp" : k.dimension;
+    g.side = k.side;
+    g.predicted = k.predicted;
     groups.push_back(std::move(g));
     i = j;
   }
   for (Verdict v : {Verdict::kMismatch, Verdict::kMissing, Verdict::kNonfinite}) {
     Group g;
     g.kind = VerdictName(v);
+    std::set<std::string> kinds;
     for (const auto& p : params) {
-      if (p.verdict == v) g.params.push_back(p.name);
+      if (p.verdict == v) g.params.push_back(p.name), kinds.insert(p.param_kind);
     }
     g.count = static_cast<int>(g.params.size());
     if (g.count == 0) continue;
+    g.param_kind = kinds.size() == 1 ? *kinds.begin() : "mixed";
     std::string n = std::to_string(g.count) + (g.count == 1 ? " parameter" : " parameters");
     const char* are = g.count == 1 ? " is" : " are";
-    if (v == Verdict::kMismatch) g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)";
+    if (v == Verdict::kMismatch) {
+      g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)";
+      g.cause = "unexplained";
+      // What the deviation follows, when the traces can tell: unequal valid-token counts per micro-batch/shard.
+      for (const TraceSide* s : {&b, &a}) {
+        if (s->valid_tokens_min > 0 && s->valid_tokens_max > s->valid_tokens_min) {
+          g.cause = "token-normalisation";
+          g.side = s == &b ? "B" : "A";
+          g.dimension = s->config.gas() > 1 ? "gas" : semantics::DegreesOf(s->config).split() > 1 ? "sp" : "dp";
+          g.explanation += "; " + g.side + "'s valid-token counts differ across micro-batches/shards (" +
+                           std::to_string(s->valid_tokens_min) + " to " + std::to_string(s->valid_tokens_max) +
+                           "): the loss is likely normalised per micro-batch/shard, not by the total valid tokens "
+                           "(weight each micro-batch's token-loss sum by the total valid tokens)";
+          break;
+        }
+      }
+    }
     if (v == Verdict::kMissing) g.explanation = n + " could not be compared (absent, shape differs, or incomplete)";
     if (v == Verdict::kNonfinite) g.explanation = n + " hold NaN or Inf";
     groups.push_back(std::move(g));
   }
-  std::stable_sort(groups.begin(), groups.end(), [](const Group& x, const Group& y) { return x.count > y.count; });
+  std::stable_sort(groups.begin(), groups.end(), [&](const Group& x, const Group& y) {
+    const int rx = GroupRank(x, severity), ry = GroupRank(y, severity);
+    if (rx != ry) return rx > ry;
+    return x.count > y.count;
+  });
   return groups;
 }
 

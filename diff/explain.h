@@ -1,5 +1,8 @@
-// Explanations: parameters grouped by scale factor, each factor matched against
-// expressions of the two configurations and put into words.
+// Explanations: parameters grouped by scale factor, each factor explained by
+// its cause (a loss multiplier, a reduction divisor, a double division...) in
+// a parallel dimension and a parameter group. The arithmetic is semantics/'s
+// (predict.h, expected_divisor.h); this file matches factors and puts them
+// into words.
 #pragma once
 
 #include <optional>
@@ -15,7 +18,7 @@ namespace gradtrace::diff {
 struct Candidate {
   std::string expr;  // "sp(B)", "1/dp(A)", "gas(B)/gas(A)", "1"
   double value = 0;
-  std::string kind;  // "one", "sp", "dp", "world", "gas", "experts", "ep", "predivide"
+  std::string kind;  // "one" or a degree name (semantics/degrees.h)
   bool reciprocal = false;
   char side = 'B';     // whose config the atom comes from ('A', 'B', or 'R' for a B/A ratio)
   int complexity = 0;  // lower is preferred: 0 one, 1 atom, 2 reciprocal, 3 ratio
@@ -28,28 +31,33 @@ std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b)
 // The candidates equal to `value` within relative `ctol`, best first.
 std::vector<Candidate> MatchFactor(double value, const std::vector<Candidate>& candidates, double ctol);
 
-// The multiple of the mean-loss gradient that configuration `c`'s FINAL
-// gradient is, from its loss recipe (the ranks' local gradients sum to world x g
-// for local-mean, dp x g for local-mean-div-sp / token-weighted / full-sequence)
-// and its scaling policy's divisor (mean: world, ds-4530: dp, sum: 1,
-// ds-pre-4957: world x sp). Empty when either is unknown.
-std::optional<double> PredictedMultiple(const pb::Config& c);
-
-// Loss recipes whose SP ranks' gradients add up to the gradient of the
-// sequence's loss (so a reduction over dp x sp ranks must divide by dp only).
-// local-mean and alst-tutorial add up to sp times it; unknown recipes: false.
-bool SpRanksSumToSequenceLoss(const std::string& loss);
-
 // Relative width within which scale factors count as one group.
 double ClusterTolerance(double rtol);
 
-// Groups `params` (already judged): "scale" groups for match/scaled clustered by
-// factor, then one group each for mismatch, missing and nonfinite. Largest first.
-std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const pb::Config& a, const pb::Config& b,
-                               double rtol);
+// The cause of a scale factor and its sentence (without the "B/A = ... for N
+// parameters: " prefix). Fills a Group's cause, dimension, side, predicted, expression.
+struct Cause {
+  std::string expression;  // the candidate the factor equals ("" none)
+  std::string cause;       // Group::cause
+  std::string dimension;
+  std::string side;
+  std::optional<double> predicted;
+  std::string why;  // words
+};
+Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol);
 
 // One sentence: "B/A = 2.000 = sp(B) for all 14 parameters: <why>".
-std::string ExplainScale(double scale, int count, int total, const pb::Config& a, const pb::Config& b, double ctol,
-                         std::string* expression);
+std::string ExplainScale(double scale, int count, int total, const std::string& param_kind, const TraceSide& a,
+                         const TraceSide& b, double ctol, Cause* cause);
+
+// Groups `params` (already judged): "scale" groups for match/scaled clustered by
+// factor, then one group each for mismatch, missing and nonfinite. Most serious first
+// (GroupSeverity), then largest.
+std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const TraceSide& a, const TraceSide& b,
+                               double rtol);
+
+// Whether DeepSpeed's history may be cited for side `s`: its producer or
+// framework is DeepSpeed, or its scaling policy models DeepSpeed arithmetic.
+bool CitesDeepSpeed(const TraceSide& s);
 
 }  // namespace gradtrace::diff

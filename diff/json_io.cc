@@ -35,6 +35,19 @@ Json TraceSideToJson(const TraceSide& s) {
   j["world"] = s.world;
   j["truncated"] = s.truncated;
   j["reported_grad_norm"] = s.reported_grad_norm ? NumberOrNull(*s.reported_grad_norm) : Json(nullptr);
+  // Since 1.2: what the explanation's evidence came from.
+  j["framework"] = s.framework;
+  j["reductions"] = Json::array();
+  for (const auto& e : s.reductions) {
+    j["reductions"].push_back({{"param_kind", e.param_kind},
+                               {"group_size", e.group_size},
+                               {"measured", NumberOrNull(e.measured)},
+                               {"declared", NumberOrNull(e.declared)},
+                               {"expected", NumberOrNull(e.expected)}});
+  }
+  j["valid_tokens_min"] = s.valid_tokens_min;
+  j["valid_tokens_max"] = s.valid_tokens_max;
+  j["loss_per_replica"] = NumberOrNull(s.loss_per_replica);
   return j;
 }
 

@@ -10,7 +10,7 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kPartialVersion[] = "1.1";  // minor: fields added; major: fields changed
+constexpr char kPartialVersion[] = "1.2";  // minor: fields added; major: fields changed
 constexpr char kKind[] = "partial";
 
 Json Exact(double v) {
@@ -41,6 +41,7 @@ Json ParamJson(const ComparedParam& p) {
   j["nonfinite_b"] = m.nonfinite_b;
   j["sums_only"] = m.sums_only;
   j["note"] = p.note;
+  j["param_kind"] = p.param_kind;
   j["replicas"] = Json::array();
   for (const auto& r : p.replica) {
     j["replicas"].push_back({{"rel", Exact(r.rel)}, {"first", r.first}, {"other", r.other}, {"path", r.other_path}});
@@ -144,6 +145,18 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
   s.world = static_cast<int>(f.Int("world"));
   s.truncated = f.Bool("truncated");
   if (f.Has("reported_grad_norm")) s.reported_grad_norm = f.OptDouble("reported_grad_norm");  // since 1.1
+  if (f.Has("framework")) {                                                                   // since 1.2
+    s.framework = f.Str("framework");
+    s.valid_tokens_min = f.Int("valid_tokens_min");
+    s.valid_tokens_max = f.Int("valid_tokens_max");
+    s.loss_per_replica = f.Double("loss_per_replica");
+    const Json& rs = f.Array("reductions");
+    for (size_t i = 0; i < rs.size(); ++i) {
+      Fields r(rs[i], f.Name("reductions") + "[" + std::to_string(i) + "]");
+      s.reductions.push_back({r.Str("param_kind"), static_cast<int>(r.Int("group_size")), r.Double("measured"),
+                              r.Double("declared"), r.Double("expected")});
+    }
+  }
   Status st = ConfigFromJson(top.At(config_key), &s.config);
   if (!st.ok()) throw BadField{config_key, st.message()};
   return s;
@@ -174,6 +187,7 @@ ComparedParam ParamFromJson(const Json& j, const std::string& where) {
   m.nonfinite_b = f.Int("nonfinite_b");
   m.sums_only = f.Bool("sums_only");
   p.note = f.Str("note");
+  if (j.contains("param_kind")) p.param_kind = f.Str("param_kind");
   const Json& replicas = f.Array("replicas");
   if (replicas.size() != 2) throw BadField{f.Name("replicas"), "expected 2 entries (A, B)"};
   for (int side = 0; side < 2; ++side) {

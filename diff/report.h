@@ -21,6 +21,7 @@ struct ParamResult {
   int64_t numel = 0;
   std::vector<int64_t> shape;
   std::string dtype;
+  std::string param_kind;  // ParamInfo.kind of B (else A): "dense", "expert", "tp-shard", "replicated", "" unrecorded
   Metrics metrics;
   Verdict verdict = Verdict::kMissing;
   double rtol = 0;   // the tolerance this parameter was judged with
@@ -35,6 +36,14 @@ struct Group {
   std::string expression;   // the configuration expression the factor equals, e.g. "sp(B)"
   std::string explanation;  // one sentence for a user
   std::vector<std::string> params;
+  // The cause in machine-readable form (since schema 1.2; REPORT_SCHEMA.md "groups[]"):
+  std::string cause;       // "none", "loss-multiplier", "reduction-divisor", "double-division",
+                           // "token-normalisation", "predivide", "unexplained"; "" for missing/nonfinite
+  std::string dimension;   // the parallel dimension it follows: "sp", "cp", "dp", "tp", "ep", "edp", "gas", "world",
+                           // "predivide", "" when none
+  std::string param_kind;  // the group's parameters: "dense", "expert", "tp-shard", "replicated", "mixed", ""
+  std::string side;        // whose configuration carries the cause: "A", "B", "" (none or both)
+  std::optional<double> predicted;  // B/A (diff) or the divisor (self) the recorded layouts predict
 };
 
 // A problem that is not one parameter's verdict: truncated file, replicas disagreeing.
@@ -43,14 +52,35 @@ struct Finding {
   std::string message;
 };
 
+// What one side's own reductions show, per parameter kind: the --self measure
+// (effective divisor of PRE_REDUCE sums against POST_REDUCE) and the divisor
+// the producer declared, against what the recorded layout needs.
+struct ReductionEvidence {
+  std::string param_kind;  // "dense", "expert", ... "" unrecorded
+  int group_size = 0;
+  double measured = 0;  // effective divisor (0 = not measured)
+  double declared = 0;  // BucketRecord.divisor (0 = not declared)
+  double expected = 0;  // semantics::ExpectedDivisor
+  // The divisor to believe: declared when the producer declared one, else measured.
+  double Believed() const { return declared > 0 ? declared : measured; }
+};
+
 struct TraceSide {
   std::string dir;
   std::string producer;
+  std::string framework;  // RunInfo.framework ("deepspeed", "pytorch-ddp", ...; "" before format 1.2)
   std::string run_id;
   int world = 0;
   bool truncated = false;
   pb::Config config;
-  std::optional<double> reported_grad_norm;  // what the framework reported for the compared step
+  std::optional<double> reported_grad_norm;   // what the framework reported for the compared step
+  std::vector<ReductionEvidence> reductions;  // empty without PRE_REDUCE and POST_REDUCE (or in a merged diff)
+  // StepInfo.valid_tokens of the compared step over its (rank, micro-step) records: unequal counts make a
+  // per-micro-batch or per-shard normalised loss differ from the total-token mean (not only by a scale).
+  int64_t valid_tokens_min = 0, valid_tokens_max = 0;
+  // Sum of StepInfo.loss over the step's ranks and micro-steps, per data-parallel replica (sum / dp); 0 when
+  // unrecorded. Its ratio between the sides confirms a loss multiplier (a local mean per shard, a loss x cp).
+  double loss_per_replica = 0;
 };
 
 // The reported grad norm of each side against the norm of its FINAL gradients (grad_norm.h).
@@ -72,10 +102,11 @@ struct SelfParam {
   int64_t numel = 0;
   std::string group;  // process group reduced over
   int group_size = 0;
-  double divisor = 0;   // effective: sum(PRE over group) / POST
-  double residual = 0;  // ||POST - sum/divisor|| / ||POST||
-  double expected = 0;  // what the loss recipe needs (0 = unknown)
-  double declared = 0;  // BucketRecord.divisor as the producer stated it (0 = unknown)
+  std::string param_kind;  // ParamInfo.kind: "dense", "expert", "tp-shard", "replicated", "" unrecorded
+  double divisor = 0;      // effective: sum(PRE over group) / POST
+  double residual = 0;     // ||POST - sum/divisor|| / ||POST||
+  double expected = 0;     // what the loss recipe needs (0 = unknown)
+  double declared = 0;     // BucketRecord.divisor as the producer stated it (0 = unknown)
   std::vector<int32_t> buckets;
   int64_t compared = 0;
   SelfVerdict verdict = SelfVerdict::kOk;

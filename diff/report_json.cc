@@ -29,6 +29,7 @@ Json ParamJson(const ParamResult& p) {
   j["nonfinite_b"] = m.nonfinite_b;
   j["rtol"] = NumberOrNull(p.rtol);
   j["note"] = p.note;
+  j["param_kind"] = p.param_kind;
   return j;
 }
 
@@ -40,6 +41,11 @@ Json GroupJson(const Group& g) {
   j["expression"] = g.expression;
   j["explanation"] = g.explanation;
   j["params"] = g.params;
+  j["cause"] = g.cause;
+  j["dimension"] = g.dimension;
+  j["param_kind"] = g.param_kind;
+  j["side"] = g.side;
+  j["predicted"] = g.predicted ? NumberOrNull(*g.predicted) : Json(nullptr);
   return j;
 }
 
@@ -56,6 +62,7 @@ Json SelfParamJson(const SelfParam& p) {
   j["compared"] = p.compared;
   j["buckets"] = p.buckets;
   j["verdict"] = SelfVerdictName(p.verdict);
+  j["param_kind"] = p.param_kind;
   return j;
 }
 

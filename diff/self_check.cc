@@ -11,6 +11,8 @@
 
 #include "align.h"
 #include "bucket_view.h"
+#include "degrees.h"
+#include "expected_divisor.h"
 #include "explain.h"
 #include "gather.h"
 #include "grad_norm.h"
@@ -63,34 +65,65 @@ std::string Fixed(double v) {
   return buf;
 }
 
-// Words for an effective divisor d of a reduction over `group_size` ranks.
-std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, const pb::Config& c, double ctol) {
+// Words for an effective divisor d of a reduction over `group_size` ranks of
+// parameters of one kind, against what their recorded layout needs.
+std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, const pb::Config& c, bool deepspeed,
+                           double ctol, Group* g) {
   auto near = [&](double x) { return x > 0 && std::fabs(d - x) <= ctol * x; };
   std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
                                      : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
+  if (!p.param_kind.empty() && count != total) which += " (" + p.param_kind + ")";
   std::string ctx = " (group '" + p.group + "' of " + std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() +
                     "', loss '" + c.loss() + "', which needs " + Fixed(p.expected) + ")";
+  const auto deg = semantics::DegreesOf(c);
+  const int sp = deg.sp, dp = deg.dp;
+  const bool expert = p.param_kind == "expert";
+  const bool right = p.expected > 0 && near(p.expected);
   std::string expr, why;
-  int sp = std::max(1, c.sp()), dp = std::max(1, c.dp());
-  if (near(p.group_size)) {
+  g->cause = right ? "none" : "reduction-divisor";
+  if (expert && right) {
+    expr = near(p.group_size) ? "group size" : "dp";
+    why = "expert gradients are divided by the dense data-parallel degree, as the mean loss needs";
+  } else if (expert && near(p.group_size)) {
+    expr = "edp group size";
+    g->dimension = "ep";
+    why =
+        "expert gradients are averaged over their expert-data-parallel group instead of divided by dp: ep x the "
+        "mean-loss gradient";
+    if (deepspeed) why += " (the mistake DeepSpeed PRs #5259/#6546 fixed)";
+  } else if (near(p.group_size)) {
     expr = "group size";
     why = "the reduction averages over the group";
+    if (!right && (sp > 1 || deg.cp > 1)) g->dimension = sp > 1 ? "sp" : "cp";
   } else if (sp > 1 && near(p.group_size / double(sp))) {
     expr = "dp";
-    why = "the reduction divides by dp only (group size / sp, as DeepSpeed does since #4530)";
+    if (!right) g->dimension = "sp";
+    why = deepspeed ? "the reduction divides by dp only (group size / sp, as DeepSpeed does since #4530)"
+                    : "the reduction divides by dp only (group size / sp)";
   } else if (near(1)) {
     expr = "1";
+    g->dimension = "world";
     why = "the reduction sums without dividing";
-  } else if (near(dp * double(sp) * sp) || near(double(p.group_size) * sp)) {
-    expr = "group size x sp";
-    why = "the gradient is divided by sp once more than the group size (the division #4957 removed)";
+  } else if (near(dp * double(sp) * sp) || near(double(p.group_size) * sp) ||
+             (sp > 1 && near(double(p.group_size) * p.group_size / (double(sp) * sp)))) {
+    expr = near(double(p.group_size) * p.group_size / (double(sp) * sp)) ? "(group size / sp)^2" : "group size x sp";
+    g->cause = "double-division";
+    g->dimension = "dp";
+    why = "the bucket is divided twice";
+    if (deepspeed) why += " (the MoE-bucket division DeepSpeed PR #4957 removed)";
   } else if (near(sp)) {
     expr = "sp";
+    g->dimension = "sp";
     why = "the reduction divides by the sequence-parallel degree only";
   } else if (c.gas() > 1 && near(double(p.group_size) * c.gas())) {
     expr = "group size x gas";
+    g->dimension = "gas";
     why = "the reduction also divides by the accumulation steps";
   }
+  if (expr.empty() && !right) g->cause = "unexplained";
+  g->expression = expr;
+  g->param_kind = p.param_kind;
+  if (p.expected > 0) g->predicted = p.expected;
   std::string s = "effective divisor " + Fixed(d) + (expr.empty() ? "" : " = " + expr) + " " + which + ctx + ": " +
                   (expr.empty() ? "matches no expression of the configuration (group size, dp, sp, gas)" : why);
   if (p.expected > 0 && !near(p.expected)) {
@@ -100,16 +133,6 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
 }
 
 }  // namespace
-
-double ExpectedDivisor(const pb::Config& c, int group_size) {
-  // Context parallelism splits the sequence as Ulysses sp does: its ranks' losses add up the same way.
-  int sp = std::max(1, c.sp()) * std::max(1, c.cp());
-  const std::string& loss = c.loss();
-  // alst-tutorial: every SP rank back-propagates the whole loss through
-  // all_gather, whose backward sums, so its SP ranks add up to sp times it.
-  if (SpRanksSumToSequenceLoss(loss) && group_size % sp == 0) return group_size / double(sp);
-  return group_size;
-}
 
 namespace {
 
@@ -234,7 +257,12 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       c.bucket = key.bucket;
       c.group = key.group;
       c.group_size = static_cast<int>(key.members.size());
-      c.expected = ExpectedDivisor(set.config(), c.group_size);
+      // A bucket holding expert parameters needs the experts' divisor (semantics/expected_divisor.h).
+      pb::ParamKind kind = pb::DENSE;
+      for (int32_t id : post.param_ids) {
+        if (set.run().params(id).kind() == pb::EXPERT) kind = pb::EXPERT;
+      }
+      c.expected = semantics::ExpectedDivisor(set.config(), kind, c.group_size);
       c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
                         return accumulating.count({post.rank, id}) > 0;
                       });
@@ -315,7 +343,8 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
   p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
   p.compared = acc.compared;
   p.declared = acc.declared;
-  p.expected = p.group_size > 0 ? ExpectedDivisor(config, p.group_size) : 0;
+  p.param_kind = semantics::ParamKindName(info.kind());
+  p.expected = p.group_size > 0 ? semantics::ExpectedDivisor(config, info.kind(), p.group_size) : 0;
   const double n = static_cast<double>(acc.compared);
   if (acc.compared == 0 || acc.sp == 0) {
     p.divisor = std::nan("");
@@ -350,17 +379,20 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
 }
 
 // Parameters with the same effective divisor over groups of the same size, largest group first.
-void GroupDivisors(const pb::Config& config, double ctol, Report* report) {
+void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
   std::vector<const SelfParam*> ok;
   for (const auto& p : report->self_params) {
     if (std::isfinite(p.divisor)) ok.push_back(&p);
   }
-  std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });
+  // Clusters hold one kind over one group size: sort by those first.
+  std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) {
+    return std::tie(x->param_kind, x->group_size, x->divisor) < std::tie(y->param_kind, y->group_size, y->divisor);
+  });
   int n = static_cast<int>(report->self_params.size());
   for (size_t i = 0; i < ok.size();) {
     size_t j = i;
     while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * ok[i]->divisor &&
-           ok[j]->group_size == ok[i]->group_size)
+           ok[j]->group_size == ok[i]->group_size && ok[j]->param_kind == ok[i]->param_kind)
       ++j;
     Group g;
     g.kind = "divisor";
@@ -368,12 +400,22 @@ void GroupDivisors(const pb::Config& config, double ctol, Report* report) {
     g.scale = mid.divisor;
     g.count = static_cast<int>(j - i);
     for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name);
-    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, ctol);
+    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, deepspeed, ctol, &g);
     report->groups.push_back(std::move(g));
     i = j;
   }
-  std::stable_sort(report->groups.begin(), report->groups.end(),
-                   [](const Group& x, const Group& y) { return x.count > y.count; });
+  // Most serious first (the worst member verdict), then largest.
+  std::map<std::string, SelfVerdict> verdict;
+  for (const auto& p : report->self_params) verdict[p.name] = p.verdict;
+  auto worst = [&](const Group& g) {
+    SelfVerdict w = SelfVerdict::kOk;
+    for (const auto& name : g.params) w = std::max(w, verdict[name]);
+    return w;
+  };
+  std::stable_sort(report->groups.begin(), report->groups.end(), [&](const Group& x, const Group& y) {
+    if (worst(x) != worst(y)) return worst(x) > worst(y);
+    return x.count > y.count;
+  });
 }
 
 // The worst parameter verdict, then incomplete for a truncated set, else ok.
@@ -411,6 +453,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.a.world = set.world();
   report.a.truncated = set.truncated();
   report.a.config = set.config();
+  report.a.framework = set.run().framework();
   report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
   const double rtol = report.tolerance.rtol;
   const double ctol = ClusterTolerance(rtol);
@@ -449,7 +492,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
           {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
     }
   }
-  GroupDivisors(set.config(), ctol, &report);
+  GroupDivisors(set.config(), CitesDeepSpeed(report.a), ctol, &report);
   std::stable_sort(report.self_params.begin(), report.self_params.end(),
                    [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
   report.verdict = SelfOverallVerdict(report, set.truncated());

@@ -4,10 +4,9 @@
 // POST_REDUCE holds only the rank's partition: its slices' parameter offsets
 // locate it in the summed bucket (bucket_numel/partition_* are cross-checked).
 //
-// Expected divisor, from the loss recipe (the reduction must undo what the
-// per-rank loss did): local-mean needs the group size (dp x sp); local-mean-div-sp,
-// token-weighted and full-sequence need group size / sp (= dp); an unknown
-// recipe is held against the group size.
+// Expected divisor: semantics::ExpectedDivisor from the parameter's recorded
+// kind (ParamInfo.kind), its group's size and the loss recipe; expert
+// gradients need the dense divisor, not their edp group's size.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +26,6 @@ struct SelfOptions {
   int threads = 0;
   bool progress = false;
 };
-
-// The divisor the loss recipe of `c` needs for a reduction over `group_size` ranks.
-double ExpectedDivisor(const pb::Config& c, int group_size);
 
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options);
 Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options);

@@ -30,8 +30,10 @@
 #include <vector>
 
 #include "chunking.h"
+#include "deepspeed_releases.h"
 #include "format.h"
 #include "gradtrace.pb.h"
+#include "scaling_policy.h"
 #include "slice_codec.h"
 #include "status.h"
 #include "trace_reader.h"
@@ -615,5 +617,64 @@ PYBIND11_MODULE(_gtcodec, m) {
     CollectInt64Paths(pb::RunInfo::descriptor(), "", 0, &out);
     return out;
   });
+  // Reduction semantics (semantics/): the one DeepSpeed release table and the
+  // bucket divisors its policies plan, for the Python repro tools.
+  m.def("deepspeed_releases", [] {
+    auto rule = [](semantics::ScalingRule r) {
+      switch (r) {
+        case semantics::ScalingRule::kSum:
+          return "sum";
+        case semantics::ScalingRule::kMean:
+          return "mean";
+        case semantics::ScalingRule::kDs4530:
+          return "ds-4530";
+        case semantics::ScalingRule::kDsPre4957:
+          return "ds-pre-4957";
+      }
+      return "?";
+    };
+    py::list out;
+    for (const auto& r : semantics::DeepSpeedReleases()) {
+      py::dict d;
+      d["version"] = r.version;
+      d["engine"] = rule(r.engine);
+      d["zero"] = rule(r.zero);
+      d["zero3_reduce_scatter"] = rule(r.zero3_reduce_scatter);
+      d["zero3_allreduce"] = rule(r.zero3_allreduce);
+      d["engine_cite"] = r.engine_cite;
+      d["zero_cite"] = r.zero_cite;
+      d["zero3_cite"] = r.zero3_cite;
+      d["engine_unmodelled"] = r.engine_unmodelled;
+      d["has_pr4530"] = semantics::HasPr4530(r.version);
+      d["has_pr4957"] = semantics::HasPr4957(r.version);
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "bucket_divisor",
+      [](const std::string& policy, const std::string& path, int group_size, int sp, bool has_moe) {
+        auto p = semantics::ResolvePolicy(policy);
+        if (!p.ok()) throw py::value_error(p.status().message());
+        semantics::BucketContext b;
+        if (path == "engine") {
+          b.path = semantics::ReductionPath::kEngineAllreduce;
+        } else if (path == "zero") {
+          b.path = semantics::ReductionPath::kZeroPartitioned;
+        } else if (path == "zero3-reduce-scatter") {
+          b.path = semantics::ReductionPath::kZero3ReduceScatter;
+        } else if (path == "zero3-allreduce") {
+          b.path = semantics::ReductionPath::kZero3Allreduce;
+        } else {
+          throw py::value_error("path: expected engine, zero, zero3-reduce-scatter or zero3-allreduce, got '" + path +
+                                "'");
+        }
+        if (group_size < 1 || sp < 1) throw py::value_error("group_size and sp must be >= 1");
+        b.group_size = group_size;
+        b.sp = sp;
+        b.has_moe = has_moe;
+        return semantics::PlanBucketScaling(*p, b).Divisor();
+      },
+      py::arg("policy"), py::arg("path"), py::arg("group_size"), py::arg("sp"), py::arg("has_moe") = false);
   m.attr("FORMAT_VERSION") = py::make_tuple(format::kMajorVersion, format::kMinorVersion);
 }

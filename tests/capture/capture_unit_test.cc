@@ -4,13 +4,16 @@
 
 #include <cstdlib>
 
+#include "deepspeed_releases.h"
 #include "launcher.h"
-#include "scaling.h"
+#include "scaling_policy.h"
 #include "topology.h"
 #include "train_options.h"
 
 namespace gradtrace::capture {
 namespace {
+
+using namespace gradtrace::semantics;
 
 Expected<TrainOptions> Parse(std::vector<const char*> args) {
   args.insert(args.begin(), "gradtrace-train");

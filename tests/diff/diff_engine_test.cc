@@ -38,7 +38,10 @@ TEST(DiffEngine, Issue5248Sp2IsScaledBySp) {
   EXPECT_EQ(r.groups[0].expression, "sp(B)");
   EXPECT_EQ(r.groups[0].explanation,
             "B/A = 2.000 = sp(B) for all 14 parameters: the per-rank loss is a local mean and the reduction divides by "
-            "dp only (DeepSpeed ZeRO-1/2 since #4530)");
+            "dp only (DeepSpeed ZeRO-1/2 since #4530); use backward(loss / sp) (local-mean-div-sp) or a loss weighted "
+            "by the whole sequence's valid tokens");
+  EXPECT_EQ(r.groups[0].cause, "loss-multiplier");
+  EXPECT_EQ(r.groups[0].dimension, "sp");
   EXPECT_EQ(CountVerdict(r, Verdict::kScaled), 14);
   for (const auto& p : r.params) {
     EXPECT_EQ(p.metrics.basis, Basis::kFull) << p.name;
@@ -97,11 +100,13 @@ TEST(DiffEngine, PartlyScaledGivesTwoGroups) {
   spec.extra_factor = {{"layers.1.attn.qkv.weight", 0.5}, {"layers.1.attn.qkv.bias", 0.5}};
   Report r = Diff(a, Synth("b", spec));
   ASSERT_EQ(r.groups.size(), 2u);
-  EXPECT_EQ(r.groups[0].count, 12);
-  EXPECT_NEAR(*r.groups[0].scale, 1.0, 1e-5);
-  EXPECT_EQ(r.groups[1].count, 2);
-  EXPECT_NEAR(*r.groups[1].scale, 0.5, 1e-5);
-  EXPECT_EQ(r.groups[1].expression, "1/sp(B)");
+  // The finding first (GroupParams: most serious, then largest), and it is the headline.
+  EXPECT_EQ(r.groups[0].count, 2);
+  EXPECT_NEAR(*r.groups[0].scale, 0.5, 1e-5);
+  EXPECT_EQ(r.groups[0].expression, "1/sp(B)");
+  EXPECT_EQ(r.summary, r.groups[0].explanation);
+  EXPECT_EQ(r.groups[1].count, 12);
+  EXPECT_NEAR(*r.groups[1].scale, 1.0, 1e-5);
 }
 
 TEST(DiffEngine, SketchAgreesWithFullOnScale) {

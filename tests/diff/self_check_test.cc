@@ -4,12 +4,14 @@
 
 #include <cmath>
 
+#include "expected_divisor.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {
 namespace {
 using testing::Config;
 using testing::Synth;
+using testing::SynthSpec;
 
 Report Self(const std::string& dir) {
   auto r = RunSelfCheck(dir, {});
@@ -78,11 +80,82 @@ TEST(SelfCheck, ExpectedDivisorByLossRecipe) {
   c.set_sp(4);
   c.set_dp(2);
   c.set_loss("local-mean");
-  EXPECT_EQ(ExpectedDivisor(c, 8), 8);
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::DENSE, 8), 8);
   c.set_loss("token-weighted");
-  EXPECT_EQ(ExpectedDivisor(c, 8), 2);
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::DENSE, 8), 2);
+  // Tensor-parallel shards and replicated norms: reduced over dp like dense, never divided by tp.
+  c.set_tp(2);
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::TP_SHARD, 8), 2);
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::REPLICATED, 8), 2);
   c.set_loss("");
-  EXPECT_EQ(ExpectedDivisor(c, 8), 8);
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::DENSE, 8), 8);
+}
+
+// Experts need the dense divisor (dp), not their edp group's size (PRs #5259/#6546).
+TEST(SelfCheck, ExpectedDivisorOfExperts) {
+  pb::Config c;
+  c.set_dp(4);
+  c.set_ep_size(2);
+  c.set_edp(2);
+  c.set_loss("token-weighted");
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::EXPERT, 2), 4);
+  c.set_sp(2);
+  c.set_loss("local-mean");
+  EXPECT_EQ(semantics::ExpectedDivisor(c, pb::EXPERT, 4), 8);
+}
+
+SynthSpec ExpertSpec(bool correct) {
+  SynthSpec s = Config(4, 1, 0, "mean", "token-weighted");
+  s.experts = {"layers.1.mlp.fc1.weight", "layers.1.mlp.fc2.weight"};
+  s.ep = 2;
+  s.divide_as_expected = correct;
+  s.run_id = correct ? "ep-correct" : "ep-edp";
+  if (correct) s.recorded_scaling = "";  // a plain PyTorch EP run records no policy
+  s.framework = "pytorch";
+  return s;
+}
+
+// A correct expert-parallel run is ok; one dividing expert grads by edp is wrong-divisor on the experts only.
+TEST(SelfCheck, ExpertParallelByRecordedKind) {
+  Report ok = Self(Synth("a", ExpertSpec(true)));
+  EXPECT_EQ(ok.verdict, "ok") << ok.summary;
+  Report bad = Self(Synth("b", ExpertSpec(false)));
+  EXPECT_EQ(bad.verdict, "wrong-divisor");
+  int experts = 0;
+  for (const auto& p : bad.self_params) {
+    if (p.param_kind == "expert") {
+      ++experts;
+      EXPECT_EQ(p.verdict, SelfVerdict::kWrongDivisor) << p.name;
+      EXPECT_NEAR(p.divisor, 2.0, 1e-4);
+      EXPECT_EQ(p.expected, 4.0);
+      EXPECT_EQ(p.group, "edp");
+    } else {
+      EXPECT_EQ(p.verdict, SelfVerdict::kOk) << p.name;
+    }
+  }
+  EXPECT_EQ(experts, 2);
+  // The headline is the expert group's finding, named by dimension and group, with no DeepSpeed history.
+  ASSERT_FALSE(bad.groups.empty());
+  EXPECT_EQ(bad.groups.front().param_kind, "expert");
+  EXPECT_EQ(bad.groups.front().cause, "reduction-divisor");
+  EXPECT_EQ(bad.groups.front().dimension, "ep");
+  EXPECT_EQ(bad.summary, bad.groups.front().explanation);
+  EXPECT_NE(bad.summary.find("expert-data-parallel"), std::string::npos) << bad.summary;
+  EXPECT_EQ(bad.summary.find('#'), std::string::npos) << bad.summary;
+}
+
+// No DeepSpeed PR numbers for a plain PyTorch run's --self words.
+TEST(SelfCheck, PlainPytorchCitesNoDeepSpeedHistory) {
+  SynthSpec s = Config(2, 2, 0, "ds-4530", "local-mean");
+  s.recorded_scaling = "";
+  s.framework = "pytorch";
+  Report r = Self(Synth("p", s));
+  EXPECT_EQ(r.verdict, "wrong-divisor");
+  EXPECT_NE(r.summary.find("divides by dp only"), std::string::npos) << r.summary;
+  EXPECT_EQ(r.summary.find('#'), std::string::npos) << r.summary;
+  // Under a DeepSpeed policy the same words cite #4530.
+  Report ds = Self(Synth("d", Config(2, 2, 0, "ds-4530", "local-mean")));
+  EXPECT_NE(ds.summary.find("#4530"), std::string::npos) << ds.summary;
 }
 
 }  // namespace

@@ -141,8 +141,9 @@ TEST(ShardMerge, MergedReportEqualsTheSingleProcessReport) {
   EXPECT_EQ(single->ExitCode(), 1);
   ASSERT_EQ(single->params.size(), 14u);
   ASSERT_GE(single->groups.size(), 2u);
-  EXPECT_NEAR(*single->groups[0].scale, 2.0, 1e-5);
-  EXPECT_EQ(single->groups[0].count, 13);
+  EXPECT_EQ(single->groups[0].kind, "mismatch");  // most serious first
+  EXPECT_NEAR(*single->groups[1].scale, 2.0, 1e-5);
+  EXPECT_EQ(single->groups[1].count, 13);
   EXPECT_EQ(single->params[0].name, "head.weight");
   int replica = 0;
   for (const auto& f : single->findings) replica += f.kind == "replica";

@@ -8,7 +8,7 @@
 int main(int argc, char** argv) {
   gradtrace::testing::SynthSpec spec;
   std::string out;
-  std::vector<std::string> scramble;
+  std::vector<std::string> scramble, experts;
   int64_t grow = 1;
   CLI::App app{"gradtrace-synth: write a synthetic trace set with known gradients", "gradtrace-synth"};
   app.add_option("out", out, "output directory")->required();
@@ -25,11 +25,19 @@ int main(int argc, char** argv) {
   app.add_option("--split-seed", spec.split_seed, "changes only how ranks share the gradient (rounding noise)");
   app.add_option("--scramble", scramble, "parameters given unrelated gradients");
   app.add_option("--disagree-rank", spec.disagree_rank, "this rank's FINAL replica differs");
+  app.add_option("--cp", spec.cp, "context-parallel degree (splits the sequence like sp)");
+  app.add_option("--loss-multiplier", spec.loss_multiplier, "the loss passed to backward x this (Megatron-LM #673)");
+  app.add_option("--experts", experts, "EXPERT parameters, reduced over their edp group");
+  app.add_option("--ep", spec.ep, "expert-parallel degree (edp groups of world / ep ranks)");
+  app.add_flag("--divide-as-expected", spec.divide_as_expected, "divide every bucket as its recorded layout needs");
+  app.add_option("--framework", spec.framework, "RunInfo.framework");
+  app.add_option("--recorded-scaling", spec.recorded_scaling, "Config.scaling as recorded (default: --scaling)");
   app.add_option("--grow", grow, "multiply every parameter's first dimension by N (traces N times larger)")
       ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
   for (auto& p : spec.params) p.shape[0] *= grow;
   spec.scramble.insert(scramble.begin(), scramble.end());
+  spec.experts.insert(experts.begin(), experts.end());
   gradtrace::Status st = gradtrace::testing::WriteSynthSet(out, spec);
   if (!st.ok()) {
     std::fprintf(stderr, "gradtrace-synth: %s\n", st.message().c_str());

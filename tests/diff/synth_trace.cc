@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "expected_divisor.h"
+#include "loss_recipes.h"
+#include "scaling_policy.h"
 #include "slice_codec.h"
 #include "trace_writer.h"
 
@@ -56,22 +59,25 @@ int64_t Numel(const SynthParam& p) {
   return n;
 }
 
-double Divisor(const SynthSpec& s, int group) {
-  if (s.scaling == "mean") return group;
-  if (s.scaling == "sum") return 1;
-  if (s.scaling == "ds-4530") return double(group) / s.sp;
-  if (s.scaling == "ds-pre-4957") return double(group) * s.sp;
-  return group;
-}
-
-double LossShare(const SynthSpec& s) {
-  int world = s.dp * s.sp;
-  if (s.loss == "local-mean") return world;
-  return s.dp;  // local-mean-div-sp, token-weighted, full-sequence
+// The divisor of a bucket reduced over `group` ranks: the policy's plan, or
+// under divide_as_expected what the recorded layout needs.
+Expected<double> Divisor(const SynthSpec& s, const pb::Config& c, int group, bool expert) {
+  if (s.divide_as_expected) return semantics::ExpectedDivisor(c, expert ? pb::EXPERT : pb::DENSE, group);
+  auto policy = semantics::ResolvePolicy(s.scaling);
+  if (!policy.ok()) return policy.status();
+  semantics::BucketContext b;
+  b.path = s.zero_stage == 0   ? semantics::ReductionPath::kEngineAllreduce
+           : s.zero_stage == 3 ? semantics::ReductionPath::kZero3ReduceScatter
+                               : semantics::ReductionPath::kZeroPartitioned;
+  b.group_size = group;
+  b.sp = s.sp;
+  b.has_moe = expert;
+  return semantics::PlanBucketScaling(*policy, b).Divisor();
 }
 
 struct Layout {
   int64_t bucket_numel = 0;
+  bool expert = false;
   std::vector<std::pair<int, int64_t>> members;  // (param index, offset of the param in the flat bucket)
 };
 
@@ -87,7 +93,9 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IoError(dir + ": " + ec.message());
-  const int world = spec.dp * spec.sp;
+  const int split = spec.sp * spec.cp;
+  const int world = spec.dp * split;
+  const int ep = std::max(1, spec.ep);
   auto mode = ParseCaptureMode(spec.capture);
   if (!mode.ok()) return mode.status();
 
@@ -101,8 +109,14 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   c->set_world(world);
   c->set_dp(spec.dp);
   c->set_sp(spec.sp);
+  c->set_cp(spec.cp);
+  if (!spec.experts.empty()) {
+    c->set_moe_experts(static_cast<int>(spec.experts.size()));
+    c->set_ep_size(ep);
+    c->set_edp(world / ep);
+  }
   c->set_zero_stage(spec.zero_stage);
-  c->set_scaling(spec.scaling);
+  c->set_scaling(spec.recorded_scaling == "=" ? spec.scaling : spec.recorded_scaling);
   c->set_loss(spec.loss);
   c->set_gas(spec.gas);
   c->set_reduce_bucket_size(spec.bucket_elems);
@@ -120,15 +134,22 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     for (int64_t d : spec.params[i].shape) p->add_shape(d);
     p->set_dtype(pb::FP32);
     p->set_numel(Numel(spec.params[i]));
+    const bool expert = spec.experts.count(spec.params[i].name) > 0;
+    p->set_kind(expert ? pb::EXPERT : pb::DENSE);
+    p->set_grad_group(expert ? "edp" : "sdp");
   }
+  if (!spec.framework.empty()) run.set_framework(spec.framework);
   run.set_model_fingerprint(ModelFingerprint(run));
 
   // Buckets: parameters in order, packed up to bucket_elems.
   std::vector<Layout> buckets;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     int64_t n = Numel(spec.params[i]);
-    if (buckets.empty() || (buckets.back().bucket_numel > 0 && buckets.back().bucket_numel + n > spec.bucket_elems)) {
+    const bool expert = spec.experts.count(spec.params[i].name) > 0;
+    if (buckets.empty() || (buckets.back().bucket_numel > 0 && buckets.back().bucket_numel + n > spec.bucket_elems) ||
+        buckets.back().expert != expert) {
       buckets.emplace_back();
+      buckets.back().expert = expert;
     }
     buckets.back().members.emplace_back(static_cast<int>(i), buckets.back().bucket_numel);
     buckets.back().bucket_numel += n;
@@ -138,18 +159,21 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   for (int r = 0; r < world; ++r) {
     pb::RunInfo rr = run;
     rr.set_rank(r);
-    rr.set_dp_rank(r / spec.sp);
-    rr.set_sp_rank(r % spec.sp);
+    rr.set_dp_rank(r / split);
+    rr.set_sp_rank(r % split);
     rr.set_host("localhost");
     auto* sdp = rr.add_groups();
     sdp->set_name("sdp");
     for (int k = 0; k < world; ++k) sdp->add_ranks(k);
     auto* spg = rr.add_groups();
     spg->set_name("sp");
-    for (int k = 0; k < spec.sp; ++k) spg->add_ranks((r / spec.sp) * spec.sp + k);
+    for (int k = 0; k < split; ++k) spg->add_ranks((r / split) * split + k);
     auto* dpg = rr.add_groups();
     dpg->set_name("dp");
-    for (int k = 0; k < spec.dp; ++k) dpg->add_ranks(k * spec.sp + r % spec.sp);
+    for (int k = 0; k < spec.dp; ++k) dpg->add_ranks(k * split + r % split);
+    auto* edp = rr.add_groups();
+    edp->set_name("edp");
+    for (int k = r % ep; k < world; k += ep) edp->add_ranks(k);
     char name[32];
     std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
     auto w = TraceWriter::Open((fs::path(dir) / name).string(), rr);
@@ -157,57 +181,80 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     writers.push_back(std::move(*w));
   }
 
-  const double share = LossShare(spec);
-  const double divisor = Divisor(spec, world);
-  const int cells = world * spec.gas;
+  // What the ranks of one reduction add up to, in units of the reference gradient.
+  const auto split_share = semantics::SplitShare(spec.loss, split);
+  const double share = spec.dp * (split_share ? *split_share : split) * spec.loss_multiplier;
+  // The reduction group of each rank for dense and for expert buckets.
+  auto members_of = [&](int r, bool expert) {
+    std::vector<int> g;
+    for (int k = expert ? r % ep : 0; k < world; k += expert ? ep : 1) g.push_back(k);
+    return g;
+  };
+  auto dense_div = Divisor(spec, *c, world, false);
+  if (!dense_div.ok()) return dense_div.status();
+  auto expert_div = Divisor(spec, *c, world / ep, true);
+  if (!expert_div.ok()) return expert_div.status();
   for (int64_t step = 0; step < spec.steps; ++step) {
     for (int r = 0; r < world; ++r) {
       for (int m = 0; m < spec.gas; ++m) {
         pb::StepInfo si;
         si.set_step(step);
         si.set_micro_step(m);
-        si.set_loss(2.5 + 0.01 * r);
-        si.set_valid_tokens(64 * 8 / cells);
+        si.set_loss((2.5 + 0.01 * r) * spec.loss_multiplier);
+        si.set_valid_tokens(64 * 8 / (world * spec.gas));
         GT_RETURN_IF_ERROR(writers[r]->WriteStep(si));
       }
     }
     for (size_t b = 0; b < buckets.size(); ++b) {
       const Layout& L = buckets[b];
       // final[e] over the flat bucket, accumulated over micro-steps.
-      std::vector<float> final_flat(L.bucket_numel, 0.0f);
+      std::vector<std::vector<float>> final_of(world, std::vector<float>(L.bucket_numel, 0.0f));
       for (int m = 0; m < spec.gas; ++m) {
         std::vector<std::vector<float>> pre(world, std::vector<float>(L.bucket_numel));
+        const double divisor = L.expert ? *expert_div : *dense_div;
+        const int groups = L.expert ? ep : 1;
+        const int cells = (world / groups) * spec.gas;
         for (const auto& [pi, base] : L.members) {
           const SynthParam& P = spec.params[pi];
           int64_t n = Numel(P);
           for (int64_t i = 0; i < n; ++i) {
             double g = ReferenceGradient(P.name, i, step);
             if (spec.scramble.count(P.name)) g = ReferenceGradient(P.name + "#scrambled", i, step);
-            // Shares of the world x gas cells: positive weights summing to 1.
-            double wsum = 0;
-            std::vector<double> wts(cells);
-            for (int k = 0; k < cells; ++k) {
-              wts[k] = 0.5 + Unit(spec.split_seed * 1000003 + HashName(P.name) + i * 131 + k);
-              wsum += wts[k];
-            }
-            for (int r = 0; r < world; ++r) {
-              pre[r][base + i] = RoundFp32(share * g * wts[r * spec.gas + m] / wsum);
+            // Each reduction group's cells (members x gas) share it: positive weights summing to 1.
+            for (int j = 0; j < groups; ++j) {
+              const std::vector<int> members = members_of(j, L.expert);
+              double wsum = 0;
+              std::vector<double> wts(cells);
+              for (int k = 0; k < cells; ++k) {
+                wts[k] = 0.5 + Unit(spec.split_seed * 1000003 + HashName(P.name) + i * 131 + k + 7919 * j);
+                wsum += wts[k];
+              }
+              for (size_t q = 0; q < members.size(); ++q) {
+                pre[members[q]][base + i] = RoundFp32(share * g * wts[q * spec.gas + m] / wsum);
+              }
             }
           }
         }
-        // Reduction in fp32, in rank order, then the policy's division.
-        std::vector<float> post_flat(L.bucket_numel);
-        for (int64_t e = 0; e < L.bucket_numel; ++e) {
-          float sum = 0;
-          for (int r = 0; r < world; ++r) sum += pre[r][e];
-          post_flat[e] = RoundFp32(sum / divisor);
+        // Reduction in fp32, in rank order over each rank's group, then the planned division.
+        std::vector<std::vector<float>> post_of(world, std::vector<float>(L.bucket_numel));
+        for (int r = 0; r < world; ++r) {
+          const std::vector<int> members = members_of(r, L.expert);
+          for (int64_t e = 0; e < L.bucket_numel; ++e) {
+            float sum = 0;
+            for (int k : members) sum += pre[k][e];
+            post_of[r][e] = RoundFp32(sum / divisor);
+          }
         }
         for (const auto& [pi, base] : L.members) {
           auto it = spec.extra_factor.find(spec.params[pi].name);
           if (it == spec.extra_factor.end()) continue;
-          for (int64_t i = 0; i < Numel(spec.params[pi]); ++i) post_flat[base + i] *= static_cast<float>(it->second);
+          for (auto& post_flat : post_of) {
+            for (int64_t i = 0; i < Numel(spec.params[pi]); ++i) post_flat[base + i] *= static_cast<float>(it->second);
+          }
         }
-        for (int64_t e = 0; e < L.bucket_numel; ++e) final_flat[e] += post_flat[e];
+        for (int r = 0; r < world; ++r) {
+          for (int64_t e = 0; e < L.bucket_numel; ++e) final_of[r][e] += post_of[r][e];
+        }
         if (!spec.write_pre_post) continue;
         int64_t part = (L.bucket_numel + world - 1) / world;
         for (int r = 0; r < world; ++r) {
@@ -216,7 +263,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
           rec.set_micro_step(m);
           rec.set_bucket_id(static_cast<int>(b));
           rec.set_phase(pb::PRE_REDUCE);
-          rec.set_group("sdp");
+          rec.set_group(L.expert ? "edp" : "sdp");
           rec.set_bucket_numel(L.bucket_numel);
           for (const auto& [pi, base] : L.members) {
             *rec.add_slices() =
@@ -234,7 +281,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
           post.set_micro_step(m);
           post.set_bucket_id(static_cast<int>(b));
           post.set_phase(pb::POST_REDUCE);
-          post.set_group("sdp");
+          post.set_group(L.expert ? "edp" : "sdp");
           post.set_bucket_numel(L.bucket_numel);
           post.set_partition_offset(lo);
           post.set_partition_count(hi - lo);
@@ -243,7 +290,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
             int64_t n = Numel(spec.params[pi]);
             int64_t a = std::max(lo, base), z = std::min(hi, base + n);
             if (a >= z) continue;
-            *post.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, post_flat.data() + a, *mode);
+            *post.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, post_of[r].data() + a, *mode);
           }
           GT_RETURN_IF_ERROR(writers[r]->WriteBucket(post));
         }
@@ -251,7 +298,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
       // FINAL: every rank holds the full gradient (stage 0) or its partition (ZeRO-1/2).
       int64_t part = (L.bucket_numel + world - 1) / world;
       for (int r = 0; r < world; ++r) {
-        std::vector<float> mine = final_flat;
+        std::vector<float> mine = final_of[r];
         if (r == spec.disagree_rank) {
           for (auto& v : mine) v *= 1.01f;
         }

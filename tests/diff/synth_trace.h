@@ -8,9 +8,17 @@
 // to world * g (each rank's loss is a mean over 1/world of the tokens); with
 // local-mean-div-sp / token-weighted / full-sequence they sum to dp * g. The
 // reduction adds the group's PRE_REDUCE values in fp32 and divides by the
-// policy's divisor: mean -> group size, ds-4530 -> group size / sp, sum -> 1,
-// ds-pre-4957 -> group size * sp. So FINAL = g for mean+local-mean and
-// ds-4530+local-mean-div-sp, and sp * g for ds-4530+local-mean (#5248).
+// divisor semantics::PlanBucketScaling plans for the policy (no arithmetic of
+// its own): mean -> group size, ds-4530 -> group size / sp, sum -> 1,
+// ds-pre-4957 -> (group size / sp)^2 on buckets holding experts. So FINAL = g
+// for mean+local-mean and ds-4530+local-mean-div-sp, and sp * g for
+// ds-4530+local-mean (#5248).
+//
+// Context parallelism (cp) splits the sequence like sp: world = dp x sp x cp.
+// Expert parameters sit in buckets of their own, reduced over their edp group
+// (world / ep ranks, those of equal rank % ep); every edp group receives the
+// tokens of all ranks, so its PRE_REDUCE sums to the dense share: dividing by
+// the edp size is the ep x bug, semantics::ExpectedDivisor the right answer.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +43,7 @@ std::vector<SynthParam> DefaultParams();
 struct SynthSpec {
   int dp = 1;
   int sp = 1;
+  int cp = 1;  // context parallel, another split of the sequence
   int zero_stage = 0;
   std::string scaling = "mean";
   std::string loss = "local-mean";
@@ -51,6 +60,12 @@ struct SynthSpec {
   std::set<std::string> scramble;              // these parameters get unrelated gradients
   int disagree_rank = -1;                      // this rank's FINAL differs from the other replicas
   bool declare_divisor = true;                 // set BucketRecord.divisor on POST_REDUCE
+  double loss_multiplier = 1;                  // the loss passed to backward x this (Megatron-LM #673: cp)
+  std::set<std::string> experts;               // EXPERT parameters (ParamInfo.kind), reduced over "edp"
+  int ep = 1;                                  // expert-parallel degree: edp groups of world / ep ranks
+  bool divide_as_expected = false;             // every bucket divided as semantics::ExpectedDivisor says
+  std::string framework;                       // RunInfo.framework ("" = not recorded)
+  std::string recorded_scaling = "=";          // Config.scaling as recorded ("=": the policy's name)
 };
 
 // Writes rank-NNNNN.gtrace files for `spec` into `dir` (created if needed).

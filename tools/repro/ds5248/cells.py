@@ -50,7 +50,16 @@ LAYOUTS = {
 RSOFF = "-rsoff"  # layouts NAME-rsoff: NAME with ZeRO-3 reduce_scatter false
 LAYOUT_ORDER = list(LAYOUTS)
 SANITY = ("dp2", "loss", 0.0)  # layout, recipe, ignore of the per-stage sanity cell
-MOE_VERSIONS = ("0.13.0", "0.13.1", "0.19.8")  # the releases around #4957, and the newest
+
+
+def moe_versions():
+    """The releases around PR #4957 (the last without it, the first with it) and the newest, read from the
+    one DeepSpeed release table (semantics/deepspeed_releases.cc through _gtcodec)."""
+    from gradtrace import _gtcodec
+    releases = _gtcodec.deepspeed_releases()
+    before = [r["version"] for r in releases if not r["has_pr4957"]]
+    after = [r["version"] for r in releases if r["has_pr4957"]]
+    return tuple(dict.fromkeys(before[-1:] + after[:1] + after[-1:]))
 
 
 def extra_cells(version):
@@ -61,7 +70,7 @@ def extra_cells(version):
     # The recipe that is exact for the global token mean when DP replicas hold unequal counts.
     cells += [("dp2xsp2", s, "global-token-weighted", 0.25) for s in (0, 1, 2)]
     cells += zero3_cells()
-    if version in MOE_VERSIONS:
+    if version in moe_versions():
         cells += [(l, 2, r, 0.0) for l in ("dp2-moe2", "sp2-moe2") for r in ("loss", "loss-div-sp")]
     return cells
 

@@ -91,7 +91,10 @@ def bucket_class_divisors(trace):
     """{"expert": [divisors], "dense": [divisors]}: the effective divisor (sum over the ranks of PRE_REDUCE /
     POST_REDUCE, least squares) of each step-0 bucket, by whether the bucket holds an expert parameter."""
     ranks, params = reduction_records(trace)
-    expert = {p["id"] for p in params if "expert" in p["name"]}
+    # The recorded ParamInfo.kind (format 1.2); older traces: the DeepSpeed MoE layer's parameter names.
+    kind = {p["id"]: p.get("kind", "PARAM_KIND_UNSPECIFIED") for p in params}
+    expert = {p["id"] for p in params
+              if kind[p["id"]] == "EXPERT" or (kind[p["id"]] == "PARAM_KIND_UNSPECIFIED" and "expert" in p["name"])}
     classes = {"expert": set(), "dense": set()}
     for ss, sp, pids in bucket_sums(ranks, params).values():
         if sp:

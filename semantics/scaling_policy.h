@@ -10,23 +10,16 @@
 //             reduce-scatter (__avg_scatter_grads -> reduce_scatter_coalesced)
 //             and all-reduce (__avg_scatter_contiguous_grads, taken only with
 //             reduce_scatter=false for a bucket of <= reduce_bucket_size)
-// No LibTorch here.
+// No LibTorch here: capture plans its buckets with it, the diff predicts with it.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "scaling_rule.h"
 #include "status.h"
 
-namespace gradtrace::capture {
-
-enum class ScalingRule {
-  kSum,        // no division: the plain sum over the group
-  kMean,       // divide by the group size
-  kDs4530,     // divide by group size / sp (PR #4530)
-  kDsPre4957,  // kDs4530, plus the second division PR #4957 removed from
-               // ZeRO-1/2 reduce-scatter buckets that hold MoE parameters
-};
+namespace gradtrace::semantics {
 
 struct ScalingPolicy {
   std::string name;  // as given: "mean", "deepspeed@0.13.1", ...
@@ -39,12 +32,16 @@ struct ScalingPolicy {
   ScalingRule zero3_allreduce = ScalingRule::kMean;
   std::string zero3_cite;
   std::string zero3_unmodelled;  // why stage 3 is not modelled for this policy ("" if it is)
+  // The DeepSpeed release modelled ("0.12.6"; "" for the named policies), and
+  // whether the policy reproduces DeepSpeed arithmetic at all (deepspeed@X,
+  // ds-4530, ds-pre-4957): explanations cite DeepSpeed history only then.
+  std::string deepspeed_version;
+  bool models_deepspeed = false;
 };
 
 // "mean", "sum", "ds-4530", "ds-pre-4957" or "deepspeed@X.Y.Z" for a version
-// in the table (KnownDeepSpeedVersions()). Unknown names: InvalidArgument.
+// in the table (deepspeed_releases.h). Unknown names: InvalidArgument.
 Expected<ScalingPolicy> ResolvePolicy(const std::string& name);
-std::vector<std::string> KnownDeepSpeedVersions();
 
 // x.div_(value) or x.mul_(value), in DeepSpeed's order and with its operation,
 // so the rounding matches.
@@ -75,4 +72,4 @@ struct BucketScaling {
 
 BucketScaling PlanBucketScaling(const ScalingPolicy& policy, const BucketContext& bucket);
 
-}  // namespace gradtrace::capture
+}  // namespace gradtrace::semantics

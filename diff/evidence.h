@@ -1,0 +1,24 @@
+// Evidence a trace set carries about its own reductions, for the diff's
+// explanations: per parameter kind, the --self measure (effective divisor of
+// PRE_REDUCE sums against POST_REDUCE), the divisor the producer declared
+// (BucketRecord.divisor) and the divisor its recorded layout needs. A side
+// whose reduction divides as needed carries a loss multiplier, not a
+// reduction bug.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "report.h"
+#include "trace_set.h"
+
+namespace gradtrace::diff {
+
+// Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
+std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads);
+
+// From the StepInfo records of `step` (ranks x micro-steps): the smallest and largest valid_tokens, and the
+// loss per data-parallel replica (TraceSide fields; 0 when none recorded).
+void StepLossAndTokens(const TraceSet& set, int64_t step, TraceSide* side);
+
+}  // namespace gradtrace::diff

@@ -1,0 +1,29 @@
+// The parallel degrees a configuration records, read once: THE list the
+// diff's candidate factors, --self's divisor words and the predictions use.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gradtrace.pb.h"
+
+namespace gradtrace::semantics {
+
+// Degrees of a Config; a degree of 0 (not recorded) reads as 1.
+struct Degrees {
+  int dp = 1, sp = 1, cp = 1, tp = 1, pp = 1, ep = 1, edp = 1, gas = 1, world = 1;
+  int split() const { return sp * cp; }  // ranks one sequence is split over
+};
+Degrees DegreesOf(const pb::Config& c);
+
+// One named quantity of a configuration a scale factor may equal.
+struct Degree {
+  const char* name;  // "sp", "cp", "dp", "tp", "world", "gas", "predivide", "experts", "ep", "edp"
+  double (*get)(const pb::Config&);
+};
+// In order of preference when several equal a factor.
+const std::vector<Degree>& ConfigDegrees();
+// Position of `name` in that order (unknown names last).
+int DegreeRank(const std::string& name);
+
+}  // namespace gradtrace::semantics

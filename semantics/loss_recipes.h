@@ -1,0 +1,33 @@
+// What each named loss recipe's ranks' gradients add up to. A sequence split
+// over sp x cp ranks (Ulysses sp, context parallel cp) is the "split"; every
+// recipe is divided by gas unless the producer says otherwise.
+//   local-mean, alst-tutorial            the split ranks add up to split x the sequence's gradient
+//   local-mean-div-sp, token-weighted,   the split ranks add up to the sequence's gradient
+//   full-sequence, global-token-weighted,
+//   alst-tutorial-div-sp
+// (capture/loss.h implements the gradtrace-train ones; alst-tutorial is the
+// ALST tutorial's loop, where every SP rank back-propagates the whole loss
+// through all_gather, whose backward sums.)
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gradtrace::semantics {
+
+// Every recipe named above.
+std::vector<std::string> KnownLossRecipes();
+
+// True for the recipes whose split ranks add up to the sequence's gradient.
+bool SplitRanksSumToSequenceLoss(const std::string& loss);
+
+// The multiple of the sequence's gradient that its `split` ranks add up to
+// (split or 1); empty for an unknown recipe.
+std::optional<double> SplitShare(const std::string& loss, int split);
+
+// The recipe to use instead of `loss` when it over-counts the split ranks,
+// in words: "backward(loss / sp) (local-mean-div-sp) or a token-weighted loss".
+std::string SplitFix(const std::string& loss, const std::string& dimension);
+
+}  // namespace gradtrace::semantics
