@@ -69,6 +69,14 @@ std::string GroupWords(const std::string& kind) {
   return "";
 }
 
+// Whether the side's reductions of `kind` divide by exactly their group size.
+bool IsPlainMean(const TraceSide& s, const std::string& kind, double ctol) {
+  for (const auto& e : s.reductions) {
+    if (e.param_kind == kind && e.group_size > 1 && e.Believed() > 0) return Near(e.Believed(), e.group_size, ctol);
+  }
+  return false;
+}
+
 // Words for a cause found on side `who` of configuration `cfg`.
 std::string CauseWords(const Cause& k, const semantics::Prediction* p, const TraceSide& side, const std::string& kind,
                        double factor) {
@@ -93,7 +101,12 @@ std::string CauseWords(const Cause& k, const semantics::Prediction* p, const Tra
                 : who + " divides by the accumulation steps twice (loss and gradient)";
     }
     if (k.dimension == "sp" || k.dimension == "cp" || k.dimension == "sp x cp") {
-      if (!up) return who + "'s loss divides by " + k.dimension + " once more than needed";
+      if (!up) {
+        return who + "'s loss divides by " + k.dimension + " once more than needed" +
+               (IsPlainMean(side, kind, 1e-3) ? " (its reduction is the plain mean over its group, as DDP/FSDP do: "
+                                                "scale the loss for that mean)"
+                                              : "");
+      }
       const std::string fix = semantics::SplitFix(cfg.loss(), k.dimension);
       if (cfg.loss() == "local-mean" || cfg.loss() == "alst-tutorial" || k.dimension == "sp") {
         std::string s = "the per-rank loss is a local mean and the reduction divides by dp only";
@@ -120,6 +133,19 @@ std::string CauseWords(const Cause& k, const semantics::Prediction* p, const Tra
   if (k.cause == "reduction-divisor") {
     const std::string group = GroupWords(kind);
     const std::string on = group.empty() ? "" : " on the " + group;
+    if (kind == "expert" && k.dimension == "tp") {
+      return up ? who +
+                      "'s expert gradients are reduced over dp x tp ranks that hold tp copies of each expert, but "
+                      "divided by dp only: they come out tp x the mean-loss gradient; divide by dp x tp or reduce "
+                      "expert gradients over the expert-data-parallel ranks only"
+                : who + " divides its expert gradients by tp although the tensor-parallel ranks do not share them";
+    }
+    if (kind == "mixed" && (k.dimension == "ep" || k.dimension == "edp")) {
+      return up ? who +
+                      " divides every gradient (dense and expert) by the expert-data-parallel size (dp / ep) "
+                      "instead of dp: they come out ep x the mean-loss gradient; divide by dp"
+                : who + " divides every gradient by ep once more than needed";
+    }
     if (kind == "expert" && (k.dimension == "ep" || k.dimension == "edp" || k.dimension == "experts" || up)) {
       std::string s = who +
                       "'s expert gradients are averaged over the expert-data-parallel group (edp) instead of "
@@ -185,6 +211,34 @@ std::optional<double> ReductionOff(const TraceSide& s, const std::string& kind, 
   return std::nullopt;
 }
 
+// The split dimension ("sp", "cp") a side's dense reductions leave out: their
+// group is smaller than dp x sp x cp by that degree. "" when none.
+std::string MissingGroupDimension(const TraceSide& s) {
+  const auto d = semantics::DegreesOf(s.config);
+  for (const auto& e : s.reductions) {
+    if (e.param_kind != "dense" && !e.param_kind.empty()) continue;
+    if (e.group_size <= 0) continue;
+    const int full = d.dp * d.split();
+    if (e.group_size >= full || full % e.group_size != 0) return "";
+    const int left_out = full / e.group_size;
+    if (d.sp > 1 && left_out == d.sp) return "sp";
+    if (d.cp > 1 && left_out == d.cp) return "cp";
+    return "";
+  }
+  return "";
+}
+
+// Whether the side's expert reductions run over a group of edp x tp ranks (tp copies of each expert).
+bool ExpertGroupSpansTp(const TraceSide& s, double ctol) {
+  const auto d = semantics::DegreesOf(s.config);
+  if (d.tp <= 1) return false;
+  const int edp = s.config.edp() > 0 ? s.config.edp() : std::max(1, d.dp / std::max(1, s.config.ep_size()));
+  for (const auto& e : s.reductions) {
+    if (e.param_kind == "expert" && e.group_size > 0) return Near(e.group_size, double(edp) * d.split() * d.tp, ctol);
+  }
+  return false;
+}
+
 // The cause matched by candidates, using what the sides' reductions show.
 Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide& a, const TraceSide& b, double ctol) {
   Cause k;
@@ -200,7 +254,20 @@ Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide
   const bool a_reduces_right = off_a && *off_a == 1.0;
   const Candidate* best = &matches.front();
   auto loss_dim = [](const std::string& d) { return d == "sp" || d == "cp" || d == "gas"; };
+  // Expert gradients over a group that spans tp copies of the same expert (TP + MoE): a reduction off by
+  // tp names tp, not the dp it may equal.
+  const TraceSide& owner = best->side == 'A' ? a : b;
+  const std::optional<double> owner_off = best->side == 'A' ? off_a : off_b;
+  if (kind == "expert" && owner_off && *owner_off != 1.0 && ExpertGroupSpansTp(owner, ctol)) {
+    for (const auto& m : matches) {
+      if (m.kind == "tp" && Near(m.value, *owner_off, ctol)) {
+        best = &m;
+        break;
+      }
+    }
+  }
   for (const auto& m : matches) {
+    if (best->kind == "tp" && kind == "expert") break;
     const bool right = m.side == 'A' ? a_reduces_right : b_reduces_right;
     if (right && loss_dim(m.kind)) {
       best = &m;
@@ -227,7 +294,10 @@ Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide
   } else if (right && loss_dim(best->kind)) {
     k.cause = "loss-multiplier";
   } else if (off && *off != 1.0) {
-    k.cause = "reduction-divisor";
+    // A reduction that is the plain mean over its group (what DDP, FSDP and a ZeRO reduce-scatter do) is the
+    // convention a loss is written for: the loss scale is what is off, not the framework's mean.
+    k.cause = IsPlainMean(best->side == 'A' ? a : b, kind, ctol) && kind != "expert" ? "loss-multiplier"
+                                                                                     : "reduction-divisor";
   } else if (best->kind == "gas" || best->kind == "cp" || (best->kind == "sp" && !best->reciprocal)) {
     k.cause = "loss-multiplier";
   } else {
@@ -389,7 +459,11 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
     }
     g.param_kind = kinds.size() == 1 ? *kinds.begin() : "mixed";
     // A group holding experts is explained as experts (a MoE bucket divides all it holds).
-    const std::string explain_kind = kinds.count("expert") ? "expert" : kinds.size() == 1 ? *kinds.begin() : "dense";
+    // Without a modelled policy a group of experts and dense parameters is one reduction of everything ("mixed").
+    const bool modelled = semantics::Predict(b.config, pb::EXPERT).has_value();
+    const std::string explain_kind = kinds.count("expert") ? (kinds.size() > 1 && !modelled ? "mixed" : "expert")
+                                     : kinds.size() == 1   ? *kinds.begin()
+                                                           : "dense";
     Cause k;
     g.explanation = ExplainScale(*g.scale, g.count, total, explain_kind, a, b, ctol, &k);
     g.expression = k.expression;
@@ -415,13 +489,27 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
     if (v == Verdict::kMismatch) {
       g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)";
       g.cause = "unexplained";
+      // A reduction group that leaves out a split dimension: those ranks keep their own partial gradients.
+      for (const TraceSide* s : {&b, &a}) {
+        const std::string missing = MissingGroupDimension(*s);
+        if (missing.empty()) continue;
+        g.cause = "incomplete-group";
+        g.side = s == &b ? "B" : "A";
+        g.dimension = missing;
+        g.explanation += "; " + g.side + "'s dense gradients are reduced over a group that leaves out its " + missing +
+                         " ranks, so each " + missing +
+                         " rank keeps its own partial gradient (the replicas disagree); reduce over dp x " + missing;
+        break;
+      }
       // What the deviation follows, when the traces can tell: unequal valid-token counts per micro-batch/shard.
       for (const TraceSide* s : {&b, &a}) {
+        if (g.cause != "unexplained") break;
         if (s->valid_tokens_min > 0 && s->valid_tokens_max > s->valid_tokens_min) {
           g.cause = "token-normalisation";
           g.side = s == &b ? "B" : "A";
           g.dimension = s->config.gas() > 1 ? "gas" : semantics::DegreesOf(s->config).split() > 1 ? "sp" : "dp";
-          g.explanation += "; " + g.side + "'s valid-token counts differ across micro-batches/shards (" +
+          g.explanation += "; " + g.side + "'s valid-token counts differ across its " +
+                           (g.dimension == "gas" ? "gas micro-batches" : g.dimension + " shards") + " (" +
                            std::to_string(s->valid_tokens_min) + " to " + std::to_string(s->valid_tokens_max) +
                            "): the loss is likely normalised per micro-batch/shard, not by the total valid tokens "
                            "(weight each micro-batch's token-loss sum by the total valid tokens)";

@@ -6,7 +6,9 @@
 //   EXPERT: reduced over its expert-data-parallel group, but the tokens it saw
 //     came from every dense data-parallel rank, so it needs the dense divisor
 //     (dp x the recipe's split share), NOT the edp group size: dividing by edp
-//     is the mistake DeepSpeed PRs #5259/#6546 fixed (ep x too large).
+//     is the mistake DeepSpeed PRs #5259/#6546 fixed (ep x too large). A group
+//     larger than edp also spans ranks holding the same expert and tokens (tp
+//     under TP + MoE, Megatron-LM PR #7160): their copies are divided out too.
 //   TP_SHARD: reduced over dp like dense; tp ranks hold different shards, so no
 //     division by tp.
 //   REPLICATED: every tp rank computes the same full gradient; reduced over dp

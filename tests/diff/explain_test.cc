@@ -151,10 +151,16 @@ TEST(Explain, DeclaredDivisorIsBelieved) {
   Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
   EXPECT_EQ(cause.cause, "loss-multiplier");
   EXPECT_EQ(cause.dimension, "cp");
-  // Declaring nothing, the measured divisor (4, not the 2 needed) makes it a reduction divisor.
-  b.reductions = {{"dense", 4, 4.0, 0.0, 2.0}};
+  // Declaring nothing, the measured divisor (1, a sum, not the 2 needed) makes it a reduction divisor.
+  b.reductions = {{"dense", 4, 1.0, 0.0, 2.0}};
   cause = ExplainCause(2.0, "dense", a, b, 1e-4);
   EXPECT_EQ(cause.cause, "reduction-divisor");
+  // A plain mean over the group (4, what DDP does) where the recipe needs 2: the loss is scaled for
+  // another reduction (VeOmni PR #338), so the loss carries the factor.
+  b.reductions = {{"dense", 4, 4.0, 0.0, 2.0}};
+  cause = ExplainCause(0.5, "dense", a, b, 1e-4);
+  EXPECT_EQ(cause.cause, "loss-multiplier");
+  EXPECT_EQ(cause.dimension, "cp");
 }
 
 TEST(Explain, GroupsClusterByScale) {

@@ -102,6 +102,13 @@ TEST(SelfCheck, ExpectedDivisorOfExperts) {
   c.set_sp(2);
   c.set_loss("local-mean");
   EXPECT_EQ(semantics::ExpectedDivisor(c, pb::EXPERT, 4), 8);
+  // TP + MoE (Megatron-LM PR #7160): a group of dp x tp ranks holding tp copies of each expert.
+  pb::Config t;
+  t.set_dp(2);
+  t.set_tp(2);
+  t.set_loss("local-mean");
+  EXPECT_EQ(semantics::ExpectedDivisor(t, pb::EXPERT, 2), 2);
+  EXPECT_EQ(semantics::ExpectedDivisor(t, pb::EXPERT, 4), 4);
 }
 
 SynthSpec ExpertSpec(bool correct) {
