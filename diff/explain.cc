@@ -179,6 +179,21 @@ std::string CauseWords(const Cause& k, const semantics::Prediction* p, const Tra
   return "";
 }
 
+// Whether a modelled DeepSpeed release applies, on this path, the divisor the
+// newest modelled release still applies: then that divisor is the framework's
+// convention the loss must be written for (the recipe is what to change, as in
+// hamishivi/tmax PR #9), not a reduction bug a later release fixed (PR #4530,
+// #5555).
+bool StillTheFrameworksDivisor(const pb::Config& cfg, pb::ParamKind kind, const semantics::Prediction& p, double ctol) {
+  auto policy = semantics::ResolvePolicy(cfg.scaling());
+  const auto& releases = semantics::DeepSpeedReleases();
+  if (!policy.ok() || policy->deepspeed_version.empty() || releases.empty()) return false;
+  pb::Config newest = cfg;
+  newest.set_scaling("deepspeed@" + releases.back().version);
+  const auto q = semantics::Predict(newest, kind);
+  return q && q->applied > 0 && Near(p.applied, q->applied, ctol) && !p.double_division;
+}
+
 // The cause read from one side's prediction (that side's multiple != 1).
 Cause CauseFromPrediction(const semantics::Prediction& p, const pb::Config& cfg, pb::ParamKind kind, double ctol) {
   Cause k;
@@ -186,7 +201,7 @@ Cause CauseFromPrediction(const semantics::Prediction& p, const pb::Config& cfg,
     k.cause = "double-division";
     k.dimension = "dp";
   } else if (!Near(p.reduction_factor, 1, ctol)) {
-    k.cause = "reduction-divisor";
+    k.cause = StillTheFrameworksDivisor(cfg, kind, p, ctol) ? "loss-multiplier" : "reduction-divisor";
     k.dimension = DegreeEqualTo(p.reduction_factor, cfg, ctol, kind == pb::EXPERT ? "ep" : "");
   } else {
     k.cause = "loss-multiplier";

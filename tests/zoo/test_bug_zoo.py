@@ -53,14 +53,12 @@ CAUSES = {
     "10": ("sp", "all", "loss", True),
     "11": ("sp", "all", "replica", True),
     "12": ("gas", "all", "token-count", True),
-    "14": ("sp", "all", "loss", False),
+    "14": ("sp", "all", "loss", True),
     "15": ("gas", "all", "loss", True),
     "16": ("gas", "all", "token-count", True),
     "18": ("replicate", "all", "divisor", False),
 }
 XFAIL_WHY = {
-    "14": "DeepSpeed 0.19.8's ZeRO-3 reduce-scatter mean is modelled as the reduction to blame (reduction-divisor), "
-          "where tmax fixed the loss",
     "18": "the trace format has no HSDP replicate degree, so the factor matches no expression",
 }
 CAUSE_FIELD = {"loss": {"loss-multiplier"}, "divisor": {"reduction-divisor", "double-division"},
