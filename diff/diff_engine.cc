@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "align.h"
+#include "bucket_view.h"
 #include "evidence.h"
 #include "expected_divisor.h"
 #include "explain.h"
@@ -23,6 +25,9 @@
 
 namespace gradtrace::diff {
 namespace {
+
+// The prefix of the note naming a set whose buckets accumulate across micro-steps.
+constexpr char kAccumulationNote[] = "accumulating buckets in ";
 
 Combine CombineFor(pb::Phase phase) { return phase == pb::PRE_REDUCE ? Combine::kSum : Combine::kReplicas; }
 
@@ -333,6 +338,24 @@ std::string OverallVerdict(const Report& report, bool replica_problem) {
   return VerdictName(worst);
 }
 
+// --phase pre/post add up a step's micro-steps; a set whose buckets accumulate
+// across micro-steps (DDP under accumulation outside no_sync, bucket_view.h)
+// holds the earlier micro-steps' reduced gradient in every later PRE/POST, so
+// that sum is not its gradient: named in a note (and the summary).
+Status NoteAccumulation(const TraceSet& set, const char* side, int64_t step, int threads,
+                        std::vector<std::string>* notes) {
+  auto acc = AccumulatingParams(set, step, 1e-3, threads);
+  if (!acc.ok()) return acc.status();
+  if (acc->empty()) return Status::Ok();
+  std::set<int32_t> params;
+  for (const auto& [rank, id] : *acc) params.insert(id);
+  notes->push_back(std::string(kAccumulationNote) + side + " (" + std::to_string(params.size()) +
+                   " parameters): each micro-step's PRE_REDUCE holds the previous micro-steps' reduced gradient "
+                   "and FINAL is the last POST_REDUCE, so --phase pre/post (which add up the micro-steps) do not "
+                   "measure this set; compare FINAL (--phase final)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
@@ -361,6 +384,10 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
+  if (al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE) {
+    GT_RETURN_IF_ERROR(NoteAccumulation(a, "A", al.step, options.threads, &c.notes));
+    GT_RETURN_IF_ERROR(NoteAccumulation(b, "B", al.step, options.threads, &c.notes));
+  }
   AddTruncations(a, &c.truncations);
   AddTruncations(b, &c.truncations);
   c.rtol = options.rtol;
@@ -433,6 +460,10 @@ Expected<Report> JudgeComparison(const Comparison& c) {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
   } else if (!report.groups.empty()) {
     report.summary = report.groups.front().explanation;  // the most serious finding (GroupParams' order)
+  }
+  // Summed micro-steps of an accumulating set are not its gradient: say so before any factor.
+  for (const auto& n : c.notes) {
+    if (n.rfind(kAccumulationNote, 0) == 0 && report.verdict != "match") report.summary = n + "; " + report.summary;
   }
   // A misreported norm is a finding of its own; with matching gradients it is the headline.
   report.grad_norm = CheckGradNorms(report);

@@ -67,6 +67,7 @@ def runs(tmp_path_factory):
         "ref": _run(d / "ref", "ref-dense", 1),
         "acc": _run(d / "acc", "ddp", 2, "--gas", "2", "--sync-micro-steps"),
         "acc-bug": _run(d / "acc-bug", "ddp", 2, "--gas", "2", "--sync-micro-steps", "--bug"),
+        "no-sync": _run(d / "no-sync", "ddp", 2, "--gas", "2"),
         "local-norm": _run(d / "local-norm", "fsdp2", 2, "--norm", "local"),
         "tmp": d,
     }
@@ -123,6 +124,23 @@ def test_final_of_accumulated_ddp_matches_the_single_rank_reference(runs):
     code, r, _ = _gradtrace_diff(runs["tmp"], "acc-vs-ref", runs["ref"], runs["acc"])
     assert code == 0 and r["verdict"] == "match", r["summary"]
     assert all(abs(p["scale"] - 1.0) < 1e-5 for p in r["params"]) and len(r["params"]) == 8
+
+
+def test_phase_post_names_accumulated_buckets_instead_of_a_factor(runs):
+    """--phase post adds up the micro-steps; on the accumulating set that sum is not its gradient, so the
+    diff names it (a note and the summary's first words) rather than presenting the mismatch as the finding."""
+    code, r, _ = _gradtrace_diff(runs["tmp"], "post-no-sync-vs-acc", runs["no-sync"], runs["acc"], "--phase", "post")
+    assert code == 1 and r["verdict"] == "mismatch", r["summary"]
+    assert r["summary"].startswith("accumulating buckets in B (8 parameters): "), r["summary"]
+    notes = [f["message"] for f in r["findings"] if f["kind"] == "note" and "accumulating" in f["message"]]
+    assert len(notes) == 1 and "--phase final" in notes[0], r["findings"]
+    # The same two sets compared on FINAL: the gradients agree.
+    code, r, _ = _gradtrace_diff(runs["tmp"], "final-no-sync-vs-acc", runs["no-sync"], runs["acc"])
+    assert code == 0 and r["verdict"] == "match", r["summary"]
+    assert not any("accumulating" in f["message"] for f in r["findings"])
+    # A set that reduces once per step (no_sync) is not named.
+    code, r, _ = _gradtrace_diff(runs["tmp"], "post-no-sync-self", runs["no-sync"], runs["no-sync"], "--phase", "post")
+    assert code == 0 and not any("accumulating" in f["message"] for f in r["findings"]), r["findings"]
 
 
 def test_a_sum_hook_on_accumulated_buckets_compounds_per_micro_step(runs):
