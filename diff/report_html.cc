@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "report.h"
 #include "slice_codec.h"
@@ -76,7 +77,9 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
   const double W = 960, H = 540, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 56;
   const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
   size_t n = pts.size();
-  const auto [lo, hi] = ScaleRange(pts);
+  // Not a structured binding: clang 14 (the fuzz build) refuses to capture those in a lambda.
+  const std::pair<double, double> range = ScaleRange(pts);
+  const double lo = range.first, hi = range.second;
   auto x = [&](size_t i) { return left + (W - left - right) * (n <= 1 ? 0.5 : (i + 0.5) / n); };
   auto ys = [&](double s) { return top + ph1 * (1 - (std::log2(s) - lo) / (hi - lo)); };
   const double rlo = -12, rhi = 0;
