@@ -40,7 +40,10 @@ POST_REDUCE == PRE_REDUCE); stage 0's ``allreduce_and_copy(small_bucket, dp_grou
 ``dp_world_size``. ``safe_get_full_grad`` exists in all of them, so every phase is recordable there.
 
 POST_REDUCE records carry, per ZeRO partition, only the elements this rank owns; their slices'
-offsets are parameter offsets, and ``partition_count`` is the number of elements held.
+offsets are parameter offsets, and ``partition_count`` is the number of elements held. They declare
+``divisor``: what the installed release divides that bucket by, from the one semantics table
+(``deepspeed_divisors``; 0 when the release or the bucket's arithmetic is not modelled), so that
+``gradtrace-diff --self`` checks DeepSpeed against its own code.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import Any
 import torch
 
 from . import deepspeed_zero3
+from .deepspeed_divisors import declared_divisor
 from .layout import Layout
 from .rank_recorder import RankRecorder
 
@@ -142,6 +146,7 @@ class DeepSpeedCapture:
             dp_ranks = [r for r in sdp_ranks if (r - self.rank) % len(sp_ranks) == 0]
         sp, dp = len(sp_ranks), len(dp_ranks)
         ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
+        self.ds_version = ds_version
         gas = int(_call(engine, "gradient_accumulation_steps", 1) or 1)
         if stage > 0:
             bucket = int(getattr(engine.optimizer, "reduce_bucket_size", 0) or _call(engine, "zero_reduce_bucket_size", 0))
@@ -262,8 +267,25 @@ class DeepSpeedCapture:
                 return int(off), int(end)
         return None
 
-    def _write_bucket_pair(self, layout, pre_flat, post_flat, bucket_id, group="sdp"):
-        """PRE_REDUCE (every parameter of the bucket) and POST_REDUCE (this rank's partition)."""
+    def _zero_divisor(self, layout, averaged):
+        """The divisor this release's ZeRO-1/2 applies to the bucket (semantics/ table), 0 if unknown.
+        averaged: the bucket went through average_tensor. With reduce_scatter false that path is
+        gradient_reduction_w_predivide, whose gradient_predivide_factor the binding cannot express."""
+        import torch.distributed as tdist
+        zero = self.engine.optimizer
+        group = getattr(zero, "dp_process_group", None)
+        if group is None or not getattr(zero, "gradient_average", True):
+            return 0.0
+        if averaged and not getattr(zero, "reduce_scatter", True) and \
+                float(getattr(zero, "gradient_predivide_factor", 1.0) or 1.0) != 1.0:
+            return 0.0
+        has_moe = any(getattr(p, "allreduce", True) is False for p, _, _ in layout)
+        return declared_divisor(self.ds_version, "zero", tdist.get_world_size(group=group),
+                                int(getattr(zero, "sequence_parallel_size", 1) or 1), has_moe)
+
+    def _write_bucket_pair(self, layout, pre_flat, post_flat, bucket_id, group="sdp", averaged=True):
+        """PRE_REDUCE (every parameter of the bucket) and POST_REDUCE (this rank's partition, with the
+        divisor the release applies declared)."""
         zero = self.engine.optimizer
         if "PRE_REDUCE" in self.wanted and pre_flat is not None:
             slices, off = [], 0
@@ -287,7 +309,8 @@ class DeepSpeedCapture:
                 off += n
             self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": bucket_id,
                                       "phase": "POST_REDUCE", "group": group, "bucket_numel": off,
-                                      "partition_offset": first or 0, "partition_count": held, "slices": slices})
+                                      "partition_offset": first or 0, "partition_count": held,
+                                      "divisor": self._zero_divisor(layout, averaged), "slices": slices})
             self.recorded["POST_REDUCE"] += 1
 
     def _wrap_average_tensor(self, original):
@@ -330,7 +353,7 @@ class DeepSpeedCapture:
             result = original(*args, **kwargs)
             post = torch.cat([g.detach().reshape(-1) for g in grads]) if grads else None
             if grads:
-                self._write_bucket_pair(layout, pre, post, self._next_bucket())
+                self._write_bucket_pair(layout, pre, post, self._next_bucket(), averaged=False)
             return result
         return fallback
 
@@ -350,6 +373,7 @@ class DeepSpeedCapture:
             result = original(small_bucket, *args, **kwargs)
             post = torch.cat([t.detach().reshape(-1) for t in small_bucket])
             bucket_id = self._next_bucket()
+            divisor = self._engine_divisor(layout, args[0] if args else kwargs.get("dp_group"))
             for phase, flat in (("PRE_REDUCE", pre), ("POST_REDUCE", post)):
                 if phase not in self.wanted:
                     continue
@@ -359,10 +383,23 @@ class DeepSpeedCapture:
                     slices.append({"param_id": self.param_ids[id(p)], "offset": 0, "values": flat[off:off + n]})
                     off += n
                 self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": bucket_id,
-                                          "phase": phase, "group": "sdp", "bucket_numel": off, "slices": slices})
+                                          "phase": phase, "group": "sdp", "bucket_numel": off, "slices": slices,
+                                          "divisor": divisor if phase == "POST_REDUCE" else 0.0})
                 self.recorded[phase] += 1
             return result
         return allreduce_and_copy
+
+    def _engine_divisor(self, layout, dp_group):
+        """The divisor this release's engine all-reduce applies to a dense bucket over dp_group (semantics/
+        table), 0 if unknown. Expert buckets (_reduce_expert_gradients) divide by the data-parallel size
+        while reducing over the expert-data-parallel group, which the table's engine path does not model."""
+        import torch.distributed as tdist
+        if dp_group is None or any(getattr(p, "allreduce", True) is False for p in layout):
+            return 0.0
+        # _reduce_non_expert_gradients: with pipeline parallelism the mpu's dp group, divided by its size.
+        sp = 1 if getattr(self.engine, "pipeline_parallelism", False) else \
+            int(getattr(self.engine, "sequence_parallel_size", 1) or 1)
+        return declared_divisor(self.ds_version, "engine", tdist.get_world_size(group=dp_group), sp)
 
     # ---- FINAL and step bookkeeping ------------------------------------------------------------
 

@@ -124,9 +124,12 @@ def _write_post(capture, opt, bucket, params, partitions):
         pos = offsets.get(id(p), 0) + start
         first = pos if first is None else min(first, pos)
         held += n
+    from .deepspeed_divisors import zero3_bucket_divisor  # the divisor the release applies (semantics/ table)
     capture.writer.write_bucket({"step": capture.step, "micro_step": capture.micro, "bucket_id": bucket_id,
                                  "phase": "POST_REDUCE", "group": "sdp", "bucket_numel": numel,
-                                 "partition_offset": first or 0, "partition_count": held, "slices": slices})
+                                 "partition_offset": first or 0, "partition_count": held,
+                                 "divisor": zero3_bucket_divisor(capture.ds_version, opt, params, numel),
+                                 "slices": slices})
     capture.recorded["POST_REDUCE"] += 1
 
 

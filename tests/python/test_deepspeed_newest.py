@@ -64,7 +64,9 @@ def _scale_table(ref, run):
     b, spread_b = final_grads(run)
     assert spread_a == 0.0 and spread_b < 1e-6, f"FINAL differs between ranks ({spread_a}, {spread_b})"
     assert set(a) == set(b) and len(a) > 0
-    return scales(a, b)
+    table = scales(ref, run)  # gradtrace-diff's params[] (compare.py runs it)
+    assert set(table) == set(a)
+    return table
 
 
 def _assert_scale(table, expected):

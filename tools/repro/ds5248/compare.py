@@ -1,23 +1,47 @@
 #!/usr/bin/env python3
-"""Per-parameter scale factors between two trace sets, in numpy (no gradtrace-diff needed).
+"""Per-parameter scale factors between two trace sets, as gradtrace-diff computes them.
 
-    compare.py REF RUN [--phase final] [--step 0] [--json FILE]
+    compare.py REF RUN [--step 0] [--json FILE]
 
-Same definition as gradtrace-diff: for each parameter, s = <a,b>/<a,a> (RUN ~ s * REF) and the
-residual ||b - s a|| / ||b||. FINAL records hold the full gradient on every rank; the ranks must
-agree (a disagreement is reported). Prints one line per parameter and a summary; exit 0.
+The numbers are gradtrace-diff's (`gradtrace-diff REF RUN --phase final --json`, params[].scale and
+.residual, diff/REPORT_SCHEMA.md): for each parameter s = <a,b>/<a,a> (RUN ~ s * REF) and the residual
+||b - s a|| / ||b||. This file only runs it and reshapes the report. FINAL records hold the full gradient
+on every rank; how far the ranks disagree is reported too (final_grads). Prints one line per parameter
+and a summary; exit 0.
 """
 
 import argparse
 import json
+import pathlib
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
 
+def run_diff(args):
+    """`gradtrace-diff ARGS --json` (one thread): the report as a dict. Exit 2 (bad input) or a missing
+    binary stops with the diff's one-line error."""
+    from emulation import find_binary  # the build directories the repro tools look in
+    diff = find_binary("gradtrace-diff")
+    if diff is None:
+        raise SystemExit("gradtrace-diff is not built (cmake --build build)")
+    with tempfile.TemporaryDirectory() as d:
+        report = pathlib.Path(d) / "report.json"
+        p = subprocess.run([str(diff), *map(str, args), "--threads", "1", "--json", str(report)],
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode not in (0, 1) or not report.exists():
+            last = ((p.stderr or p.stdout).strip().splitlines() or [""])[-1]
+            raise SystemExit(f"gradtrace-diff {' '.join(map(str, args))}: exit {p.returncode}: {last}")
+        return json.loads(report.read_text())
+
+
 def final_grads(directory, step=None, phase="FINAL"):
     """{name: float64 array} of the FINAL gradient at `step` (default: first step with one),
-    and the largest relative disagreement between ranks."""
+    and the largest relative disagreement between ranks. Read in numpy: the arrays are data for the
+    callers, and the diff's report names disagreeing ranks only above its tolerance (a `replica`
+    finding), not the spread itself."""
     import gradtrace
     readers = gradtrace.read_trace_set(directory)
     if not readers:
@@ -50,17 +74,14 @@ def final_grads(directory, step=None, phase="FINAL"):
     return ref, spread
 
 
-def scales(ref, run):
-    out = {}
-    for name, a in ref.items():
-        if name not in run:
-            continue
-        b = run[name]
-        aa = float(a @ a)
-        s = float(a @ b) / aa if aa > 0 else float("nan")
-        res = float(np.linalg.norm(b - s * a) / max(np.linalg.norm(b), 1e-30))
-        out[name] = {"scale": s, "residual": res, "numel": int(a.size)}
-    return out
+def scales(ref, run, step=None):
+    """{name: {"scale", "residual", "numel"}} of FINAL, RUN against REF (trace set directories), from
+    gradtrace-diff's params[] (parameters compared on both sides; null numbers as NaN)."""
+    args = [ref, run, "--phase", "final"] + (["--step", step] if step is not None else [])
+    nan = float("nan")
+    return {q["name"]: {"scale": nan if q["scale"] is None else q["scale"],
+                        "residual": nan if q["residual"] is None else q["residual"], "numel": q["numel"]}
+            for q in run_diff(args)["params"] if q["verdict"] != "missing"}
 
 
 def main(argv=None):
@@ -70,9 +91,9 @@ def main(argv=None):
     ap.add_argument("--step", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    a, sa = final_grads(args.ref, args.step)
-    b, sb = final_grads(args.run, args.step)
-    table = scales(a, b)
+    _, sa = final_grads(args.ref, args.step)
+    _, sb = final_grads(args.run, args.step)
+    table = scales(args.ref, args.run, args.step)
     for name, r in table.items():
         print(f"{name:32s} {r['numel']:8d}  scale {r['scale']:.6f}  residual {r['residual']:.2e}")
     vals = np.array([r["scale"] for r in table.values()])

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 from cells import run_once
-from checks import bucket_sums, reduction_records
+from checks import self_report, step0_buckets
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -88,17 +88,20 @@ def compare_dense(diff, emu, real, json_path):
 
 
 def bucket_class_divisors(trace):
-    """{"expert": [divisors], "dense": [divisors]}: the effective divisor (sum over the ranks of PRE_REDUCE /
-    POST_REDUCE, least squares) of each step-0 bucket, by whether the bucket holds an expert parameter."""
-    ranks, params = reduction_records(trace)
+    """{"expert": [divisors], "dense": [divisors]}: gradtrace-diff --self's effective divisor of each step-0
+    bucket reduction (bucket_view, one per rank and micro-step), by whether the bucket holds an expert
+    parameter."""
+    import gradtrace
+    params = gradtrace.read_trace_set(trace)[0].run_info["params"]
     # The recorded ParamInfo.kind (format 1.2); older traces: the DeepSpeed MoE layer's parameter names.
     kind = {p["id"]: p.get("kind", "PARAM_KIND_UNSPECIFIED") for p in params}
     expert = {p["id"] for p in params
               if kind[p["id"]] == "EXPERT" or (kind[p["id"]] == "PARAM_KIND_UNSPECIFIED" and "expert" in p["name"])}
+    members, _ = step0_buckets(trace)
     classes = {"expert": set(), "dense": set()}
-    for ss, sp, pids in bucket_sums(ranks, params).values():
-        if sp:
-            classes["expert" if pids & expert else "dense"].add(round(ss / sp, 3))
+    for c in self_report(trace)["bucket_view"]:
+        if c["divisor"]:
+            classes["expert" if members.get(c["bucket_id"], set()) & expert else "dense"].add(round(c["divisor"], 3))
     return {k: sorted(v) for k, v in classes.items()}
 
 

@@ -10,7 +10,7 @@ For every cell of (layout x ZeRO stage x loss recipe x ignore fraction, plus the
 cells.py: gradient accumulation, contiguous_gradients false, MoE) it runs run.py (the issue's loop, real
 DeepSpeed, captured by gradtrace.deepspeed_adapter), the matching single-rank full-sequence reference
 (same weights, same global batch, same DeepSpeed and torch), and compares FINAL gradients with
-gradtrace-diff (if built; else compare.py in numpy). Then it runs gradtrace-train's emulation of that
+gradtrace-diff; the reductions' effective divisors are gradtrace-diff --self's (checks.py). Then it runs gradtrace-train's emulation of that
 release (--scaling deepspeed@VERSION) on the same cell and diffs it against the real run (emulation.py).
 Dense cells run gradtrace-train's model on both sides (run.py --model gradtrace, weights and batches from
 one gradtrace-train --export-init file); MoE cells run DeepSpeed's MoE layer (model.py).
@@ -64,25 +64,19 @@ def run(out, layout, stage, loss, ignore, batch, flags, log, model_args):
 
 
 def measure(diff, ref, got, out):
-    """(median scale, min, max, max residual, verdict) of FINAL, step 0."""
-    if diff:
-        j = pathlib.Path(str(out) + ".diff.json")
-        subprocess.call([str(diff), str(ref), str(got), "--phase", "final", "--step", "0", "--threads", "1",
-                         "--json", str(j), "--markdown", str(out) + ".diff.md"], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
-        if j.exists():
-            rep = json.loads(j.read_text())
-            sc = [p["scale"] for p in rep["params"]]
-            return {"scale": sorted(sc)[len(sc) // 2], "min": min(sc), "max": max(sc),
-                    "residual": max(p["residual"] for p in rep["params"]), "verdict": rep["verdict"],
-                    "explanation": "; ".join(g.get("explanation", "") for g in rep["groups"]), "tool": "gradtrace-diff"}
-    from compare import final_grads, scales
-    a, _ = final_grads(ref)
-    b, _ = final_grads(got)
-    t = scales(a, b)
-    sc = sorted(r["scale"] for r in t.values())
-    return {"scale": sc[len(sc) // 2], "min": sc[0], "max": sc[-1],
-            "residual": max(r["residual"] for r in t.values()), "verdict": "", "explanation": "", "tool": "compare.py"}
+    """(median scale, min, max, max residual, verdict) of FINAL, step 0, from gradtrace-diff's report."""
+    if not diff:
+        raise SystemExit("gradtrace-diff is not built (cmake --build build): it measures every cell")
+    j = pathlib.Path(str(out) + ".diff.json")
+    p = subprocess.run([str(diff), str(ref), str(got), "--phase", "final", "--step", "0", "--threads", "1",
+                        "--json", str(j), "--markdown", str(out) + ".diff.md"], capture_output=True, text=True)
+    if p.returncode not in (0, 1) or not j.exists():
+        raise SystemExit(f"gradtrace-diff {ref} {got}: exit {p.returncode}: {(p.stderr or p.stdout).strip()[-240:]}")
+    rep = json.loads(j.read_text())
+    sc = [p["scale"] for p in rep["params"]]
+    return {"scale": sorted(sc)[len(sc) // 2], "min": min(sc), "max": max(sc),
+            "residual": max(p["residual"] for p in rep["params"]), "verdict": rep["verdict"],
+            "explanation": "; ".join(g.get("explanation", "") for g in rep["groups"]), "tool": "gradtrace-diff"}
 
 
 def stage3_paths(log):
