@@ -250,6 +250,48 @@ def gloo_list_all_to_all():
     return True
 
 
+def gloo_reduce_scatter_via_all_reduce():
+    """torch < 2.2's gloo has no reduce-scatter (neither reduce_scatter_tensor/_reduce_scatter_base nor the
+    list reduce_scatter): ZeRO-3 stops in its gradient reduction. Both forms reach DeepSpeed's backend object
+    (deepspeed.comm.comm.reduce_scatter_fn -> reduce_scatter_tensor -> cdb.reduce_scatter_tensor, or the list
+    fallback -> cdb.reduce_scatter; 0.11.1-0.14.5 comm/comm.py:246-289, 446-455, read), which stage 3 reaches
+    through runtime/comm/coalesced_collectives.py reduce_scatter_coalesced (0.11.1 :120, 0.14.x :128, read).
+    If a probe shows gloo refuses it, render it there as all_reduce with the same op over the whole input
+    followed by taking this rank's chunk: every rank gets the same elementwise sum of the same world inputs
+    that reduce-scatter would deliver (its chunk of it), so the reduction's divisor and result are unchanged
+    (checked by the dp=2 sp=1 sanity cell: FINAL equals the single-rank reference). Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    world = tdist.get_world_size()
+    try:
+        tdist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(world))
+        return False
+    except (RuntimeError, AttributeError):
+        pass
+    from deepspeed.comm import comm as ds_comm
+    cdb = ds_comm.cdb
+    to_torch_op = getattr(cdb, "_reduce_op", lambda op: op)
+
+    def reduce_into(output, flat, op, group):
+        full = flat.contiguous().clone()
+        tdist.all_reduce(full, op=to_torch_op(op), group=group)
+        n = output.numel()
+        r = tdist.get_rank(group=group)
+        output.copy_(full.reshape(-1)[r * n:(r + 1) * n].view_as(output))
+
+    def reduce_scatter_tensor(output_tensor, input_tensor, op=tdist.ReduceOp.SUM, group=None, async_op=False):
+        reduce_into(output_tensor, input_tensor, op, group)
+        return None  # done synchronously; stage 3 calls it with async_op=False
+
+    def reduce_scatter(output, input_list, op=tdist.ReduceOp.SUM, group=None, async_op=False):
+        reduce_into(output, torch.cat([t.reshape(-1) for t in input_list]), op, group)
+        return None
+
+    cdb.reduce_scatter_tensor = reduce_scatter_tensor
+    cdb.reduce_scatter = reduce_scatter
+    return True
+
+
 def worker(args):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
@@ -265,6 +307,7 @@ def worker(args):
     deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
     gloo_all_gather_fallback()
     gloo_list_all_to_all()
+    gloo_reduce_scatter_via_all_reduce()
     mpu = UlyssesMPU(args.sp, args.dp)
     recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
     sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
