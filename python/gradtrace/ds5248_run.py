@@ -205,8 +205,9 @@ def gloo_all_gather_fallback():
     """torch < 2.2's gloo has no _allgather_base (all_gather_into_tensor): ZeRO-1/2's parameter all-gather
     after the optimizer step (runtime/utils.py all_gather_dp_groups) then fails. DeepSpeed has its own
     fallback to list all_gather when its backend reports no all_gather_into_tensor; make it report that
-    when a probe shows gloo cannot do it. Only the post-step parameter all-gather is affected (after
-    FINAL is captured); gradient reduction does not use this collective. Runtime only."""
+    when a probe shows gloo cannot do it. That covers the post-step parameter all-gather (after FINAL is
+    captured); the direct callers of all_gather_into_tensor (ZeRO-3's FINAL read-out from 0.13.0 on) get the
+    list form below. Gradient reduction does not use this collective. Runtime only."""
     import torch
     import torch.distributed as tdist
     try:
@@ -215,7 +216,20 @@ def gloo_all_gather_fallback():
         return False
     except RuntimeError:
         from deepspeed.comm import comm as ds_comm
-        ds_comm.cdb.has_all_gather_into_tensor = lambda: False
+        cdb = ds_comm.cdb
+        cdb.has_all_gather_into_tensor = lambda: False
+
+        # With that, cdb.all_gather_into_tensor does nothing at all (comm/torch.py:206-211 at 0.13.0, read),
+        # and ZeRO-3's _fp32_state_allgather (stage3.py:2186 at 0.13.0, read), under safe_get_full_grad,
+        # calls it directly: FINAL would hold only this rank's partition (measured: ranks' FINAL disagree,
+        # relative spread 4.5e2). Render it as the list all_gather into the output's world chunks (the
+        # same gathered bytes, as 0.11.x's _fp32_state_allgather does itself).
+        def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+            chunks = list(output_tensor.reshape(-1).chunk(tdist.get_world_size(group)))
+            tdist.all_gather(chunks, input_tensor.contiguous().reshape(-1), group=group)
+            return None
+
+        cdb.all_gather_into_tensor = all_gather_into_tensor
         return True
 
 
