@@ -224,13 +224,16 @@ def gloo_all_gather_fallback():
         # calls it directly: FINAL would hold only this rank's partition (measured: ranks' FINAL disagree,
         # relative spread 4.5e2). Render it as the list all_gather into the output's world chunks (the
         # same gathered bytes, as 0.11.x's _fp32_state_allgather does itself).
-        def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-            chunks = list(output_tensor.reshape(-1).chunk(tdist.get_world_size(group)))
-            tdist.all_gather(chunks, input_tensor.contiguous().reshape(-1), group=group)
-            return None
-
-        cdb.all_gather_into_tensor = all_gather_into_tensor
+        cdb.all_gather_into_tensor = all_gather_into_tensor_via_list
         return True
+
+
+def all_gather_into_tensor_via_list(output_tensor, input_tensor, group=None, async_op=False):
+    """all_gather_into_tensor through gloo's list all_gather: rank i's input lands in the output's chunk i."""
+    import torch.distributed as tdist
+    chunks = list(output_tensor.reshape(-1).chunk(tdist.get_world_size(group)))
+    tdist.all_gather(chunks, input_tensor.contiguous().reshape(-1), group=group)
+    return None  # done synchronously
 
 
 def gloo_list_all_to_all():
@@ -284,26 +287,34 @@ def gloo_reduce_scatter_via_all_reduce():
         pass
     from deepspeed.comm import comm as ds_comm
     cdb = ds_comm.cdb
-    to_torch_op = getattr(cdb, "_reduce_op", lambda op: op)
-
-    def reduce_into(output, flat, op, group):
-        full = flat.contiguous().clone()
-        tdist.all_reduce(full, op=to_torch_op(op), group=group)
-        n = output.numel()
-        r = tdist.get_rank(group=group)
-        output.copy_(full.reshape(-1)[r * n:(r + 1) * n].view_as(output))
+    to_torch_op = getattr(cdb, "_reduce_op", lambda op: op)  # DeepSpeed's ReduceOp -> torch's
 
     def reduce_scatter_tensor(output_tensor, input_tensor, op=tdist.ReduceOp.SUM, group=None, async_op=False):
-        reduce_into(output_tensor, input_tensor, op, group)
-        return None  # done synchronously; stage 3 calls it with async_op=False
+        return reduce_scatter_tensor_via_all_reduce(output_tensor, input_tensor, to_torch_op(op), group)
 
     def reduce_scatter(output, input_list, op=tdist.ReduceOp.SUM, group=None, async_op=False):
-        reduce_into(output, torch.cat([t.reshape(-1) for t in input_list]), op, group)
-        return None
+        return reduce_scatter_list_via_all_reduce(output, input_list, to_torch_op(op), group)
 
     cdb.reduce_scatter_tensor = reduce_scatter_tensor
     cdb.reduce_scatter = reduce_scatter
     return True
+
+
+def reduce_scatter_tensor_via_all_reduce(output_tensor, input_tensor, op=None, group=None):
+    """reduce_scatter_tensor through gloo: all_reduce a copy of the whole input with `op` (default SUM), keep
+    this rank's chunk. Done synchronously (stage 3 calls it with async_op=False)."""
+    import torch.distributed as tdist
+    full = input_tensor.contiguous().clone()
+    tdist.all_reduce(full, op=tdist.ReduceOp.SUM if op is None else op, group=group)
+    n, r = output_tensor.numel(), tdist.get_rank(group=group)
+    output_tensor.copy_(full.reshape(-1)[r * n:(r + 1) * n].view_as(output_tensor))
+    return None
+
+
+def reduce_scatter_list_via_all_reduce(output, input_list, op=None, group=None):
+    """The list form of reduce_scatter through gloo: input_list[i] is rank i's chunk."""
+    import torch
+    return reduce_scatter_tensor_via_all_reduce(output, torch.cat([t.reshape(-1) for t in input_list]), op, group)
 
 
 def worker(args):
