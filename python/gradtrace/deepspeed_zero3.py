@@ -115,7 +115,7 @@ def _write_post(capture, opt, bucket, params, partitions):
     bucket_id, offsets, numel = bucket
     slices, first, held = [], None, 0
     for p, part in zip(params, partitions):
-        r, c = opt._get_param_partition_rank(p), p.partition_numel()
+        r, c = _partition_rank(opt, p), p.partition_numel()
         start, n = r * c, max(0, min(c, p.ds_numel - r * c))
         if n == 0:
             continue
@@ -131,6 +131,16 @@ def _write_post(capture, opt, bucket, params, partitions):
                                  "divisor": zero3_bucket_divisor(capture.ds_version, opt, params, numel),
                                  "slices": slices})
     capture.recorded["POST_REDUCE"] += 1
+
+
+def _partition_rank(opt, p):
+    """This rank's index in the group `p` is partitioned over. Releases before per-parameter partition groups
+    (0.14.5 and older: no _get_param_partition_rank) partition every parameter over dp_process_group and
+    use its rank there (0.14.5 runtime/zero/stage3.py:1425, read)."""
+    if hasattr(opt, "_get_param_partition_rank"):
+        return opt._get_param_partition_rank(p)
+    import torch.distributed as tdist
+    return tdist.get_rank(group=opt.dp_process_group)
 
 
 def _counting(capture, path, original):

@@ -205,8 +205,9 @@ def gloo_all_gather_fallback():
     """torch < 2.2's gloo has no _allgather_base (all_gather_into_tensor): ZeRO-1/2's parameter all-gather
     after the optimizer step (runtime/utils.py all_gather_dp_groups) then fails. DeepSpeed has its own
     fallback to list all_gather when its backend reports no all_gather_into_tensor; make it report that
-    when a probe shows gloo cannot do it. Only the post-step parameter all-gather is affected (after
-    FINAL is captured); gradient reduction does not use this collective. Runtime only."""
+    when a probe shows gloo cannot do it. That covers the post-step parameter all-gather (after FINAL is
+    captured); the direct callers of all_gather_into_tensor (ZeRO-3's FINAL read-out from 0.13.0 on) get the
+    list form below. Gradient reduction does not use this collective. Runtime only."""
     import torch
     import torch.distributed as tdist
     try:
@@ -215,8 +216,24 @@ def gloo_all_gather_fallback():
         return False
     except RuntimeError:
         from deepspeed.comm import comm as ds_comm
-        ds_comm.cdb.has_all_gather_into_tensor = lambda: False
+        cdb = ds_comm.cdb
+        cdb.has_all_gather_into_tensor = lambda: False
+
+        # With that, cdb.all_gather_into_tensor does nothing at all (comm/torch.py:206-211 at 0.13.0, read),
+        # and ZeRO-3's _fp32_state_allgather (stage3.py:2186 at 0.13.0, read), under safe_get_full_grad,
+        # calls it directly: FINAL would hold only this rank's partition (measured: ranks' FINAL disagree,
+        # relative spread 4.5e2). Render it as the list all_gather into the output's world chunks (the
+        # same gathered bytes, as 0.11.x's _fp32_state_allgather does itself).
+        cdb.all_gather_into_tensor = all_gather_into_tensor_via_list
         return True
+
+
+def all_gather_into_tensor_via_list(output_tensor, input_tensor, group=None, async_op=False):
+    """all_gather_into_tensor through gloo's list all_gather: rank i's input lands in the output's chunk i."""
+    import torch.distributed as tdist
+    chunks = list(output_tensor.reshape(-1).chunk(tdist.get_world_size(group)))
+    tdist.all_gather(chunks, input_tensor.contiguous().reshape(-1), group=group)
+    return None  # done synchronously
 
 
 def gloo_list_all_to_all():
@@ -250,6 +267,56 @@ def gloo_list_all_to_all():
     return True
 
 
+def gloo_reduce_scatter_via_all_reduce():
+    """torch < 2.2's gloo has no reduce-scatter (neither reduce_scatter_tensor/_reduce_scatter_base nor the
+    list reduce_scatter): ZeRO-3 stops in its gradient reduction. Both forms reach DeepSpeed's backend object
+    (deepspeed.comm.comm.reduce_scatter_fn -> reduce_scatter_tensor -> cdb.reduce_scatter_tensor, or the list
+    fallback -> cdb.reduce_scatter; 0.11.1-0.14.5 comm/comm.py:246-289, 446-455, read), which stage 3 reaches
+    through runtime/comm/coalesced_collectives.py reduce_scatter_coalesced (0.11.1 :120, 0.14.x :128, read).
+    If a probe shows gloo refuses it, render it there as all_reduce with the same op over the whole input
+    followed by taking this rank's chunk: every rank gets the same elementwise sum of the same world inputs
+    that reduce-scatter would deliver (its chunk of it), so the reduction's divisor and result are unchanged
+    (checked by the dp=2 sp=1 sanity cell: FINAL equals the single-rank reference). Runtime only."""
+    import torch
+    import torch.distributed as tdist
+    world = tdist.get_world_size()
+    try:
+        tdist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(world))
+        return False
+    except (RuntimeError, AttributeError):
+        pass
+    from deepspeed.comm import comm as ds_comm
+    cdb = ds_comm.cdb
+    to_torch_op = getattr(cdb, "_reduce_op", lambda op: op)  # DeepSpeed's ReduceOp -> torch's
+
+    def reduce_scatter_tensor(output_tensor, input_tensor, op=tdist.ReduceOp.SUM, group=None, async_op=False):
+        return reduce_scatter_tensor_via_all_reduce(output_tensor, input_tensor, to_torch_op(op), group)
+
+    def reduce_scatter(output, input_list, op=tdist.ReduceOp.SUM, group=None, async_op=False):
+        return reduce_scatter_list_via_all_reduce(output, input_list, to_torch_op(op), group)
+
+    cdb.reduce_scatter_tensor = reduce_scatter_tensor
+    cdb.reduce_scatter = reduce_scatter
+    return True
+
+
+def reduce_scatter_tensor_via_all_reduce(output_tensor, input_tensor, op=None, group=None):
+    """reduce_scatter_tensor through gloo: all_reduce a copy of the whole input with `op` (default SUM), keep
+    this rank's chunk. Done synchronously (stage 3 calls it with async_op=False)."""
+    import torch.distributed as tdist
+    full = input_tensor.contiguous().clone()
+    tdist.all_reduce(full, op=tdist.ReduceOp.SUM if op is None else op, group=group)
+    n, r = output_tensor.numel(), tdist.get_rank(group=group)
+    output_tensor.copy_(full.reshape(-1)[r * n:(r + 1) * n].view_as(output_tensor))
+    return None
+
+
+def reduce_scatter_list_via_all_reduce(output, input_list, op=None, group=None):
+    """The list form of reduce_scatter through gloo: input_list[i] is rank i's chunk."""
+    import torch
+    return reduce_scatter_tensor_via_all_reduce(output, torch.cat([t.reshape(-1) for t in input_list]), op, group)
+
+
 def worker(args):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
@@ -265,6 +332,7 @@ def worker(args):
     deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
     gloo_all_gather_fallback()
     gloo_list_all_to_all()
+    gloo_reduce_scatter_via_all_reduce()
     mpu = UlyssesMPU(args.sp, args.dp)
     recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
     sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
