@@ -33,6 +33,22 @@ def deepspeed_env() -> dict:
     return env
 
 
+# A small gradtrace-train model: one layer, one step, buckets of 2000 elements (several per step).
+SMALL_TRAIN = ["--seq-len", "16", "--hidden", "32", "--vocab", "64", "--heads", "4", "--layers", "1", "--steps", "1",
+               "--batch", "2", "--reduce-bucket-size", "2000"]
+
+
+def train_small(out, *args, timeout=180):
+    """gradtrace-train on the SMALL_TRAIN model into `out`, with `args` added; returns `out`."""
+    import subprocess
+
+    train = _binary("gradtrace-train")
+    p = subprocess.run([str(train), *SMALL_TRAIN, "--out", str(out), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return out
+
+
 def _binary(name: str) -> pathlib.Path:
     path = BUILD / "bin" / name
     if not path.exists():

@@ -12,26 +12,13 @@ import sys
 
 import pytest
 
-from conftest import BUILD, ROOT  # $GRADTRACE_BUILD_DIR, default build/
+from conftest import BUILD, ROOT, train_small  # $GRADTRACE_BUILD_DIR, default build/
 from gradtrace import _gtcodec
 
-TRAIN = BUILD / "bin" / "gradtrace-train"
 DIFF = BUILD / "bin" / "gradtrace-diff"
 sys.path.insert(0, str(ROOT / "tools" / "repro" / "ds5248"))
 
 import cells  # noqa: E402
-
-SMALL = ["--seq-len", "16", "--hidden", "32", "--vocab", "64", "--heads", "4", "--layers", "1", "--steps", "1",
-         "--batch", "2", "--reduce-bucket-size", "2000"]
-
-
-def _train(out, *args):
-    if not TRAIN.exists():
-        pytest.fail(f"{TRAIN} not built")
-    p = subprocess.run([str(TRAIN), *SMALL, "--out", str(out), *args], capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return out
-
 
 def _diff(a, b, out):
     p = subprocess.run([str(DIFF), str(a), str(b), "--json", str(out)], capture_output=True, text=True, timeout=120)
@@ -42,8 +29,8 @@ def _diff(a, b, out):
 def test_deepspeed_0_12_6_moe_is_the_double_division(tmp_path):
     common = ["--nproc", "4", "--dp", "2", "--sp", "2", "--moe-experts", "2", "--zero-stage", "2",
               "--loss", "local-mean-div-sp"]
-    a = _train(tmp_path / "a", *common, "--scaling", "deepspeed@0.13.1")
-    b = _train(tmp_path / "b", *common, "--scaling", "deepspeed@0.12.6")
+    a = train_small(tmp_path / "a", *common, "--scaling", "deepspeed@0.13.1")
+    b = train_small(tmp_path / "b", *common, "--scaling", "deepspeed@0.12.6")
     r = _diff(a, b, tmp_path / "r.json")
     assert r["verdict"] == "scaled" and r["schema_version"] == "1.2"
     half = [g for g in r["groups"] if g["kind"] == "scale" and abs(g["scale"] - 0.5) < 1e-4]
@@ -92,10 +79,10 @@ def test_unequal_shards_name_the_valid_token_cause(tmp_path):
     """The Hugging Face gradient-accumulation class on sp shards: backward(loss / sp) with 30% of labels ignored
     is not a multiple of the reference; the shards' valid-token counts differ, and the mismatch says so."""
     common = ["--zero-stage", "2", "--ignore-frac", "0.3", "--seed", "5248"]
-    a = _train(tmp_path / "a", *common, "--nproc", "1", "--dp", "1", "--sp", "1", "--scaling", "mean",
-               "--loss", "local-mean")
-    b = _train(tmp_path / "b", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
-               "--loss", "local-mean-div-sp")
+    a = train_small(tmp_path / "a", *common, "--nproc", "1", "--dp", "1", "--sp", "1", "--scaling", "mean",
+                    "--loss", "local-mean")
+    b = train_small(tmp_path / "b", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
+                    "--loss", "local-mean-div-sp")
     r = _diff(a, b, tmp_path / "r.json")
     assert r["verdict"] == "mismatch"
     g = r["groups"][0]
@@ -103,6 +90,6 @@ def test_unequal_shards_name_the_valid_token_cause(tmp_path):
     assert r["trace_b"]["valid_tokens_min"] < r["trace_b"]["valid_tokens_max"]
     assert "not by the total valid tokens" in r["summary"]
     # The token-weighted loss on the same shards matches: no finding, nothing blamed on tokens.
-    c = _train(tmp_path / "c", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
-               "--loss", "token-weighted")
+    c = train_small(tmp_path / "c", *common, "--nproc", "2", "--dp", "1", "--sp", "2", "--scaling", "ds-4530",
+                    "--loss", "token-weighted")
     assert _diff(a, c, tmp_path / "c.json")["verdict"] == "match"

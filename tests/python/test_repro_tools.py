@@ -6,36 +6,22 @@ gradtrace-train --scaling deepspeed@0.13.0 divides buckets holding expert parame
 bug): at dp=2 their effective divisor is 4 and the dense buckets' is 2; deepspeed@0.13.1 gives 2 and 2.
 """
 
-import subprocess
 import sys
 
 import pytest
 
-from conftest import BUILD, ROOT  # $GRADTRACE_BUILD_DIR, default build/
-TRAIN = BUILD / "bin" / "gradtrace-train"
+from conftest import ROOT, train_small
 sys.path.insert(0, str(ROOT / "tools" / "repro" / "ds5248"))
 
 import checks  # noqa: E402
 import emulation  # noqa: E402
 import tables  # noqa: E402
 
-SMALL = ["--seq-len", "16", "--hidden", "32", "--vocab", "64", "--heads", "4", "--layers", "1", "--steps", "1",
-         "--batch", "2", "--reduce-bucket-size", "2000"]
-
-
-def _train(out, *args):
-    if not TRAIN.exists():
-        pytest.fail(f"{TRAIN} not built")
-    p = subprocess.run([str(TRAIN), *SMALL, "--out", str(out), *args], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     d = tmp_path_factory.mktemp("repro_tools")
     common = ["--nproc", "2", "--dp", "2", "--moe-experts", "2", "--zero-stage", "2"]
-    return {v: _train(d / v, *common, "--scaling", f"deepspeed@{v}") for v in ("0.13.0", "0.13.1")}
+    return {v: train_small(d / v, *common, "--scaling", f"deepspeed@{v}", timeout=120) for v in ("0.13.0", "0.13.1")}
 
 
 def test_bucket_divisors_by_class(moe):
