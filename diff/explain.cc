@@ -8,6 +8,7 @@
 
 #include "deepspeed_releases.h"
 #include "degrees.h"
+#include "expected_divisor.h"
 #include "loss_recipes.h"
 #include "predict.h"
 #include "scaling_policy.h"
@@ -244,12 +245,11 @@ std::string MissingGroupDimension(const TraceSide& s) {
 }
 
 // Whether the side's expert reductions run over a group of edp x tp ranks (tp copies of each expert).
-bool ExpertGroupSpansTp(const TraceSide& s, double ctol) {
-  const auto d = semantics::DegreesOf(s.config);
-  if (d.tp <= 1) return false;
-  const int edp = s.config.edp() > 0 ? s.config.edp() : std::max(1, d.dp / std::max(1, s.config.ep_size()));
+bool ExpertGroupSpansTp(const TraceSide& s) {
+  const int tp = semantics::DegreesOf(s.config).tp;
   for (const auto& e : s.reductions) {
-    if (e.param_kind == "expert" && e.group_size > 0) return Near(e.group_size, double(edp) * d.split() * d.tp, ctol);
+    if (e.param_kind == "expert" && e.group_size > 0)
+      return tp > 1 && semantics::ExpertCopies(s.config, e.group_size) == tp;
   }
   return false;
 }
@@ -273,7 +273,7 @@ Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide
   // tp names tp, not the dp it may equal.
   const TraceSide& owner = best->side == 'A' ? a : b;
   const std::optional<double> owner_off = best->side == 'A' ? off_a : off_b;
-  if (kind == "expert" && owner_off && *owner_off != 1.0 && ExpertGroupSpansTp(owner, ctol)) {
+  if (kind == "expert" && owner_off && *owner_off != 1.0 && ExpertGroupSpansTp(owner)) {
     for (const auto& m : matches) {
       if (m.kind == "tp" && Near(m.value, *owner_off, ctol)) {
         best = &m;

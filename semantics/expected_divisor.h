@@ -21,6 +21,10 @@ namespace gradtrace::semantics {
 
 double ExpectedDivisor(const pb::Config& c, pb::ParamKind kind, int group_size);
 
+// How many copies of the same expert (same tokens) an expert reduction group of
+// `group_size` ranks holds: group / (edp x split) when larger, else 1.
+int ExpertCopies(const pb::Config& c, int group_size);
+
 // "dense", "expert", "tp-shard", "replicated" ("" when not recorded).
 const char* ParamKindName(pb::ParamKind kind);
 
