@@ -9,8 +9,10 @@
 
 namespace gradtrace::diff {
 
-std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads) {
+std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
+                                                        int* accumulating_params) {
   std::vector<ReductionEvidence> out;
+  *accumulating_params = 0;
   auto pre = StepsWithPhase(set, pb::PRE_REDUCE), post = StepsWithPhase(set, pb::POST_REDUCE);
   if (!std::binary_search(pre.begin(), pre.end(), step) || !std::binary_search(post.begin(), post.end(), step)) {
     return out;
@@ -24,6 +26,7 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   std::map<std::string, std::vector<const SelfParam*>> by_kind;
   for (const auto& p : self->self_params) {
     if (std::isfinite(p.divisor)) by_kind[p.param_kind].push_back(&p);
+    *accumulating_params += p.accumulates ? 1 : 0;
   }
   for (auto& [kind, ps] : by_kind) {
     std::sort(ps.begin(), ps.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });

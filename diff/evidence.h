@@ -15,7 +15,10 @@
 namespace gradtrace::diff {
 
 // Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
-std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads);
+// `accumulating_params`: how many parameters' buckets accumulate across
+// micro-steps (the same --self pass measures it; 0 without those records).
+std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
+                                                        int* accumulating_params);
 
 // From the StepInfo records of `step` (ranks x micro-steps): the smallest and largest valid_tokens, and the
 // loss per data-parallel replica (TraceSide fields; 0 when none recorded).

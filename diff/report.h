@@ -110,6 +110,7 @@ struct SelfParam {
   std::vector<int32_t> buckets;
   int64_t compared = 0;
   SelfVerdict verdict = SelfVerdict::kOk;
+  bool accumulates = false;  // its bucket accumulates across micro-steps on some rank (bucket_view.h)
 };
 
 // --self: one rank's POST_REDUCE of one bucket in one micro-step against the

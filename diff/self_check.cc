@@ -482,9 +482,12 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   for (const auto& [id, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
   SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
                    post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
+  std::set<int32_t> accumulating_ids;
+  for (const auto& [rank, id] : *accumulating) accumulating_ids.insert(id);
   for (const auto& [id, acc] : *total) {
     report.self_params.push_back(
         JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
+    report.self_params.back().accumulates = accumulating_ids.count(id) > 0;
   }
   for (const RankFile& f : set.ranks()) {
     if (f.truncated) {
