@@ -369,15 +369,17 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
   c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
   // What each side's own reductions show (explain.h uses it to tell a loss multiplier from a divisor).
+  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
   int accumulating_a = 0, accumulating_b = 0;
-  c.a.reductions = CollectReductionEvidence(a, al.step, options.threads, &accumulating_a);
-  c.b.reductions = CollectReductionEvidence(b, al.step, options.threads, &accumulating_b);
+  const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
+  c.a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
+  c.b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
   StepLossAndTokens(a, al.step, &c.a);
   StepLossAndTokens(b, al.step, &c.b);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
-  if (al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE) {
+  if (summed) {
     NoteAccumulation(accumulating_a, "A", &c.notes);
     NoteAccumulation(accumulating_b, "B", &c.notes);
   }

@@ -12,7 +12,7 @@ namespace gradtrace::diff {
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params) {
   std::vector<ReductionEvidence> out;
-  *accumulating_params = 0;
+  if (accumulating_params != nullptr) *accumulating_params = 0;
   auto pre = StepsWithPhase(set, pb::PRE_REDUCE), post = StepsWithPhase(set, pb::POST_REDUCE);
   if (!std::binary_search(pre.begin(), pre.end(), step) || !std::binary_search(post.begin(), post.end(), step)) {
     return out;
@@ -20,13 +20,15 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   SelfOptions options;
   options.step = step;
   options.threads = threads;
+  options.sample = true;
+  options.accumulation = accumulating_params != nullptr;
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return out;  // the diff itself does not depend on it
   // Per kind, the median measured divisor of its parameters (and their expected, declared).
   std::map<std::string, std::vector<const SelfParam*>> by_kind;
   for (const auto& p : self->self_params) {
     if (std::isfinite(p.divisor)) by_kind[p.param_kind].push_back(&p);
-    *accumulating_params += p.accumulates ? 1 : 0;
+    if (accumulating_params != nullptr) *accumulating_params += p.accumulates ? 1 : 0;
   }
   for (auto& [kind, ps] : by_kind) {
     std::sort(ps.begin(), ps.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });

@@ -15,8 +15,11 @@
 namespace gradtrace::diff {
 
 // Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
-// `accumulating_params`: how many parameters' buckets accumulate across
-// micro-steps (the same --self pass measures it; 0 without those records).
+// Measured on a sample of the step's reductions (SelfOptions.sample): the
+// divisor is a bucket's, so a few buckets per group and kind tell it.
+// `accumulating_params`, when not null: how many parameters' buckets
+// accumulate across micro-steps (the same pass measures it, on every
+// reduction; 0 without those records).
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params);
 

@@ -36,6 +36,7 @@ struct ReductionKey {
 
 struct Reduction {
   std::vector<const FrameRef*> post;  // members' POST frames
+  std::set<int32_t> sample;           // when not empty, only these parameters are measured (SampleReductions)
 };
 
 struct ParamAcc {
@@ -161,6 +162,42 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
   return out;
 }
 
+// The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
+// not every element's: reading them all made a two-set diff 4x slower than the
+// comparison itself (docs/performance.md). It keeps the first micro-step's
+// reductions; in each, the parameters of every 16th PRE frame of the first
+// member (frames are ~4 MB chunks; a small bucket's one frame is all of it),
+// and one member's POST where POST holds the whole bucket (a ZeRO partition
+// keeps every member's part). The divisor is the bucket's, so its parameters
+// agree on it; the median over them is what the evidence reports.
+void SampleReductions(StepReductions* step) {
+  if (step->reductions.empty()) return;
+  const int32_t first_micro = step->reductions.begin()->first.micro;  // keys order by micro-step first
+  std::map<ReductionKey, Reduction> kept;
+  for (auto& [key, reduction] : step->reductions) {
+    if (key.micro != first_micro || key.members.empty()) continue;
+    auto pre = step->pre.find({key.members.front(), key.micro, key.bucket});
+    if (pre == step->pre.end()) continue;
+    std::vector<const FrameRef*> frames = pre->second;
+    std::sort(frames.begin(), frames.end(), [](const FrameRef* x, const FrameRef* y) { return x->offset < y->offset; });
+    Reduction r;
+    for (size_t i = 0; i < frames.size(); i += 16) r.sample.insert(frames[i]->param_ids.begin(), frames[i]->param_ids.end());
+    const bool partitioned = std::any_of(reduction.post.begin(), reduction.post.end(),
+                                         [](const FrameRef* f) { return f->partition_count > 0; });
+    int keep_rank = -1;
+    for (const FrameRef* f : reduction.post) {
+      const bool holds = std::any_of(f->param_ids.begin(), f->param_ids.end(),
+                                     [&](int32_t id) { return r.sample.count(id) > 0; });
+      if (holds && (partitioned || keep_rank < 0 || f->rank == keep_rank)) {
+        if (!partitioned) keep_rank = f->rank;
+        r.post.push_back(f);
+      }
+    }
+    kept.emplace(key, std::move(r));
+  }
+  step->reductions = std::move(kept);
+}
+
 // Adds <S,S>, <S,P>, <P,P> of one POST record against the PRE sum S of its
 // reduction to `acc` and to the record's bucket-view `cell`; returns the
 // elements the record holds.
@@ -245,8 +282,14 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
         missing_pre = m;
         continue;
       }
-      pre_frames[m] = it->second;
-      for (const FrameRef* f : it->second) ids.insert(f->param_ids.begin(), f->param_ids.end());
+      const std::set<int32_t>& sample = work[w].second.sample;
+      for (const FrameRef* f : it->second) {
+        bool wanted = false;
+        for (int32_t id : f->param_ids) {
+          if (sample.empty() || sample.count(id)) ids.insert(id), wanted = true;
+        }
+        if (wanted) pre_frames[m].push_back(f);
+      }
     }
     auto& acc = partial[w];
     // The bucket-view cell of one member's POST record.
@@ -471,9 +514,14 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.step = step;
 
   StepReductions reductions = CollectReductions(set, step, &report);
-  auto accumulating = AccumulatingParams(set, step, rtol, options.threads);
-  if (!accumulating.ok()) return accumulating.status();
-  auto total = AccumulateReductions(set, reductions, options, *accumulating, &report);
+  if (options.sample) SampleReductions(&reductions);
+  std::set<std::pair<int, int32_t>> accumulating;
+  if (options.accumulation) {
+    auto found = AccumulatingParams(set, step, rtol, options.threads);
+    if (!found.ok()) return found.status();
+    accumulating = std::move(*found);
+  }
+  auto total = AccumulateReductions(set, reductions, options, accumulating, &report);
   if (!total.ok()) return total.status();
 
   // The absolute floor (tolerance.h) from the RMS of every POST value compared.
@@ -483,7 +531,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
                    post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
   std::set<int32_t> accumulating_ids;
-  for (const auto& [rank, id] : *accumulating) accumulating_ids.insert(id);
+  for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
   for (const auto& [id, acc] : *total) {
     report.self_params.push_back(
         JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
@@ -502,6 +550,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
+  if (options.sample) return report;  // the evidence pass: no grad norm
   Status norm = AddSelfGradNorm(set, options.threads, &report);
   if (!norm.ok()) return norm;
   return report;

@@ -25,6 +25,12 @@ struct SelfOptions {
   std::optional<double> rtol;
   int threads = 0;
   bool progress = false;
+  // The diff's evidence pass (evidence.h), which needs one divisor per parameter
+  // kind: measures a sample of the reductions (self_check.cc, SampleReductions)
+  // and skips the grad norm; `accumulation` false also skips finding buckets
+  // that accumulate across micro-steps (SelfParam.accumulates stays false).
+  bool sample = false;
+  bool accumulation = true;
 };
 
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options);
