@@ -87,6 +87,13 @@ std::string CauseWords(const Cause& k, const semantics::Prediction* p, const Tra
   const std::string version = DeepSpeedVersion(side);
   const bool up = factor > 1;
   if (k.cause == "none") return "B matches A";
+  if (k.cause == "double-division" && k.dimension == "gas") {
+    std::string s = who +
+                    "'s gradients are divided by the gradient-accumulation steps twice more than the mean loss needs "
+                    "(1/gas^2): a division by gas is applied in more than one place; divide by gas once";
+    if (ds) s += " (as DeepSpeed 0.18.3's output hook did, issue #7749, fixed in 0.18.4)";
+    return s;
+  }
   if (k.cause == "double-division") {
     std::string s = who + " divides MoE buckets twice: ZeRO-1/2 divides the bucket by group size / sp (" +
                     Fixed(p ? std::sqrt(p->applied) : 0) + ") and again in allreduce_bucket, so " +
@@ -154,6 +161,13 @@ std::string CauseWords(const Cause& k, const semantics::Prediction* p, const Tra
                       "gradients by dp";
       if (ds) s += " (the mistake DeepSpeed PRs #5259/#6546 fixed)";
       return s;
+    }
+    if (k.dimension == "replicate") {
+      return up ? who +
+                      "'s gradients are reduce-scattered over the shard group and divided by its size only, then "
+                      "all-reduced (summed) over the HSDP replicas: they come out replicate x the mean-loss gradient; "
+                      "divide by shard x replicate (the data-parallel degree)"
+                : who + " divides by the HSDP replicate degree once more than needed" + on;
     }
     if (k.dimension == "dp") {
       return up ? who + " sums the data-parallel ranks' gradients without dividing by dp" + on
@@ -294,6 +308,12 @@ Cause CauseFromCandidates(double scale, const std::string& kind, const TraceSide
     }
   }
   k.expression = best->expr;
+  if (best->squared) {
+    k.cause = "double-division";
+    k.side = best->side == 'A' ? "A" : "B";
+    k.dimension = best->kind;
+    return k;
+  }
   if (best->kind == "one") {
     k.cause = "none";
     return k;
@@ -356,6 +376,9 @@ std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b)
       out.push_back({k + "(A)", va, k, false, 'A', 1});
       out.push_back({"1/" + k + "(A)", 1 / va, k, true, 'A', 2});
     }
+    // A division by gas applied twice too often (DeepSpeed #7749); only that direction: a factor of
+    // gas^2 upward is as likely gas x dp, which the candidates do not name.
+    if (k == "gas" && vb > 1) out.push_back({"1/" + k + "(B)^2", 1 / (vb * vb), k, true, 'B', 3, true});
     if (va > 1 && vb > 1 && va != vb) {
       out.push_back({k + "(B)/" + k + "(A)", vb / va, k, false, 'R', 3});
       out.push_back({k + "(A)/" + k + "(B)", va / vb, k, true, 'R', 3});
@@ -413,8 +436,8 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
   const double own = k.side == "A" ? 1 / scale : scale;
   if (k.cause == "unexplained") {
     k.why =
-        "matches no expression of the two configurations (sp, cp, dp, tp, world, gas, predivide factor, ep, "
-        "edp, experts)";
+        "matches no expression of the two configurations (sp, cp, dp, tp, replicate, world, gas, gas^2, "
+        "predivide factor, ep, edp, experts)";
   } else {
     k.why = CauseWords(k, used, *side, param_kind, own);
   }

@@ -20,8 +20,9 @@ struct Candidate {
   double value = 0;
   std::string kind;  // "one" or a degree name (semantics/degrees.h)
   bool reciprocal = false;
-  char side = 'B';     // whose config the atom comes from ('A', 'B', or 'R' for a B/A ratio)
-  int complexity = 0;  // lower is preferred: 0 one, 1 atom, 2 reciprocal, 3 ratio
+  char side = 'B';       // whose config the atom comes from ('A', 'B', or 'R' for a B/A ratio)
+  int complexity = 0;    // lower is preferred: 0 one, 1 atom, 2 reciprocal, 3 ratio or square
+  bool squared = false;  // "1/gas(B)^2": a division by gas applied twice too often (DeepSpeed #7749)
 };
 
 // Every candidate of the two configs: atoms of each (values > 1), their

@@ -74,8 +74,10 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
   std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
                                      : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
   if (!p.param_kind.empty() && count != total) which += " (" + p.param_kind + ")";
-  std::string ctx = " (group '" + p.group + "' of " + std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() +
-                    "', loss '" + c.loss() + "', which needs " + Fixed(p.expected) + ")";
+  const bool replicas = c.replicate() > 1 && p.group != "replicate";
+  std::string ctx = " (group '" + p.group + "'" + (replicas ? " with its replicas" : "") + " of " +
+                    std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() + "', loss '" + c.loss() +
+                    "', which needs " + Fixed(p.expected) + ")";
   const auto deg = semantics::DegreesOf(c);
   const int sp = deg.sp, dp = deg.dp;
   const bool expert = p.param_kind == "expert";
@@ -96,6 +98,12 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
     expr = "group size";
     why = "the reduction averages over the group";
     if (!right && (sp > 1 || deg.cp > 1)) g->dimension = sp > 1 ? "sp" : "cp";
+  } else if (deg.replicate > 1 && near(p.group_size / double(deg.replicate))) {
+    expr = "group size / replicate";
+    if (!right) g->dimension = "replicate";
+    why =
+        "the reduction divides by the shard group only and the all-reduce over the replicas sums (an HSDP divide "
+        "factor that leaves out the replicate degree)";
   } else if (sp > 1 && near(p.group_size / double(sp))) {
     expr = "dp";
     if (!right) g->dimension = "sp";
@@ -144,13 +152,27 @@ struct StepReductions {
   std::map<std::tuple<int, int32_t, int32_t>, std::vector<const FrameRef*>> pre;
 };
 
+// The ranks a POST_REDUCE of `group` on `rank` sums over: the group's members,
+// and under HSDP (Config.replicate > 1, FORMAT.md 4.1) each member's replicas,
+// since POST is written after the all-reduce over the replicate group.
+std::vector<int> ReductionMembers(const TraceSet& set, int rank, const std::string& group) {
+  const std::vector<int>& members = set.GroupMembers(rank, group);
+  if (semantics::DegreesOf(set.config()).replicate <= 1 || group == "replicate") return members;
+  std::set<int> all(members.begin(), members.end());
+  for (int m : members) {
+    const auto& replicas = set.GroupMembers(m, "replicate");
+    all.insert(replicas.begin(), replicas.end());
+  }
+  return {all.begin(), all.end()};
+}
+
 StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* report) {
   StepReductions out;
   for (const FrameRef& f : set.frames()) {
     if (f.step != step) continue;
     if (f.phase == pb::PRE_REDUCE) out.pre[{f.rank, f.micro_step, f.bucket_id}].push_back(&f);
     if (f.phase != pb::POST_REDUCE) continue;
-    ReductionKey key{f.micro_step, f.bucket_id, f.group, set.GroupMembers(f.rank, f.group)};
+    ReductionKey key{f.micro_step, f.bucket_id, f.group, ReductionMembers(set, f.rank, f.group)};
     if (key.members.empty()) {
       report->findings.push_back({"divisor", set.ranks()[f.rank].path + ": POST_REDUCE of bucket " +
                                                  std::to_string(f.bucket_id) + " names group '" + f.group +
@@ -181,13 +203,14 @@ void SampleReductions(StepReductions* step) {
     std::vector<const FrameRef*> frames = pre->second;
     std::sort(frames.begin(), frames.end(), [](const FrameRef* x, const FrameRef* y) { return x->offset < y->offset; });
     Reduction r;
-    for (size_t i = 0; i < frames.size(); i += 16) r.sample.insert(frames[i]->param_ids.begin(), frames[i]->param_ids.end());
+    for (size_t i = 0; i < frames.size(); i += 16)
+      r.sample.insert(frames[i]->param_ids.begin(), frames[i]->param_ids.end());
     const bool partitioned = std::any_of(reduction.post.begin(), reduction.post.end(),
                                          [](const FrameRef* f) { return f->partition_count > 0; });
     int keep_rank = -1;
     for (const FrameRef* f : reduction.post) {
-      const bool holds = std::any_of(f->param_ids.begin(), f->param_ids.end(),
-                                     [&](int32_t id) { return r.sample.count(id) > 0; });
+      const bool holds =
+          std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return r.sample.count(id) > 0; });
       if (holds && (partitioned || keep_rank < 0 || f->rank == keep_rank)) {
         if (!partitioned) keep_rank = f->rank;
         r.post.push_back(f);

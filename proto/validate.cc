@@ -123,7 +123,8 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
                               {"pp", c.pp()},
                               {"cp", c.cp()},
                               {"ep_size", c.ep_size()},
-                              {"edp", c.edp()}}) {
+                              {"edp", c.edp()},
+                              {"replicate", c.replicate()}}) {
     if (degree < 0) return Status::Corruption(std::string("config: negative ") + name + " " + std::to_string(degree));
   }
   return Status::Ok();

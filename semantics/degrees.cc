@@ -17,6 +17,7 @@ Degrees DegreesOf(const pb::Config& c) {
   d.pp = Or1(c.pp());
   d.ep = Or1(c.ep_size());
   d.gas = Or1(c.gas());
+  d.replicate = Or1(c.replicate());
   d.world = c.world() > 0 ? c.world() : d.dp * d.sp * d.cp * d.tp * d.pp;
   // edp not recorded: the dense data-parallel ranks (dp x sp x cp) shared among ep.
   d.edp = c.edp() > 0 ? c.edp() : std::max(1, d.dp * d.split() / d.ep);
@@ -29,6 +30,7 @@ const std::vector<Degree>& ConfigDegrees() {
       {"cp", [](const pb::Config& c) { return double(c.cp()); }},
       {"dp", [](const pb::Config& c) { return double(c.dp()); }},
       {"tp", [](const pb::Config& c) { return double(c.tp()); }},
+      {"replicate", [](const pb::Config& c) { return double(c.replicate()); }},
       {"world", [](const pb::Config& c) { return double(c.world()); }},
       {"gas", [](const pb::Config& c) { return double(c.gas()); }},
       {"predivide", [](const pb::Config& c) { return c.gradient_predivide_factor(); }},

@@ -74,7 +74,7 @@ class Capture:
         return False
 
 
-LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "cp_kind", "gas", "rules", "default_group",
+LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules", "default_group",
                    "default_kind"}
 
 

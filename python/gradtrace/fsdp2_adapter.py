@@ -18,7 +18,12 @@ between backward and the step would show in POST_REDUCE; FINAL is after it by de
 FINAL: this rank's shard of each gradient (the DTensor's local tensor) at its offset in the full
 parameter, before ``optimizer.step()``; the diff joins the ranks' shards. ``full_final=True``
 writes each rank's ``full_tensor()`` instead (an all-gather per parameter). Parameters not sharded
-as ``Shard(0)`` on a 1-D mesh are written in full.
+as ``Shard(0)`` on a 1-D mesh (or ``(Replicate(), Shard(0))`` under HSDP) are written in full.
+
+HSDP (``fully_shard(..., mesh=init_device_mesh(..., (replicate, shard)))``): recorded as trace format
+1.3's hybrid layout: ``Config.replicate``, groups ``shard`` and ``replicate``, PRE/POST of group
+``shard``; POST_REDUCE is read after FSDP's all-reduce over the replicas, so ``--self`` measures the
+whole reduction (shard x replicate).
 
 On CPU with gloo (torch 2.15) the whole path runs, measured: see python/README.md for what does not.
 """
@@ -66,8 +71,17 @@ class FSDP2Capture(Capture):
                         self.param_groups.append((m, pg))
         if not self.param_groups:
             raise ValueError("gradtrace.fsdp2_adapter: the model has no fully_shard'ed module with parameters")
-        shard_group = self.param_groups[0][1].mesh_info.shard_process_group
-        layout = make_layout(options, {"dp": shard_group, **(groups or {})}, layout)
+        mesh_info = self.param_groups[0][1].mesh_info
+        shard_group = mesh_info.shard_process_group
+        # HSDP (a 2-D mesh, replicate x shard): format 1.3's layout. The reduce-scatter runs over the shard
+        # group, FSDP's all-reduce over the replicate group follows, and POST_REDUCE is read after both.
+        replicate_group = getattr(mesh_info, "replicate_process_group", None)
+        self.group = "shard" if replicate_group is not None else "dp"
+        found = {"shard": shard_group, "replicate": replicate_group} if replicate_group is not None else {
+            "dp": shard_group}
+        if replicate_group is not None and layout is None:
+            options.setdefault("default_group", "shard")
+        layout = make_layout(options, {**found, **(groups or {})}, layout)
         self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
         # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.
         self._flush_handle = model.register_forward_pre_hook(lambda *_: self.flush())
@@ -124,7 +138,7 @@ class FSDP2Capture(Capture):
                 off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, r)
                 pieces.append((pid, off, rows[r, seg:seg + n]))
         pieces.sort(key=lambda x: (x[0], x[1]))
-        rec.write_bucket("PRE_REDUCE", pieces, group="dp", bucket_id=bucket_id, bucket_numel=numel)
+        rec.write_bucket("PRE_REDUCE", pieces, group=self.group, bucket_id=bucket_id, bucket_numel=numel)
         work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
                                           async_op=async_op)
         me = dist.get_rank(group)
@@ -132,7 +146,9 @@ class FSDP2Capture(Capture):
         for pid, fp, seg in layout:
             off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, me)
             mine.append((pid, off, output_tensor, seg, n))
-        divisor = float(world) if _is_avg(op) else 0.0
+        # An AVG reduce-scatter divides by the shard group; under HSDP the replicas' all-reduce divides again
+        # by a factor this hook does not see, so nothing is declared there (--self measures it).
+        divisor = float(world) if _is_avg(op) and self.group == "dp" else 0.0
         self._pending.append((bucket_id, mine, numel, divisor))
         return work
 
@@ -142,7 +158,7 @@ class FSDP2Capture(Capture):
         for bucket_id, mine, numel, divisor in pending:
             pieces = [(pid, off, out[seg:seg + n]) for pid, off, out, seg, n in mine]
             held = sum(n for *_, n in mine)
-            self.recorder.write_bucket("POST_REDUCE", pieces, group="dp", bucket_id=bucket_id, bucket_numel=numel,
+            self.recorder.write_bucket("POST_REDUCE", pieces, group=self.group, bucket_id=bucket_id, bucket_numel=numel,
                                        partition_count=held, divisor=divisor)
 
     # ---- FINAL ---------------------------------------------------------------------------------
@@ -162,9 +178,12 @@ class FSDP2Capture(Capture):
                 continue
             if not isinstance(g, DTensor):
                 pieces.append((pid, 0, g.detach()))
-            elif not self.full_final and g.device_mesh.ndim == 1 and tuple(g.placements) == (Shard(0),):
-                world = g.device_mesh.size()
-                off, n = _rank_piece(p.numel(), tuple(p.shape), world, g.device_mesh.get_local_rank())
+            elif not self.full_final and tuple(g.placements)[-1:] == (Shard(0),) and all(
+                    pl.is_replicate() for pl in tuple(g.placements)[:-1]):
+                # A 1-D mesh, or HSDP's (Replicate(), Shard(0)): this rank's shard along the last mesh dim.
+                dim = g.device_mesh.ndim - 1
+                world = g.device_mesh.size(dim)
+                off, n = _rank_piece(p.numel(), tuple(p.shape), world, g.device_mesh.get_local_rank(dim))
                 local = g.to_local().detach().reshape(-1)
                 pieces.append((pid, off, local[:n]))
             else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DEGREES = ("dp", "sp", "cp", "tp", "pp", "ep", "edp")  # conventional group names that are degrees
+DEGREES = ("dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate")  # conventional group names that are degrees
 KINDS = ("DENSE", "EXPERT", "TP_SHARD", "REPLICATED")
 _RULE_KEYS = {"kind", "grad_group", "partition_dim", "shard_count"}
 
@@ -64,7 +64,7 @@ class Layout:
     def infer(cls, groups: dict | None = None, *, rules=(), default_group: str | None = None,
               default_kind: str = "DENSE", cp_kind: str = "", gas: int = 1, **degrees) -> "Layout":
         """``groups``: name -> ProcessGroup, global ranks or None (world). ``degrees``: dp, sp, cp,
-        tp, pp, ep, edp as ints, overriding the group sizes. dp defaults to what the other degrees
+        tp, pp, ep, edp, replicate (HSDP: dp = replicate x shard) as ints, overriding the group sizes. dp defaults to what the other degrees
         leave of the world."""
         unknown = set(degrees) - set(DEGREES)
         if unknown:
@@ -122,6 +122,8 @@ class Layout:
         cfg = {"world": self.world, "dp": d.get("dp", 0), "sp": d.get("sp", 0), "cp": d.get("cp", 0),
                "tp": d.get("tp", 0), "pp": d.get("pp", 0), "ep_size": d.get("ep", 0), "edp": d.get("edp", 0),
                "gas": self.gas}
+        if d.get("replicate", 0) > 1:  # format 1.3 (HSDP); absent keeps older readers' view unchanged
+            cfg["replicate"] = d["replicate"]
         if d.get("cp", 1) > 1:
             cfg["cp_kind"] = self.cp_kind
         return cfg

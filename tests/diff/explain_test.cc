@@ -163,6 +163,41 @@ TEST(Explain, DeclaredDivisorIsBelieved) {
   EXPECT_EQ(cause.dimension, "cp");
 }
 
+// PyTorch #155903 (HSDP, format 1.3's replicate degree): the reduce-scatter divides by the shard
+// group (2) while the reduction spans shard x replicate (4): 2 = replicate(B), the reduction's divisor.
+TEST(Explain, HsdpDivideFactorNamesTheReplicateDegree) {
+  pb::Config ref = Cfg(1, 1, "", "mean");
+  pb::Config hsdp = Cfg(4, 1, "", "local-mean");
+  hsdp.set_replicate(2);
+  TraceSide a = Side(ref, "pytorch"), b = Side(hsdp, "pytorch");
+  b.reductions = {{"dense", 4, /*measured=*/2.0, /*declared=*/2.0, /*expected=*/4.0}};
+  Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
+  EXPECT_EQ(cause.cause, "reduction-divisor");
+  EXPECT_EQ(cause.dimension, "replicate");
+  EXPECT_EQ(cause.expression, "replicate(B)");
+  EXPECT_NE(cause.why.find("HSDP replicas"), std::string::npos) << cause.why;
+  // Without the replicate degree nothing in the configurations is 2.
+  hsdp.set_replicate(0);
+  b.config = hsdp;
+  EXPECT_EQ(ExplainCause(2.0, "dense", a, b, 1e-4).cause, "unexplained");
+}
+
+// DeepSpeed #7749 (0.18.3, ZeRO-2): every gradient divided by gas^2 more than needed: 1/16 at gas 4
+// matches 1/gas(B)^2, a double division by gas; 16 at gas 4 is not read as gas^2 (gas x dp is as likely).
+TEST(Explain, DivisionByGasTwiceIsNamed) {
+  pb::Config c = Cfg(2, 1, "", "local-mean");
+  c.set_gas(4);
+  TraceSide a = Side(c, "deepspeed"), b = Side(c, "deepspeed");
+  Cause cause = ExplainCause(1.0 / 16, "dense", a, b, 1e-4);
+  EXPECT_EQ(cause.cause, "double-division");
+  EXPECT_EQ(cause.dimension, "gas");
+  EXPECT_EQ(cause.expression, "1/gas(B)^2");
+  EXPECT_NE(cause.why.find("#7749"), std::string::npos) << cause.why;
+  b.framework = "pytorch";
+  EXPECT_EQ(ExplainCause(1.0 / 16, "dense", a, b, 1e-4).why.find("#7749"), std::string::npos);
+  EXPECT_EQ(ExplainCause(16.0, "dense", a, b, 1e-4).cause, "unexplained");
+}
+
 TEST(Explain, GroupsClusterByScale) {
   std::vector<ParamResult> ps(5);
   for (int i = 0; i < 5; ++i) {

@@ -1,7 +1,7 @@
-// Traces written by earlier writers (tests/fixtures/format-1.0 and -1.1,
+// Traces written by earlier writers (tests/fixtures/format-1.0, -1.1 and -1.2,
 // committed) keep reading, verifying and diffing with the same answers: 1.0
 // files are scanned (the index became a catalogue in 1.1), 1.1 files lack the
-// layout fields of 1.2.
+// layout fields of 1.2, 1.2 files the replicate degree of 1.3.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -38,8 +38,15 @@ TEST_P(OldFormat, FilesOpenAndVerify) {
       EXPECT_TRUE((*r)->has_index()) << path;
       EXPECT_EQ(GetParam().minor >= 1, (*r)->catalogued()) << path;
       EXPECT_TRUE(VerifyFile(path).ok()) << VerifyFile(path).message();
-      // No layout before 1.2: every parameter's kind reads as unspecified.
-      for (const pb::ParamInfo& p : (*r)->run_info().params()) EXPECT_EQ(pb::PARAM_KIND_UNSPECIFIED, p.kind());
+      // No layout before 1.2: every parameter's kind reads as unspecified; 1.2 records it.
+      for (const pb::ParamInfo& p : (*r)->run_info().params()) {
+        if (GetParam().minor < 2) {
+          EXPECT_EQ(pb::PARAM_KIND_UNSPECIFIED, p.kind());
+        } else {
+          EXPECT_NE(pb::PARAM_KIND_UNSPECIFIED, p.kind()) << p.name();
+        }
+      }
+      EXPECT_EQ(0, (*r)->run_info().config().replicate());
       ++files;
     }
   }
@@ -61,9 +68,27 @@ TEST_P(OldFormat, DiffGivesTheIssue5248Answer) {
   }
 }
 
+// 1.2's layout survives in a 1.3 reader: the expert-parallel fixture's expert
+// gradients (averaged over edp, ep = 2) come out 2x with the cause named.
+TEST(FormatFixtures, Version12LayoutNamesTheExpertDivisor) {
+  const std::string dir = std::string(GRADTRACE_FIXTURES) + "/format-1.2";
+  auto r = RunDiff(dir + "/ref", dir + "/ep", {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ("scaled", r->verdict);
+  ASSERT_FALSE(r->groups.empty());
+  const Group& g = r->groups.front();
+  ASSERT_TRUE(g.scale.has_value());
+  EXPECT_NEAR(2.0, *g.scale, 1e-6);
+  EXPECT_EQ(2, g.count);
+  EXPECT_EQ("expert", g.param_kind);
+  EXPECT_EQ("ep", g.dimension);
+  EXPECT_EQ("reduction-divisor", g.cause);
+}
+
 INSTANTIATE_TEST_SUITE_P(Committed, OldFormat,
                          ::testing::Values(Fixtures{kFixtures, 0, 7},
-                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.1", 1, 5}),
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.1", 1, 5},
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.2", 2, 9}),
                          [](const ::testing::TestParamInfo<Fixtures>& info) {
                            return "Version1" + std::to_string(info.param.minor);
                          });

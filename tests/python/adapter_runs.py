@@ -7,7 +7,8 @@ FINAL gradients equal the single-rank reference's.
 KIND: ddp (DistributedDataParallel, batch split over dp), cp (hand-written context parallel:
 each rank holds a contiguous half of the sequence, attention all-gathers K and V, loss = global
 token mean via all-reduced counts, gradients all-reduced over the cp group, manual adapter), fsdp2
-(fully_shard, batch split over dp). WORLD 1 with kind ref-dense/ref-seq is the reference
+(fully_shard, batch split over dp), hsdp (fully_shard on a replicate 2 x shard WORLD/2 mesh, batch
+split over all WORLD ranks). WORLD 1 with kind ref-dense/ref-seq is the reference
 (manual adapter, no process group). --bug: ddp sums without dividing (a hook of the user's);
 cp takes each rank's local token mean (the #5248 pattern). --sync-micro-steps (ddp): every micro-step's
 forward and backward run outside no_sync, so DDP all-reduces each micro-step while .grad accumulates.
@@ -119,6 +120,17 @@ def run_rank(rank, args):
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
                                              loss_description="mean CE over the rank's tokens")
+    elif kind == "hsdp":  # FSDP2's hybrid sharding on a (replicate 2, shard world/2) mesh
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        for layer in (model.qkv, model.proj):
+            fully_shard(layer, mesh=mesh)
+        net = fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
+                                             loss_description="mean CE over the rank's tokens")
     elif kind == "cp":
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -136,7 +148,7 @@ def run_rank(rank, args):
         for micro in range(args.gas):
             mb = slice(micro * BATCH // args.gas, (micro + 1) * BATCH // args.gas)
             t, y = tokens[mb], labels[mb]
-            if kind in ("ddp", "fsdp2"):  # dp: this rank's rows
+            if kind in ("ddp", "fsdp2", "hsdp"):  # dp: this rank's rows
                 rows = t.shape[0] // world
                 t, y = t[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
             if kind == "cp":  # cp: this rank's half of the sequence
@@ -198,7 +210,7 @@ def free_port():
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["ddp", "fsdp2", "cp", "ref-dense", "ref-seq"])
+    ap.add_argument("kind", choices=["ddp", "fsdp2", "hsdp", "cp", "ref-dense", "ref-seq"])
     ap.add_argument("world", type=int)
     ap.add_argument("out")
     ap.add_argument("--bug", action="store_true")

@@ -1,4 +1,4 @@
-"""Traces of earlier formats (tests/fixtures/format-1.0 and -1.1, written by
+"""Traces of earlier formats (tests/fixtures/format-1.0, -1.1 and -1.2, written by
 those writers) read through the Python package as they did; 1.1 files carry the
 index catalogue, 1.2 files the parallel layout."""
 
@@ -9,6 +9,7 @@ from conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "format-1.0"
 FIXTURES_11 = ROOT / "tests" / "fixtures" / "format-1.1"
+FIXTURES_12 = ROOT / "tests" / "fixtures" / "format-1.2"
 
 
 def test_version_10_set_reads_with_its_index_but_no_catalogue():
@@ -51,3 +52,15 @@ def test_version_11_set_reads_catalogued_without_layout():
         assert r.run_info["config"]["tp"] == 0 and r.run_info["framework"] == ""
         steps = [f for f in r.frames() if f["type"] == "step"]
         assert steps and all(f["reported_grad_norm"] is None and not f["optimizer_step"] for f in steps)
+
+
+def test_version_12_set_reads_its_layout_without_replicate():
+    readers = gradtrace.read_trace_set(FIXTURES_12 / "ep")
+    assert [r.rank for r in readers] == [0, 1, 2, 3]
+    for r in readers:
+        assert r.format_version == (1, 2) and r.catalogued
+        gradtrace.verify(r.path)
+        config = r.run_info["config"]
+        assert (config["dp"], config["ep_size"], config["replicate"]) == (4, 2, 0)
+        kinds = {p["name"]: p["kind"] for p in r.run_info["params"]}
+        assert kinds["layers.1.mlp.fc1.weight"] == "EXPERT" and kinds["embed.weight"] == "DENSE"

@@ -67,6 +67,7 @@ def runs(tmp_path_factory):
         "ddp-bug": _run(d / "ddp-bug", "ddp", 2, "--bug"),
         "cp": _run(d / "cp", "cp", 2),
         "fsdp2": _run(d / "fsdp2", "fsdp2", 2),
+        "hsdp": _run(d / "hsdp", "hsdp", 4),
         "tmp": d,
     }
 
@@ -184,6 +185,28 @@ def test_fsdp2_final_shards_match_single_rank_reference(runs):
     # embed.weight [32, 16] in two dim-0 shards: rank r holds elements [256 r, 256 (r + 1)).
     embed = {rank: s for rank, f in finals if f["step"] == 0 for s in f["slices"] if s["param_id"] == 0}
     assert {r: (s["offset"], s["count"]) for r, s in embed.items()} == {0: (0, 256), 1: (256, 256)}
+
+
+def test_hsdp_is_recorded_as_replicate_x_shard_and_reduces_right(runs):
+    """FSDP2 HSDP on a (replicate 2, shard 2) mesh: format 1.3's layout, FINAL equal to the
+    single-rank reference, and --self measuring the whole reduction (shard group and its replicas:
+    4 ranks, divisor 4 = dp for a local-mean loss)."""
+    code, report = _diff(runs["ref-dense"], runs["hsdp"], runs["tmp"])
+    assert code == 0, report["summary"]
+    scales = _scales(report)
+    assert len(scales) == 8 and all(abs(s - 1.0) < RTOL for s in scales.values()), scales
+    readers = gradtrace.read_trace_set(runs["hsdp"])
+    run = readers[0].run_info
+    assert (run["config"]["dp"], run["config"]["replicate"]) == (4, 2)
+    assert {g["name"]: g["ranks"] for g in run["groups"]}.items() >= {"shard": [0, 1], "replicate": [0, 2]}.items()
+    assert {p["grad_group"] for p in run["params"]} == {"shard"}
+    out = runs["tmp"] / "self-hsdp.json"
+    p = subprocess.run([str(DIFF), "--self", str(runs["hsdp"]), "--json", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    rows = json.loads(out.read_text())["self_params"]
+    assert len(rows) == 8, rows
+    assert all(r["group_size"] == 4 and r["expected"] == 4.0 and abs(r["divisor"] - 4.0) < RTOL for r in rows), rows
 
 
 def test_fsdp2_post_reduce_shard_is_the_mean_of_pre_reduce(runs):

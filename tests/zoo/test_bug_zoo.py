@@ -56,11 +56,9 @@ CAUSES = {
     "14": ("sp", "all", "loss", True),
     "15": ("gas", "all", "loss", True),
     "16": ("gas", "all", "token-count", True),
-    "18": ("replicate", "all", "divisor", False),
+    "18": ("replicate", "all", "divisor", True),
 }
-XFAIL_WHY = {
-    "18": "the trace format has no HSDP replicate degree, so the factor matches no expression",
-}
+XFAIL_WHY = {}
 CAUSE_FIELD = {"loss": {"loss-multiplier"}, "divisor": {"reduction-divisor", "double-division"},
                "token-count": {"token-normalisation"}, "replica": {"incomplete-group"}}
 KIND_FIELD = {"experts": {"expert"}, "dense": {"dense", "mixed"}, "all": None}
@@ -165,11 +163,9 @@ def test_explanation_names_dimension_and_cause(zoo, case):
 
 # `gradtrace-diff --self` on one trace set: every corrected run must pass and a buggy expert divisor must be
 # flagged (the expected expert divisor is the dense one, not the expert-data-parallel group size: the
-# mistake of DeepSpeed #5259/#6545). --self sums PRE_REDUCE over the shard group only while HSDP's
-# POST_REDUCE holds the replicas' all-reduce as well: xfail(strict) until the format records HSDP.
-SELF_FALSE_ALARMS = {
-    "hsdp-155903-ok": "--self does not model HSDP's replica all-reduce inside POST_REDUCE",
-}
+# mistake of DeepSpeed #5259/#6545). HSDP (format 1.3's Config.replicate): POST_REDUCE holds the
+# replicas' all-reduce too, so --self sums PRE_REDUCE over the shard group and its replicas.
+SELF_FALSE_ALARMS = {}
 SELF_MISSED = {"ds-5259-bug": None, "ds-6545-bug": None}
 
 
@@ -240,3 +236,16 @@ def test_every_row_reproduced_once_and_at_least_twelve():
     rows = [c.row for c in GRADIENT_CASES]
     assert len(rows) == len(set(rows)) >= 12 and set(rows) == set(CAUSES)
     assert len(DISTRACTORS) == 3
+
+
+def test_self_check_flags_the_hsdp_divide_factor(zoo):
+    """Row 18: the reduce-scatter divides by the shard group (2) while the reduction spans shard x
+    replicate (4): every parameter measured 2 against an expected 4, named by the replicate degree."""
+    code, report = _self_check(zoo, "hsdp-155903-bug")
+    assert (code, report["verdict"]) == (1, "wrong-divisor"), report["summary"]
+    params = report["self_params"]
+    assert params and all(r["verdict"] == "wrong-divisor" for r in params), report["summary"]
+    assert all(abs(r["divisor"] - 2) < 1e-4 and r["expected"] == 4 and r["group_size"] == 4 for r in params), params[0]
+    group = report["groups"][0]
+    assert (group["dimension"], group["cause"]) == ("replicate", "reduction-divisor"), group
+    assert "group size / replicate" in group["explanation"], group["explanation"]

@@ -6,7 +6,9 @@ replicate groups {0,2} and {1,3}; each rank one row, local-mean loss): the flat 
 reduce-scattered over the shard group and divided by the factor, then all-reduced over the
 replicas. Right: factor = dp = 4 (the shard group's 2 x the replicate's 2). Bug: the factor covers
 the shard group only (2) = replicate x. (FSDP2 itself runs on CPU here, tests/python; its current
-release has the fix, so the buggy arithmetic is written out.)"""
+release has the fix, so the buggy arithmetic is written out.) The trace records HSDP as format 1.3
+does: Config.replicate 2, groups "shard" and "replicate", POST_REDUCE of group "shard" after the
+replicas' all-reduce."""
 
 import functools
 
@@ -22,7 +24,7 @@ def hsdp(ranks, out, *, bug):
     shard = [rank - rank % 2, rank - rank % 2 + 1]
     replicate = [rank % 2, rank % 2 + 2]
     net = make_lm()
-    cap = capture(net, out, rank, 4, degrees={"dp": 4}, groups={"shard": shard, "replicate": replicate},
+    cap = capture(net, out, rank, 4, degrees={"dp": 4, "replicate": 2}, groups={"shard": shard, "replicate": replicate},
                   default_group="shard", loss="local-mean",
                   loss_description="mean CE over the rank's tokens; reduce-scatter over the shard group / "
                                    + ("shard size" if bug else "dp") + ", all-reduce (sum) over the replicas",
