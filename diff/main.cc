@@ -87,13 +87,13 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
 
 // --step all: a row per step, then the first differing step in full. --html
 // gets that step's report (or the last step's when all match).
-int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtrace::diff::DiffOptions& o,
+int RunAllSteps(const std::string& a_dir, const std::string& b_dir, gradtrace::diff::DiffOptions o,
                 const std::string& json_path, const std::string& md_path, const std::string& html_path, size_t top) {
   using namespace gradtrace;
+  o.bucket_view = !html_path.empty();  // the shown step's, for its HTML
   auto table = diff::RunDiffAllSteps(a_dir, b_dir, o);
   if (!table.ok()) return Fail(table.status().message());
-  const diff::Report* detail = table->FirstDifference();
-  if (detail == nullptr) detail = &table->steps.back();
+  const diff::Report* detail = &table->Shown();
   return Emit(
       {{json_path, [&] { return diff::RenderStepTableJson(*table); }},
        {md_path, [&] { return diff::RenderStepTableMarkdown(*table); }},
