@@ -374,6 +374,10 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
   c.a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
   c.b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  if (options.bucket_view) {
+    c.a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
+    c.b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
+  }
   StepLossAndTokens(a, al.step, &c.a);
   StepLossAndTokens(b, al.step, &c.b);
   c.step = al.step;

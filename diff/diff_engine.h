@@ -32,6 +32,9 @@ struct DiffOptions {
   // Work unit: parameters read together, at most this many elements (or one parameter).
   int64_t unit_elements = int64_t{1} << 20;
   Shard shard;  // --shard K/N: compare only this share of the aligned parameters
+  // Each side's per-rank x per-bucket view (TraceSide.bucket_view): a full --self pass over each side, so only
+  // when the HTML report will draw it (--html; shard 0 of a sharded diff, which carries it to the merge).
+  bool bucket_view = false;
 };
 
 // One aligned parameter after the compare phase.

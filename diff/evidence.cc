@@ -3,20 +3,27 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "align.h"
 #include "self_check.h"
 
 namespace gradtrace::diff {
+namespace {
+
+// --self needs both phases at the step; without them a side has no reductions to show.
+bool HasReductionsAt(const TraceSet& set, int64_t step) {
+  auto pre = StepsWithPhase(set, pb::PRE_REDUCE), post = StepsWithPhase(set, pb::POST_REDUCE);
+  return std::binary_search(pre.begin(), pre.end(), step) && std::binary_search(post.begin(), post.end(), step);
+}
+
+}  // namespace
 
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params) {
   std::vector<ReductionEvidence> out;
   if (accumulating_params != nullptr) *accumulating_params = 0;
-  auto pre = StepsWithPhase(set, pb::PRE_REDUCE), post = StepsWithPhase(set, pb::POST_REDUCE);
-  if (!std::binary_search(pre.begin(), pre.end(), step) || !std::binary_search(post.begin(), post.end(), step)) {
-    return out;
-  }
+  if (!HasReductionsAt(set, step)) return out;
   SelfOptions options;
   options.step = step;
   options.threads = threads;
@@ -36,6 +43,25 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
     out.push_back({kind, mid.group_size, mid.divisor, mid.declared, mid.expected});
   }
   return out;
+}
+
+std::vector<BucketCell> SideBucketView(const TraceSet& set, int64_t step, std::optional<double> rtol, int threads) {
+  if (!HasReductionsAt(set, step)) return {};
+  SelfOptions options;
+  options.step = step;
+  options.rtol = rtol;
+  options.threads = threads;
+  options.grad_norm = false;
+  auto self = SelfCheckSet(set, options);
+  if (!self.ok()) return {};
+  // Infinite numbers as NaN: the JSON writes both as null, so a merged report (whose shard 0 carried the
+  // cells in its partial report) reads back the very cells a single process holds.
+  for (BucketCell& c : self->bucket_view) {
+    for (double* v : {&c.pre_norm, &c.post_norm, &c.divisor, &c.residual}) {
+      if (std::isinf(*v)) *v = std::nan("");
+    }
+  }
+  return std::move(self->bucket_view);
 }
 
 void StepLossAndTokens(const TraceSet& set, int64_t step, TraceSide* side) {

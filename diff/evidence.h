@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "report.h"
@@ -22,6 +23,14 @@ namespace gradtrace::diff {
 // reduction; 0 without those records).
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params);
+
+// The per-rank x per-bucket view of `set` at `step` (TraceSide.bucket_view)
+// from a full --self pass, the cells `gradtrace-diff --self SET --step STEP
+// [--rtol X]` shows: every reduction, not the evidence's sample, so the diff
+// runs it only when asked (DiffOptions.bucket_view, for --html). Empty
+// when the set has no PRE_REDUCE and POST_REDUCE records at `step`, or when
+// the pass fails (the diff itself does not depend on it).
+std::vector<BucketCell> SideBucketView(const TraceSet& set, int64_t step, std::optional<double> rtol, int threads);
 
 // From the StepInfo records of `step` (ranks x micro-steps): the smallest and largest valid_tokens, and the
 // loss per data-parallel replica (TraceSide fields; 0 when none recorded).

@@ -27,6 +27,25 @@ Status ConfigFromJson(const Json& j, pb::Config* c) {
   return Status();
 }
 
+Json BucketCellToJson(const BucketCell& c) {
+  Json j = Json::object();
+  j["rank"] = c.rank;
+  j["micro_step"] = c.micro;
+  j["bucket_id"] = c.bucket;
+  j["group"] = c.group;
+  j["group_size"] = c.group_size;
+  j["params"] = c.params;
+  j["compared"] = c.compared;
+  j["pre_norm"] = NumberOrNull(c.pre_norm);
+  j["post_norm"] = NumberOrNull(c.post_norm);
+  j["divisor"] = NumberOrNull(c.divisor);
+  j["residual"] = NumberOrNull(c.residual);
+  j["expected"] = NumberOrNull(c.expected > 0 ? c.expected : NAN);
+  j["accumulates"] = c.accumulates;
+  j["verdict"] = SelfVerdictName(c.verdict);
+  return j;
+}
+
 Json TraceSideToJson(const TraceSide& s) {
   Json j = Json::object();
   j["dir"] = s.dir;
@@ -48,6 +67,9 @@ Json TraceSideToJson(const TraceSide& s) {
   j["valid_tokens_min"] = s.valid_tokens_min;
   j["valid_tokens_max"] = s.valid_tokens_max;
   j["loss_per_replica"] = NumberOrNull(s.loss_per_replica);
+  // Since 1.3: always an array, empty when not computed.
+  j["bucket_view"] = Json::array();
+  for (const auto& c : s.bucket_view) j["bucket_view"].push_back(BucketCellToJson(c));
   return j;
 }
 

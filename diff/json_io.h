@@ -29,7 +29,11 @@ Status ConfigFromJson(const Json& j, pb::Config* c);
 // A whole report as --json writes it (report_json.cc).
 Json ReportToJson(const Report& r);
 
-// {"dir", "producer", "run_id", "world", "truncated"}; the config is separate.
+// {"dir", "producer", "run_id", "world", "truncated", ...}; the config is separate.
 Json TraceSideToJson(const TraceSide& s);
+
+// One cell of a per-rank x per-bucket view (REPORT_SCHEMA.md, "Per-rank x per-bucket view"): NaN numbers and
+// an unknown (0) expected divisor as null, so finite numbers read back exactly and null reads back as undefined.
+Json BucketCellToJson(const BucketCell& c);
 
 }  // namespace gradtrace::diff

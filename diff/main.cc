@@ -70,6 +70,8 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
   if (!md_path.empty() || !html_path.empty())
     return Fail("--shard writes JSON only; give --markdown/--html to --merge");
   o.shard = *shard;
+  // The merge may write HTML, which draws each side's bucket view: shard 0 computes it and carries it.
+  o.bucket_view = o.shard.k == 0;
   auto c = diff::RunCompare(a_dir, b_dir, o);
   if (!c.ok()) return Fail(c.status().message());
   Status st = diff::WriteFileAtomic(json_path, diff::RenderPartialJson(*c));
@@ -85,13 +87,13 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
 
 // --step all: a row per step, then the first differing step in full. --html
 // gets that step's report (or the last step's when all match).
-int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtrace::diff::DiffOptions& o,
+int RunAllSteps(const std::string& a_dir, const std::string& b_dir, gradtrace::diff::DiffOptions o,
                 const std::string& json_path, const std::string& md_path, const std::string& html_path, size_t top) {
   using namespace gradtrace;
+  o.bucket_view = !html_path.empty();  // the shown step's, for its HTML
   auto table = diff::RunDiffAllSteps(a_dir, b_dir, o);
   if (!table.ok()) return Fail(table.status().message());
-  const diff::Report* detail = table->FirstDifference();
-  if (detail == nullptr) detail = &table->steps.back();
+  const diff::Report* detail = &table->Shown();
   return Emit(
       {{json_path, [&] { return diff::RenderStepTableJson(*table); }},
        {md_path, [&] { return diff::RenderStepTableMarkdown(*table); }},
@@ -185,7 +187,8 @@ int main(int argc, char** argv) {
     for (const char* opt : {"--phase", "--step", "--rtol", "--noise", "--rename"}) {
       if (app.count(opt) > 0) return Fail(std::string("--merge takes ") + opt + " from the parts; drop it");
     }
-    auto merged = diff::MergeParts(merge_paths);
+    // As in a single-process diff, the bucket views (from shard 0's part) are reported only with --html.
+    auto merged = diff::MergeParts(merge_paths, !html_path.empty());
     if (!merged.ok()) return Fail(merged.status().message());
     report = diff::JudgeComparison(*merged);
   } else if (!self_dir.empty()) {
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
     o.progress = true;
     if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
     if (all_steps) return RunAllSteps(a_dir, b_dir, o, json_path, md_path, html_path, top);
+    o.bucket_view = !html_path.empty();  // a full --self pass per side, for the HTML report only
     report = diff::RunDiff(a_dir, b_dir, o);
   }
   if (!report.ok()) return Fail(report.status().message());

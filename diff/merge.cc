@@ -11,7 +11,7 @@ std::string ShardName(const Shard& s) { return std::to_string(s.k) + "/" + std::
 
 }  // namespace
 
-Expected<Comparison> MergeParts(const std::vector<std::string>& paths) {
+Expected<Comparison> MergeParts(const std::vector<std::string>& paths, bool bucket_view) {
   if (paths.empty()) return Status::InvalidArgument("--merge: no partial reports given");
   std::vector<Comparison> parts;
   for (const auto& path : paths) {
@@ -77,6 +77,7 @@ Expected<Comparison> MergeParts(const std::vector<std::string>& paths) {
   std::sort(merged.params.begin(), merged.params.end(),
             [](const ComparedParam& x, const ComparedParam& y) { return x.index < y.index; });
   merged.shard = Shard{};
+  if (!bucket_view) merged.a.bucket_view.clear(), merged.b.bucket_view.clear();
   return merged;
 }
 

@@ -16,7 +16,9 @@ namespace gradtrace::diff {
 // exactly once, every parameter exactly once. Errors are one line naming the
 // offending file (or, for a shard no file holds, the files given). The result
 // holds every parameter in alignment order, shard 0/1, and the directory names
-// of shard 0's part.
-Expected<Comparison> MergeParts(const std::vector<std::string>& paths);
+// of shard 0's part. `bucket_view`: keep the sides' bucket views shard 0's part
+// carries (the merge writes HTML); false drops them, as a single-process diff
+// without --html computes none (DiffOptions.bucket_view).
+Expected<Comparison> MergeParts(const std::vector<std::string>& paths, bool bucket_view = false);
 
 }  // namespace gradtrace::diff

@@ -10,7 +10,7 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kPartialVersion[] = "1.2";  // minor: fields added; major: fields changed
+constexpr char kPartialVersion[] = "1.3";  // minor: fields added; major: fields changed
 constexpr char kKind[] = "partial";
 
 Json Exact(double v) {
@@ -136,6 +136,36 @@ Basis BasisFromName(const std::string& name, const std::string& where) {
   throw BadField{where, "unknown basis '" + name + "'"};
 }
 
+SelfVerdict SelfVerdictFromName(const std::string& name, const std::string& where) {
+  for (SelfVerdict v :
+       {SelfVerdict::kOk, SelfVerdict::kMissing, SelfVerdict::kWrongDivisor, SelfVerdict::kInconsistent}) {
+    if (name == SelfVerdictName(v)) return v;
+  }
+  throw BadField{where, "unknown verdict '" + name + "'"};
+}
+
+// A cell as BucketCellToJson wrote it: null numbers are undefined (NaN), a null expected divisor unknown (0).
+BucketCell BucketCellFromJson(const Json& j, const std::string& where) {
+  Fields f(j, where);
+  BucketCell c;
+  c.rank = static_cast<int>(f.Int("rank"));
+  c.micro = static_cast<int32_t>(f.Int("micro_step"));
+  c.bucket = static_cast<int32_t>(f.Int("bucket_id"));
+  c.group = f.Str("group");
+  c.group_size = static_cast<int>(f.Int("group_size"));
+  c.params = static_cast<int>(f.Int("params"));
+  c.compared = f.Int("compared");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  c.pre_norm = f.OptDouble("pre_norm").value_or(nan);
+  c.post_norm = f.OptDouble("post_norm").value_or(nan);
+  c.divisor = f.OptDouble("divisor").value_or(nan);
+  c.residual = f.OptDouble("residual").value_or(nan);
+  c.expected = f.OptDouble("expected").value_or(0);
+  c.accumulates = f.Bool("accumulates");
+  c.verdict = SelfVerdictFromName(f.Str("verdict"), f.Name("verdict"));
+  return c;
+}
+
 TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* config_key) {
   Fields f(top.At(trace_key), trace_key);
   TraceSide s;
@@ -155,6 +185,12 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
       Fields r(rs[i], f.Name("reductions") + "[" + std::to_string(i) + "]");
       s.reductions.push_back({r.Str("param_kind"), static_cast<int>(r.Int("group_size")), r.Double("measured"),
                               r.Double("declared"), r.Double("expected")});
+    }
+  }
+  if (f.Has("bucket_view")) {  // since 1.3; shard 0 carries it (DiffOptions.bucket_view)
+    const Json& cells = f.Array("bucket_view");
+    for (size_t i = 0; i < cells.size(); ++i) {
+      s.bucket_view.push_back(BucketCellFromJson(cells[i], f.Name("bucket_view") + "[" + std::to_string(i) + "]"));
     }
   }
   Status st = ConfigFromJson(top.At(config_key), &s.config);

@@ -14,7 +14,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.2";
+inline constexpr char kReportSchemaVersion[] = "1.3";
 
 struct ParamResult {
   std::string name;
@@ -65,53 +65,9 @@ struct ReductionEvidence {
   double Believed() const { return declared > 0 ? declared : measured; }
 };
 
-struct TraceSide {
-  std::string dir;
-  std::string producer;
-  std::string framework;  // RunInfo.framework ("deepspeed", "pytorch-ddp", ...; "" before format 1.2)
-  std::string run_id;
-  int world = 0;
-  bool truncated = false;
-  pb::Config config;
-  std::optional<double> reported_grad_norm;   // what the framework reported for the compared step
-  std::vector<ReductionEvidence> reductions;  // empty without PRE_REDUCE and POST_REDUCE (or in a merged diff)
-  // StepInfo.valid_tokens of the compared step over its (rank, micro-step) records: unequal counts make a
-  // per-micro-batch or per-shard normalised loss differ from the total-token mean (not only by a scale).
-  int64_t valid_tokens_min = 0, valid_tokens_max = 0;
-  // Sum of StepInfo.loss over the step's ranks and micro-steps, per data-parallel replica (sum / dp); 0 when
-  // unrecorded. Its ratio between the sides confirms a loss multiplier (a local mean per shard, a loss x cp).
-  double loss_per_replica = 0;
-};
-
-// The reported grad norm of each side against the norm of its FINAL gradients (grad_norm.h).
-struct GradNormCheck {
-  std::optional<double> reported_a, reported_b;
-  double computed_a = 0, computed_b = 0;  // sqrt(sum over parameters of ||FINAL||^2)
-  std::optional<double> off_a, off_b;     // reported / computed, where reported
-  std::string verdict;                    // "consistent" or "misreported"
-  std::string message;                    // one sentence
-};
-
 // --self: one parameter's verdict. Larger is worse (table order).
 enum class SelfVerdict { kOk, kMissing, kWrongDivisor, kInconsistent };
 const char* SelfVerdictName(SelfVerdict v);  // "ok", "missing", "wrong-divisor", "inconsistent"
-
-// --self: effective divisor per parameter.
-struct SelfParam {
-  std::string name;
-  int64_t numel = 0;
-  std::string group;  // process group reduced over
-  int group_size = 0;
-  std::string param_kind;  // ParamInfo.kind: "dense", "expert", "tp-shard", "replicated", "" unrecorded
-  double divisor = 0;      // effective: sum(PRE over group) / POST
-  double residual = 0;     // ||POST - sum/divisor|| / ||POST||
-  double expected = 0;     // what the loss recipe needs (0 = unknown)
-  double declared = 0;     // BucketRecord.divisor as the producer stated it (0 = unknown)
-  std::vector<int32_t> buckets;
-  int64_t compared = 0;
-  SelfVerdict verdict = SelfVerdict::kOk;
-  bool accumulates = false;  // its bucket accumulates across micro-steps on some rank (bucket_view.h)
-};
 
 // --self: one rank's POST_REDUCE of one bucket in one micro-step against the
 // PRE_REDUCE sum over its group (bucket_view.h): a cell of the per-rank x
@@ -131,6 +87,54 @@ struct BucketCell {
   double expected = 0;                     // what the loss recipe needs for the group (0 = unknown)
   bool accumulates = false;                // PRE holds the previous micro-step's reduced gradient (bucket_view.h)
   SelfVerdict verdict = SelfVerdict::kOk;  // of this one reduction: divisor against expected, residual
+};
+
+struct TraceSide {
+  std::string dir;
+  std::string producer;
+  std::string framework;  // RunInfo.framework ("deepspeed", "pytorch-ddp", ...; "" before format 1.2)
+  std::string run_id;
+  int world = 0;
+  bool truncated = false;
+  pb::Config config;
+  std::optional<double> reported_grad_norm;   // what the framework reported for the compared step
+  std::vector<ReductionEvidence> reductions;  // empty without PRE_REDUCE and POST_REDUCE (or in a merged diff)
+  // StepInfo.valid_tokens of the compared step over its (rank, micro-step) records: unequal counts make a
+  // per-micro-batch or per-shard normalised loss differ from the total-token mean (not only by a scale).
+  int64_t valid_tokens_min = 0, valid_tokens_max = 0;
+  // Sum of StepInfo.loss over the step's ranks and micro-steps, per data-parallel replica (sum / dp); 0 when
+  // unrecorded. Its ratio between the sides confirms a loss multiplier (a local mean per shard, a loss x cp).
+  double loss_per_replica = 0;
+  // Since schema 1.3: the side's per-rank x per-bucket view at the compared step (a full --self pass), in a
+  // diff that writes HTML (DiffOptions.bucket_view); empty otherwise, without PRE_REDUCE and POST_REDUCE, and
+  // in self mode (whose view is Report.bucket_view).
+  std::vector<BucketCell> bucket_view;
+};
+
+// The reported grad norm of each side against the norm of its FINAL gradients (grad_norm.h).
+struct GradNormCheck {
+  std::optional<double> reported_a, reported_b;
+  double computed_a = 0, computed_b = 0;  // sqrt(sum over parameters of ||FINAL||^2)
+  std::optional<double> off_a, off_b;     // reported / computed, where reported
+  std::string verdict;                    // "consistent" or "misreported"
+  std::string message;                    // one sentence
+};
+
+// --self: effective divisor per parameter.
+struct SelfParam {
+  std::string name;
+  int64_t numel = 0;
+  std::string group;  // process group reduced over
+  int group_size = 0;
+  std::string param_kind;  // ParamInfo.kind: "dense", "expert", "tp-shard", "replicated", "" unrecorded
+  double divisor = 0;      // effective: sum(PRE over group) / POST
+  double residual = 0;     // ||POST - sum/divisor|| / ||POST||
+  double expected = 0;     // what the loss recipe needs (0 = unknown)
+  double declared = 0;     // BucketRecord.divisor as the producer stated it (0 = unknown)
+  std::vector<int32_t> buckets;
+  int64_t compared = 0;
+  SelfVerdict verdict = SelfVerdict::kOk;
+  bool accumulates = false;  // its bucket accumulates across micro-steps on some rank (bucket_view.h)
 };
 
 struct Report {

@@ -3,7 +3,8 @@
 // per parameter in each: the scale factor B/A (the effective divisor in
 // --self) and the residual, both on log axes, the tolerance drawn as a line.
 // --self adds the per-rank x per-bucket view (bucket_view.h) as a table
-// coloured by whether each reduction's divisor is the expected one.
+// coloured by whether each reduction's divisor is the expected one; a two-set
+// diff draws each side's view (TraceSide.bucket_view) with the same code.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -164,9 +165,17 @@ const char* CellColour(SelfVerdict v) {
   return "#eeeeee";
 }
 
+// The bucket views' heading and the legend their cells share.
+std::string BucketViewHeading() {
+  return "<h2>Reductions per rank and bucket</h2>\n<p>Each cell: the rank's POST_REDUCE against the "
+         "sum of PRE_REDUCE over its group: effective divisor d (expected in brackets), then the rank's "
+         "||PRE|| and ||POST||. &#8635; marks a bucket whose PRE_REDUCE holds the previous micro-step's "
+         "reduced gradient.</p>\n";
+}
+
 // Rows ranks, columns the (micro-step, bucket, group) reductions; each cell
-// the rank's effective divisor and its PRE/POST norms.
-std::string BucketView(const std::vector<BucketCell>& cells) {
+// the rank's effective divisor and its PRE/POST norms. `id`: the table's.
+std::string BucketView(const std::vector<BucketCell>& cells, const std::string& id) {
   using Column = std::tuple<int32_t, int32_t, std::string>;
   std::map<Column, int> columns;
   std::map<int, std::map<Column, const BucketCell*>> rows;
@@ -177,11 +186,7 @@ std::string BucketView(const std::vector<BucketCell>& cells) {
     rows[c.rank][col] = &c;
     micros = micros || c.micro > 0;
   }
-  std::string h =
-      "<h2>Reductions per rank and bucket</h2>\n<p>Each cell: the rank's POST_REDUCE against the "
-      "sum of PRE_REDUCE over its group: effective divisor d (expected in brackets), then the rank's "
-      "||PRE|| and ||POST||. &#8635; marks a bucket whose PRE_REDUCE holds the previous micro-step's "
-      "reduced gradient.</p>\n<table id=\"bucket-view\"><tr><th>rank</th>";
+  std::string h = "<table id=\"" + id + "\"><tr><th>rank</th>";
   for (const auto& [col, unused] : columns) {
     const auto& [micro, bucket, group] = col;
     h += "<th>" + (micros ? "micro " + std::to_string(micro) + ", " : std::string()) + "bucket " +
@@ -210,6 +215,22 @@ std::string BucketView(const std::vector<BucketCell>& cells) {
     h += "</tr>\n";
   }
   return h + "</table>\n";
+}
+
+// A two-set diff: each side's view under a title naming the side, its producer and configuration (the same
+// drawing as --self's; TraceSide.bucket_view is empty unless the diff computed it for this report).
+std::string SideBucketViews(const Report& r) {
+  if (r.a.bucket_view.empty() && r.b.bucket_view.empty()) return "";
+  std::string h = BucketViewHeading();
+  for (const auto& [side, name, id] :
+       {std::tuple{&r.a, "A (reference)", "bucket-view-a"}, std::tuple{&r.b, "B", "bucket-view-b"}}) {
+    if (side->bucket_view.empty()) continue;
+    const std::string producer = side->producer.empty() ? "" : ": " + Esc(side->producer);
+    h += "<h3 class=\"side\">" + std::string(name) + producer + "</h3>\n<p><code>" + Esc(side->dir) + "</code>, " +
+         Esc(ConfigSummary(side->config)) + "</p>\n";
+    h += BucketView(side->bucket_view, id);
+  }
+  return h;
 }
 
 }  // namespace
@@ -244,7 +265,8 @@ std::string RenderHtml(const Report& r) {
        (self ? "" : "<td>" + Esc(ConfigSummary(r.b.config)) + "</td>") + "</tr></table>\n";
   h += "<p>Step " + std::to_string(r.step) + ", phase " + Esc(r.phase) + "; " + Esc(r.tolerance.bound) + ".</p>\n";
   h += Chart(pts, r.tolerance.rtol, self);
-  if (!r.bucket_view.empty()) h += BucketView(r.bucket_view);
+  if (!r.bucket_view.empty()) h += BucketViewHeading() + BucketView(r.bucket_view, "bucket-view");
+  if (!self) h += SideBucketViews(r);
   if (!r.groups.empty()) {
     h += "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
          (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";

@@ -78,25 +78,6 @@ Json GradNormJson(const GradNormCheck& g) {
           {"off_b", opt(g.off_b)}};
 }
 
-Json BucketCellJson(const BucketCell& c) {
-  Json j = Json::object();
-  j["rank"] = c.rank;
-  j["micro_step"] = c.micro;
-  j["bucket_id"] = c.bucket;
-  j["group"] = c.group;
-  j["group_size"] = c.group_size;
-  j["params"] = c.params;
-  j["compared"] = c.compared;
-  j["pre_norm"] = NumberOrNull(c.pre_norm);
-  j["post_norm"] = NumberOrNull(c.post_norm);
-  j["divisor"] = NumberOrNull(c.divisor);
-  j["residual"] = NumberOrNull(c.residual);
-  j["expected"] = NumberOrNull(c.expected > 0 ? c.expected : NAN);
-  j["accumulates"] = c.accumulates;
-  j["verdict"] = SelfVerdictName(c.verdict);
-  return j;
-}
-
 }  // namespace
 
 Json ReportToJson(const Report& r) {
@@ -128,7 +109,7 @@ Json ReportToJson(const Report& r) {
   for (const auto& p : r.self_params) j["self_params"].push_back(SelfParamJson(p));
   j["grad_norm"] = r.grad_norm ? GradNormJson(*r.grad_norm) : Json(nullptr);
   j["bucket_view"] = Json::array();
-  for (const auto& c : r.bucket_view) j["bucket_view"].push_back(BucketCellJson(c));
+  for (const auto& c : r.bucket_view) j["bucket_view"].push_back(BucketCellToJson(c));
   return j;
 }
 

@@ -573,7 +573,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
-  if (options.sample) return report;  // the evidence pass: no grad norm
+  if (options.sample || !options.grad_norm) return report;  // the evidence pass: no grad norm
   Status norm = AddSelfGradNorm(set, options.threads, &report);
   if (!norm.ok()) return norm;
   return report;

@@ -31,6 +31,9 @@ struct SelfOptions {
   // that accumulate across micro-steps (SelfParam.accumulates stays false).
   bool sample = false;
   bool accumulation = true;
+  // False skips the grad-norm check (it reads every FINAL record): the diff's
+  // per-side bucket view (evidence.h, SideBucketView) needs only the cells.
+  bool grad_norm = true;
 };
 
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options);

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "align.h"
+#include "evidence.h"
 #include "json_io.h"
 #include "progress.h"
 
@@ -57,6 +58,11 @@ const Report* StepTable::FirstDifference() const {
   return nullptr;
 }
 
+const Report& StepTable::Shown() const {
+  const Report* first = FirstDifference();
+  return first != nullptr ? *first : steps.back();
+}
+
 Expected<StepTable> DiffAllSteps(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
                                  const TraceSet* noise) {
   std::vector<int64_t> sa = StepsWithPhase(a, options.phase), sb = StepsWithPhase(b, options.phase), common;
@@ -71,6 +77,7 @@ Expected<StepTable> DiffAllSteps(const TraceSet& a, const TraceSet& b, const Dif
     DiffOptions o = options;
     o.step = common[i];
     o.progress = false;  // one progress line for the whole table
+    o.bucket_view = false;
     auto r = DiffSets(a, b, o, noise);
     if (!r.ok()) return r.status();
     if (VerdictRank(r->verdict) > VerdictRank(t.verdict)) t.verdict = r->verdict;
@@ -78,6 +85,11 @@ Expected<StepTable> DiffAllSteps(const TraceSet& a, const TraceSet& b, const Dif
     progress.Update(i + 1, common.size());
   }
   progress.Finish();
+  if (options.bucket_view) {
+    Report& shown = const_cast<Report&>(t.Shown());  // an element of t.steps, which this function owns
+    shown.a.bucket_view = SideBucketView(a, shown.step, options.rtol, options.threads);
+    shown.b.bucket_view = SideBucketView(b, shown.step, options.rtol, options.threads);
+  }
   const Report* first = t.FirstDifference();
   const auto differ = std::count_if(t.steps.begin(), t.steps.end(), [](const Report& r) { return r.ExitCode() != 0; });
   t.summary = first == nullptr

@@ -21,11 +21,15 @@ struct StepTable {
   int ExitCode() const { return verdict == "match" ? 0 : 1; }
   // The first step whose report is not a match (null when all match).
   const Report* FirstDifference() const;
+  // The step --html draws: the first difference, else the last step.
+  const Report& Shown() const;
 };
 
 // Compares B against A at every step both recorded for options.phase
 // (options.step is ignored). InvalidArgument when they share no step.
-// Progress ("step i/N") on stderr when options.progress.
+// Progress ("step i/N") on stderr when options.progress. options.bucket_view:
+// the sides' bucket views of the Shown() step only (one full --self pass per
+// side, not one per step).
 Expected<StepTable> DiffAllSteps(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
                                  const TraceSet* noise = nullptr);
 Expected<StepTable> RunDiffAllSteps(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options);

@@ -15,6 +15,7 @@
 
 #include "diff_engine.h"
 #include "environment.h"
+#include "evidence.h"
 #include "fidelity.h"
 #include "progress.h"
 #include "readme.h"
@@ -83,6 +84,15 @@ Expected<diff::Report> RunComparison(const std::vector<const diff::TraceSet*>& s
   o.renames = d.renames;
   o.threads = threads;
   return diff::DiffSets(*sets[0], *sets[1], o);
+}
+
+// The report as `gradtrace-diff ARCHIVE --html` draws it: a diff's HTML shows each side's bucket view
+// (DiffOptions.bucket_view), while report.json stays the plain diff's, which a rerun without --html repeats.
+diff::Report WithBucketViews(diff::Report r, const std::vector<const diff::TraceSet*>& sets, const PackOptions& o) {
+  if (r.mode != "diff") return r;
+  r.a.bucket_view = diff::SideBucketView(*sets[0], r.step, o.diff.rtol, o.threads);
+  r.b.bucket_view = diff::SideBucketView(*sets[1], r.step, o.diff.rtol, o.threads);
+  return r;
 }
 
 // What the plan needs from the captured diff: parameters that differ first
@@ -167,7 +177,7 @@ Expected<Written> WriteArchive(const PackOptions& options, const std::string& tm
   if (!report.ok()) return report.status();
   GT_RETURN_IF_ERROR(w.Add("report.json", diff::RenderJson(*report)));
   GT_RETURN_IF_ERROR(w.Add("report.md", diff::RenderMarkdown(*report)));
-  GT_RETURN_IF_ERROR(w.Add("report.html", diff::RenderHtml(*report)));
+  GT_RETURN_IF_ERROR(w.Add("report.html", diff::RenderHtml(WithBucketViews(*report, ptrs, options))));
   if (attempt.original) GT_RETURN_IF_ERROR(w.Add("original-report.json", diff::RenderJson(*attempt.original)));
 
   std::vector<PackedSet> env_sets;

@@ -1,6 +1,7 @@
 // --self's per-rank x per-bucket view (bucket_view.h) on synthetic sets: one
 // cell per rank's POST_REDUCE record, the divisor of each reduction, replicated
-// POST norms, and no accumulation claimed where FINAL is the micro-steps' sum.
+// POST norms, and no accumulation claimed where FINAL is the micro-steps' sum;
+// a two-set diff's view of each side (TraceSide.bucket_view).
 #include "bucket_view.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "diff_engine.h"
 #include "self_check.h"
 #include "test_dirs.h"
 
@@ -90,6 +92,94 @@ TEST(BucketView, MicroStepsWhoseFinalIsTheirSumDoNotAccumulate) {
   EXPECT_EQ(micros, (std::set<int32_t>{0, 1}));
   for (const Finding& f : r.findings) EXPECT_NE(f.kind, "accumulation") << f.message;
   EXPECT_EQ(r.verdict, "ok");
+}
+
+// Each side's cells hold `divisor` against `expected` on `ranks` ranks, and are --self's cells of that side.
+void ExpectSideView(const std::vector<BucketCell>& cells, const std::string& dir, double divisor, double expected,
+                    int ranks, SelfVerdict verdict) {
+  std::set<int> seen;
+  for (const BucketCell& c : cells) {
+    seen.insert(c.rank);
+    EXPECT_NEAR(c.divisor, divisor, 1e-4 * divisor) << "rank " << c.rank << " bucket " << c.bucket;
+    EXPECT_EQ(c.expected, expected);
+    EXPECT_EQ(c.verdict, verdict);
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), ranks);
+  Report self = Self(dir);
+  ASSERT_EQ(cells.size(), self.bucket_view.size());
+  for (size_t i = 0; i < cells.size(); ++i) {
+    EXPECT_EQ(cells[i].rank, self.bucket_view[i].rank);
+    EXPECT_EQ(cells[i].bucket, self.bucket_view[i].bucket);
+    EXPECT_NEAR(cells[i].divisor, self.bucket_view[i].divisor, 1e-12 * divisor);
+    EXPECT_NEAR(cells[i].post_norm, self.bucket_view[i].post_norm, 1e-12 * self.bucket_view[i].post_norm);
+  }
+}
+
+// A two-set diff that writes HTML: A (dp 2, mean) divides by its group of 2 as
+// needed; B (dp 2 x sp 2, ds-4530) by 4 / sp = 2 where its group of 4 needs 4
+// (#5248). Both views are in the JSON under their side and drawn in the HTML.
+TEST(BucketView, ATwoSetDiffCarriesEachSidesCells) {
+  const std::string a = Synth("a", Config(2, 1, 0, "mean", "local-mean"));
+  const std::string b = Synth("b", Config(2, 2, 0, "ds-4530", "local-mean"));
+  DiffOptions o;
+  o.bucket_view = true;
+  auto r = RunDiff(a, b, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->a.bucket_view.empty());
+  ASSERT_FALSE(r->b.bucket_view.empty());
+  ExpectSideView(r->a.bucket_view, a, 2.0, 2.0, 2, SelfVerdict::kOk);
+  ExpectSideView(r->b.bucket_view, b, 2.0, 4.0, 4, SelfVerdict::kWrongDivisor);
+  EXPECT_TRUE(r->bucket_view.empty());  // the top-level view is --self's
+
+  auto j = nlohmann::json::parse(RenderJson(*r));
+  EXPECT_EQ(j["schema_version"], "1.3");
+  EXPECT_TRUE(j["bucket_view"].empty());
+  for (const auto& [key, side] : {std::pair{"trace_a", &r->a}, std::pair{"trace_b", &r->b}}) {
+    const auto& cells = j[key]["bucket_view"];
+    ASSERT_EQ(cells.size(), side->bucket_view.size()) << key;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      EXPECT_EQ(cells[i]["divisor"].get<double>(), side->bucket_view[i].divisor) << key << "[" << i << "]";
+      EXPECT_EQ(cells[i]["expected"].get<double>(), side->bucket_view[i].expected) << key << "[" << i << "]";
+      EXPECT_EQ(cells[i]["rank"].get<int>(), side->bucket_view[i].rank) << key << "[" << i << "]";
+    }
+  }
+  const std::string h = RenderHtml(*r);
+  EXPECT_EQ(Count(h, "<table id=\"bucket-view-a\">"), 1);
+  EXPECT_EQ(Count(h, "<table id=\"bucket-view-b\">"), 1);
+  EXPECT_EQ(Count(h, "<table id=\"bucket-view\">"), 0);
+  EXPECT_EQ(Count(h, "class=\"cell\""), static_cast<int>(r->a.bucket_view.size() + r->b.bucket_view.size()));
+  EXPECT_EQ(Count(h, "data-verdict=\"wrong-divisor\""), static_cast<int>(r->b.bucket_view.size()));
+  EXPECT_EQ(Count(h, "<h3 class=\"side\">A (reference)"), 1);
+  EXPECT_EQ(Count(h, "<h3 class=\"side\">B"), 1);
+  EXPECT_NE(h.find("ds-4530"), std::string::npos);
+}
+
+// Without HTML the diff skips the full --self passes: the arrays are there, empty.
+TEST(BucketView, APlainDiffDoesNotComputeTheViews) {
+  auto r = RunDiff(Synth("a", Config(2, 1, 0, "mean", "local-mean")),
+                   Synth("b", Config(2, 2, 0, "ds-4530", "local-mean")), {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->a.bucket_view.empty());
+  EXPECT_TRUE(r->b.bucket_view.empty());
+  auto j = nlohmann::json::parse(RenderJson(*r));
+  EXPECT_TRUE(j["trace_a"]["bucket_view"].is_array() && j["trace_a"]["bucket_view"].empty());
+  EXPECT_TRUE(j["trace_b"]["bucket_view"].is_array() && j["trace_b"]["bucket_view"].empty());
+  EXPECT_EQ(RenderHtml(*r).find("bucket-view"), std::string::npos);
+}
+
+// A side without PRE_REDUCE and POST_REDUCE has no view; the other side's is still drawn.
+TEST(BucketView, ASideWithoutReductionsHasNoView) {
+  auto spec = Config(2, 1, 0, "mean", "local-mean");
+  spec.write_pre_post = false;
+  DiffOptions o;
+  o.bucket_view = true;
+  auto r = RunDiff(Synth("a", spec), Synth("b", Config(2, 2, 0, "ds-4530", "local-mean")), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->a.bucket_view.empty());
+  EXPECT_FALSE(r->b.bucket_view.empty());
+  const std::string h = RenderHtml(*r);
+  EXPECT_EQ(Count(h, "bucket-view-a"), 0);
+  EXPECT_EQ(Count(h, "<table id=\"bucket-view-b\">"), 1);
 }
 
 TEST(BucketView, FinishCellJudgesOneReduction) {

@@ -90,6 +90,31 @@ for n in 1 2 3 5; do
   cmp -s "$work/single.md" "$work/merged$n.md" || fail "N=$n: merged Markdown differs"
   grep -q '^mismatch *head.weight' "$work/out" || fail "N=$n: merged table"
 done
+# --html adds each side's bucket view (a full --self pass per side) to the HTML and to trace_a/trace_b in
+# the JSON; shard 0's part carries them, so the merge that writes HTML gives the same bytes too.
+expect 1 "$diff_bin" "$work/ref" "$work/bad" --json "$work/single-h.json" --html "$work/single.html"
+if ! "$python" -c 'import json' 2>/dev/null; then
+  echo "note: no $python; bucket views checked by grep only" >&2
+  grep -q '"bucket_id"' "$work/single-h.json" || fail "no bucket views in the --html diff's JSON"
+  grep -q '"bucket_id"' "$work/single.json" && fail "bucket views in a diff without --html"
+elif ! "$python" - "$work/single-h.json" "$work/single.json" <<'PY'; then
+import json, sys
+with_html, plain = (json.load(open(p)) for p in sys.argv[1:3])
+for side, ranks in (("trace_a", 1), ("trace_b", 2)):
+    cells = with_html[side]["bucket_view"]
+    assert cells and {c["rank"] for c in cells} == set(range(ranks)), (side, cells[:2])
+    assert all(abs(c["divisor"] - ranks) < 1e-4 * ranks and c["verdict"] == "ok" for c in cells), side
+    assert plain[side]["bucket_view"] == [], side  # no --html: not computed
+PY
+  fail "bucket views in the --html diff's JSON"
+fi
+grep -q '<table id="bucket-view-a">' "$work/single.html" && grep -q '<table id="bucket-view-b">' "$work/single.html" \
+  || fail "bucket views missing from the --html diff"
+for n in 1 3; do
+  expect 1 "$diff_bin" --merge "$work/parts$n"/part-*.json --json "$work/merged$n-h.json" --html "$work/merged$n.html"
+  cmp -s "$work/single-h.json" "$work/merged$n-h.json" || fail "N=$n: merged JSON (--html) differs"
+  cmp -s "$work/single.html" "$work/merged$n.html" || fail "N=$n: merged HTML differs"
+done
 # The parts against diff/partial.schema.json (which borrows the trace and config definitions of the report's).
 if "$python" -c 'import jsonschema, referencing' 2>/dev/null; then
   "$python" - "$schema" "$(dirname "$schema")/partial.schema.json" "$work"/parts*/part-*.json <<'PY' || fail "partial schema validation"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The HTML report renders in headless Chromium and its chart is drawn: one
-# screenshot, then a pixel count of the verdict colours inside the chart; then
-# a --self report's per-rank x per-bucket view: its cells drawn, and the
-# divisors and norms it shows are those of the JSON's bucket_view.
+# screenshot, then a pixel count of the verdict colours inside the chart, and
+# each side's per-rank x per-bucket view below it: its cells drawn, and the
+# divisors and norms it shows are those of the JSON's trace_a/trace_b
+# bucket_view; then the same for a --self report's view and its bucket_view.
 # Skips (exit 77) when chromium or numpy is unavailable.
 # Usage: html_screenshot_test.sh GRADTRACE_DIFF GRADTRACE_SYNTH PYTHON
 set -euo pipefail
@@ -14,15 +15,16 @@ trap 'rm -rf "$work"' EXIT
 "$synth" "$work/ref"
 "$synth" "$work/b" --sp 2 --scaling ds-4530 --scramble head.weight
 set +e
-"$diff_bin" "$work/ref" "$work/b" --html "$work/report.html" >/dev/null
+"$diff_bin" "$work/ref" "$work/b" --html "$work/report.html" --json "$work/report.json" >/dev/null
 [ $? = 1 ] || { echo "FAIL: gradtrace-diff exit code"; exit 1; }
 set -e
 # HOME: chromium wants a writable profile; the timeout keeps a hung browser from hanging ctest.
-HOME="$work" timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1000 \
+# 1800 high: the chart, then both sides' bucket views below it.
+HOME="$work" timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1800 \
   --user-data-dir="$work/profile" --screenshot="$work/shot.png" "file://$work/report.html" >/dev/null 2>&1 || true
 [ -s "$work/shot.png" ] || { echo "FAIL: no screenshot"; exit 1; }
-"$python" - "$work/shot.png" <<'PY'
-import struct, sys, zlib
+"$python" - "$work/shot.png" "$work/report.json" "$work/report.html" <<'PY'
+import json, re, struct, sys, zlib
 import numpy as np
 
 def read_png(path):
@@ -64,9 +66,10 @@ def read_png(path):
         out[y], prev = cur, cur
     return out.reshape(h, w, ch)[:, :, :3]
 
-# The chart sits between the configuration table and the groups table at this
-# window size; text elsewhere uses the same verdict colours, so count inside it only.
-img = read_png(sys.argv[1])[250:800]
+# The chart sits between the configuration table and the bucket views at this
+# window width; text elsewhere uses the same verdict colours, so count inside it only.
+full = read_png(sys.argv[1])
+img = full[250:800]
 def count(rgb, tol=40):
     return int((np.abs(img - np.array(rgb)).sum(axis=2) < tol).sum())
 scaled = count((0xE6, 0x51, 0x00))  # orange: the 13 scaled parameters' marks
@@ -74,6 +77,31 @@ mismatch = count((0xC6, 0x28, 0x28))  # red: the mismatching one (and the tolera
 print(f"scaled-colour pixels {scaled}, mismatch-colour pixels {mismatch}")
 assert scaled > 13 * 40, "scaled marks not drawn"
 assert mismatch > 2 * 40, "mismatch marks not drawn"
+
+# Each side's bucket view: A (world 1) divides by its group of 1 as needed (green cells); B (sp 2,
+# ds-4530) by 2 / sp = 1 where its group of 2 needs 2 (orange). The numbers drawn are the JSON's.
+report, html = json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+assert report["bucket_view"] == [], "the top-level view is --self's"
+fmt = lambda v: "-" if v is None else "%.5g" % v
+for side, table, divisor, expected, verdict in (("trace_a", "bucket-view-a", 1, 1, "ok"),
+                                                 ("trace_b", "bucket-view-b", 1, 2, "wrong-divisor")):
+    cells = report[side]["bucket_view"]
+    assert cells, side + ": no bucket_view"
+    assert all(abs(c["divisor"] - divisor) < 1e-4 and c["expected"] == expected and c["verdict"] == verdict
+               for c in cells), (side, cells[0])
+    body = html.split('<table id="%s">' % table, 1)[1].split("</table>", 1)[0]
+    shown = re.findall(r'<span class="divisor">([^<]*)</span>(?: \(([^)]*)\))?', body)
+    assert shown == [(fmt(c["divisor"]), fmt(c["expected"]) if c["expected"] else "") for c in cells], (side, shown)
+    assert re.findall(r'<span class="pre">([^<]*)</span>', body) == [fmt(c["pre_norm"]) for c in cells], side
+    assert re.findall(r'<span class="post">([^<]*)</span>', body) == [fmt(c["post_norm"]) for c in cells], side
+a_cells, b_cells = len(report["trace_a"]["bucket_view"]), len(report["trace_b"]["bucket_view"])
+below = full[800:]
+def cells_drawn(rgb):
+    return int((np.abs(below - np.array(rgb)).sum(axis=2) < 12).sum())
+ok, wrong = cells_drawn((0xC8, 0xE6, 0xC9)), cells_drawn((0xFF, 0xE0, 0xB2))
+print(f"bucket-view cells A {a_cells} ({ok} ok-colour pixels), B {b_cells} ({wrong} wrong-divisor-colour pixels)")
+assert ok > a_cells * 1000, "A's bucket-view cells not drawn"
+assert wrong > b_cells * 1000, "B's bucket-view cells not drawn"
 PY
 
 # --self: the per-rank x per-bucket view is drawn (ds-4530 on dp 2 x sp 2: every reduction divides

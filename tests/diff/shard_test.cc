@@ -95,6 +95,7 @@ std::vector<std::string> WriteParts(const TraceSet& a, const TraceSet& b, const 
   std::vector<std::string> paths;
   for (int k = 0; k < n; ++k) {
     o.shard = {k, n};
+    o.bucket_view = k == 0;  // as gradtrace-diff --shard: shard 0 carries the sides' bucket views
     auto c = CompareSets(a, b, o, noise);
     EXPECT_TRUE(c.ok()) << c.status().message();
     if (!c.ok()) return {};
@@ -106,9 +107,10 @@ std::vector<std::string> WriteParts(const TraceSet& a, const TraceSet& b, const 
 }
 
 // The merged report equals the single-process one: same bytes, same document,
-// and (for a readable failure) the same fields one by one.
-void ExpectMergeEqualsSingle(const Report& single, const std::vector<std::string>& parts) {
-  auto merged = MergeParts(parts);
+// and (for a readable failure) the same fields one by one. `html`: the merge
+// writes HTML (keeps shard 0's bucket views), and the HTML is the same too.
+void ExpectMergeEqualsSingle(const Report& single, const std::vector<std::string>& parts, bool html = false) {
+  auto merged = MergeParts(parts, html);
   ASSERT_TRUE(merged.ok()) << merged.status().message();
   auto report = JudgeComparison(*merged);
   ASSERT_TRUE(report.ok()) << report.status().message();
@@ -124,6 +126,9 @@ void ExpectMergeEqualsSingle(const Report& single, const std::vector<std::string
   }
   EXPECT_EQ(m, s);
   EXPECT_EQ(RenderJson(*report), RenderJson(single));
+  if (html) {
+    EXPECT_EQ(RenderHtml(*report), RenderHtml(single));
+  }
 }
 
 // #5248 at dp 2 x sp 2 with one scrambled parameter and a rank whose replicas
@@ -172,6 +177,33 @@ TEST(ShardMerge, MergedReportEqualsTheSingleProcessReport) {
     ExpectMergeEqualsSingle(*single, parts);
     std::vector<std::string> reversed(parts.rbegin(), parts.rend());  // order of the files does not matter
     ExpectMergeEqualsSingle(*single, reversed);
+  }
+}
+
+// --html: the single-process diff computes both sides' bucket views; shard 0
+// carries them in its part (the others none), and the merge that writes HTML
+// gives the same JSON and HTML bytes. ZeRO-2 on B: cells of partitions.
+TEST(ShardMerge, BucketViewsTravelInShardZerosPart) {
+  TraceSet a = Load(Synth("a", Config(2, 1, 0, "mean", "local-mean")));
+  TraceSet b = Load(Synth("b", Config(2, 2, 2, "ds-4530", "local-mean")));
+  DiffOptions o;
+  o.bucket_view = true;
+  auto single = DiffSets(a, b, o);
+  ASSERT_TRUE(single.ok()) << single.status().message();
+  ASSERT_FALSE(single->a.bucket_view.empty());
+  ASSERT_FALSE(single->b.bucket_view.empty());
+  std::string dir = testing::FreshDir("parts");
+  for (int n : {1, 2, 3}) {
+    SCOPED_TRACE("N=" + std::to_string(n));
+    auto parts = WriteParts(a, b, nullptr, {}, n, dir + "/n" + std::to_string(n));
+    ASSERT_EQ(parts.size(), size_t(n));
+    for (int k = 0; k < n; ++k) {
+      auto c = ReadPartialJson(parts[k]);
+      ASSERT_TRUE(c.ok()) << c.status().message();
+      EXPECT_EQ(c->b.bucket_view.size(), k == 0 ? single->b.bucket_view.size() : 0u) << "shard " << k;
+    }
+    ExpectMergeEqualsSingle(*single, parts, true);
+    ExpectMergeEqualsSingle(*single, std::vector<std::string>(parts.rbegin(), parts.rend()), true);
   }
 }
 

@@ -47,6 +47,27 @@ TEST(StepTable, EveryCommonStepGetsARowWithItsOwnFactor) {
   EXPECT_NE(std::string::npos, md.find("|      2 | scaled")) << md;
 }
 
+// --step all --html: the bucket views of the step the HTML draws (the first that differs), no other's.
+TEST(StepTable, BucketViewsOfTheShownStepOnly) {
+  const std::string a = Synth("ref", Steps(testing::Reference(), 3));
+  auto spec = Steps(Config(1, 2, 2, "ds-4530", "local-mean"), 3);
+  DiffOptions o;
+  o.bucket_view = true;
+  auto t = RunDiffAllSteps(a, Synth("sp2", spec), o);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_EQ(3u, t->steps.size());
+  EXPECT_EQ(&t->Shown(), t->FirstDifference());
+  for (const Report& r : t->steps) {
+    const bool shown = &r == &t->Shown();
+    EXPECT_EQ(shown, !r.a.bucket_view.empty()) << "step " << r.step;
+    EXPECT_EQ(shown, !r.b.bucket_view.empty()) << "step " << r.step;
+  }
+  for (const BucketCell& c : t->Shown().b.bucket_view) {
+    EXPECT_NEAR(c.divisor, 1.0, 1e-4);  // sp 2, ds-4530: group 2 / sp 2, where 2 is needed
+    EXPECT_EQ(c.expected, 2.0);
+  }
+}
+
 TEST(StepTable, IdenticalRunsMatchAtEveryStep) {
   const std::string a = Synth("a", Steps(testing::Reference(), 3));
   auto t = RunDiffAllSteps(a, a, {});

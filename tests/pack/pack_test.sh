@@ -56,6 +56,7 @@ assert man["format"] == "gtpack 1" and man["diff"]["mode"] == "diff" and man["re
 readme = t.extractfile("README.md").read().decode()
 assert "gradtrace-diff bug.gtpack" in readme and "byte for byte" in readme, readme
 open("packed-report.json", "wb").write(t.extractfile("report.json").read())
+open("packed-report.html", "wb").write(t.extractfile("report.html").read())
 PY
 
 # The rerun reproduces the packed report byte for byte; the archive diff equals the directory diff.
@@ -64,6 +65,10 @@ grep -qF 'B/A = 2.000 = sp(B) for all 14 parameters' out || fail "rerun explanat
 cmp -s rerun.json packed-report.json || fail "rerun report.json differs from the packed one"
 expect 1 "$diff_bin" bug.gtpack:a bug.gtpack:b --json archive.json
 cmp -s archive.json packed-report.json || fail "explicit a/b report differs from the packed one"
+# The packed HTML draws both sides' bucket views, as the rerun with --html does (its JSON then carries them).
+expect 1 "$diff_bin" bug.gtpack --html rerun.html
+cmp -s rerun.html packed-report.html || fail "rerun --html differs from the packed report.html"
+grep -q '<table id="bucket-view-b">' packed-report.html || fail "packed report.html lacks B's bucket view"
 expect 1 "$diff_bin" ref sp2 --json dirs.json
 py archive.json dirs.json <<'PY' || fail "archive diff != directory diff"
 import sys, json
