@@ -18,8 +18,13 @@ std::string FormatNumber(double v, int digits) {
 }
 
 std::string ConfigSummary(const pb::Config& c) {
-  std::string s = "world " + std::to_string(c.world()) + " (dp " + std::to_string(c.dp()) + " x sp " +
-                  std::to_string(c.sp()) + "), ZeRO-" + std::to_string(c.zero_stage());
+  // A degree of 0 is "not recorded" (FORMAT.md 4.1) and reads as 1; the others show only when > 1.
+  std::string s = "world " + std::to_string(c.world()) + " (dp " + std::to_string(std::max(1, c.dp())) + " x sp " +
+                  std::to_string(std::max(1, c.sp()));
+  for (auto [name, degree] : {std::pair{"cp", c.cp()}, {"tp", c.tp()}, {"pp", c.pp()}, {"replicate", c.replicate()}}) {
+    if (degree > 1) s += std::string(", ") + name + " " + std::to_string(degree);
+  }
+  s += "), ZeRO-" + std::to_string(c.zero_stage());
   if (!c.scaling().empty()) s += ", scaling " + c.scaling();
   if (!c.loss().empty()) s += ", loss " + c.loss();
   if (c.gas() > 1) s += ", gas " + std::to_string(c.gas());
