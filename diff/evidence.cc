@@ -31,11 +31,11 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   options.accumulation = accumulating_params != nullptr;
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return out;  // the diff itself does not depend on it
+  if (accumulating_params != nullptr) *accumulating_params = self->accumulating_params;
   // Per kind, the median measured divisor of its parameters (and their expected, declared).
   std::map<std::string, std::vector<const SelfParam*>> by_kind;
   for (const auto& p : self->self_params) {
     if (std::isfinite(p.divisor)) by_kind[p.param_kind].push_back(&p);
-    if (accumulating_params != nullptr) *accumulating_params += p.accumulates ? 1 : 0;
   }
   for (auto& [kind, ps] : by_kind) {
     std::sort(ps.begin(), ps.end(), [](const SelfParam* x, const SelfParam* y) { return x->divisor < y->divisor; });

@@ -149,8 +149,12 @@ struct Report {
   std::vector<SelfParam> self_params;
   std::optional<GradNormCheck> grad_norm;  // phase final (diff) or --self, when a side reported a norm
   std::vector<BucketCell> bucket_view;     // --self: rank, micro-step, bucket order
-  std::string verdict = "match";           // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
-  std::string summary;                     // one line
+  // --self: parameters whose buckets accumulate across micro-steps, over every
+  // reduction (self_params mark only those measured; SelfOptions.sample measures
+  // a few). Not in the JSON: the bucket view and the findings say it there.
+  int accumulating_params = 0;
+  std::string verdict = "match";  // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
+  std::string summary;            // one line
 
   // diff(1) convention: 0 no differences, 1 differences found.
   int ExitCode() const { return (verdict == "match" || verdict == "ok") ? 0 : 1; }

@@ -185,14 +185,46 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
 }
 
 // The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
-// not every element's: reading them all made a two-set diff 4x slower than the
-// comparison itself (docs/performance.md). It keeps the first micro-step's
-// reductions; in each, the parameters of every 16th PRE frame of the first
-// member (frames are ~4 MB chunks; a small bucket's one frame is all of it),
-// and one member's POST where POST holds the whole bucket (a ZeRO partition
-// keeps every member's part). The divisor is the bucket's, so its parameters
-// agree on it; the median over them is what the evidence reports.
-void SampleReductions(StepReductions* step) {
+// not every element's: a full --self pass doubled a two-set diff's time and
+// memory (docs/performance.md). The divisor is a bucket's, so its parameters
+// agree on it: SampleReductions keeps the first micro-step's reductions and, in
+// each, the parameters of one PRE frame of the first member (SampleParams), and
+// one member's POST where POST holds the whole bucket (a ZeRO partition keeps
+// every member's part). The evidence reports the median over them.
+
+// The parameters of one bucket to measure: those held wholly by the PRE frame
+// (~4 MB) that holds the most of them, so each member decompresses about one
+// frame; then, for each parameter kind the bucket holds that is not among them,
+// the parameter of that kind spread over the fewest frames.
+std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const FrameRef*>& frames) {
+  std::map<int32_t, int> spread;  // parameter -> how many of these frames hold a slice of it
+  for (const FrameRef* f : frames) {
+    for (int32_t id : f->param_ids) ++spread[id];
+  }
+  std::set<int32_t> sample;
+  size_t best = 0;
+  for (const FrameRef* f : frames) {  // frames in offset order: the first of equals wins
+    std::set<int32_t> whole;
+    for (int32_t id : f->param_ids) {
+      if (spread[id] == 1) whole.insert(id);
+    }
+    if (whole.size() > best) best = whole.size(), sample = std::move(whole);
+  }
+  auto kind = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).kind() : 0; };
+  std::map<int, int32_t> fewest;  // kind -> its parameter over the fewest frames
+  for (const auto& [id, n] : spread) {
+    auto it = fewest.find(kind(id));
+    if (it == fewest.end() || n < spread[it->second]) fewest[kind(id)] = id;
+  }
+  std::set<int> covered;
+  for (int32_t id : sample) covered.insert(kind(id));
+  for (const auto& [k, id] : fewest) {
+    if (!covered.count(k)) sample.insert(id);
+  }
+  return sample;
+}
+
+void SampleReductions(const TraceSet& set, StepReductions* step) {
   if (step->reductions.empty()) return;
   const int32_t first_micro = step->reductions.begin()->first.micro;  // keys order by micro-step first
   std::map<ReductionKey, Reduction> kept;
@@ -203,8 +235,7 @@ void SampleReductions(StepReductions* step) {
     std::vector<const FrameRef*> frames = pre->second;
     std::sort(frames.begin(), frames.end(), [](const FrameRef* x, const FrameRef* y) { return x->offset < y->offset; });
     Reduction r;
-    for (size_t i = 0; i < frames.size(); i += 16)
-      r.sample.insert(frames[i]->param_ids.begin(), frames[i]->param_ids.end());
+    r.sample = SampleParams(set, frames);
     const bool partitioned = std::any_of(reduction.post.begin(), reduction.post.end(),
                                          [](const FrameRef* f) { return f->partition_count > 0; });
     int keep_rank = -1;
@@ -537,7 +568,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.step = step;
 
   StepReductions reductions = CollectReductions(set, step, &report);
-  if (options.sample) SampleReductions(&reductions);
+  if (options.sample) SampleReductions(set, &reductions);
   std::set<std::pair<int, int32_t>> accumulating;
   if (options.accumulation) {
     auto found = AccumulatingParams(set, step, rtol, options.threads);
@@ -555,6 +586,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
                    post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
   std::set<int32_t> accumulating_ids;
   for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
+  report.accumulating_params = static_cast<int>(accumulating_ids.size());
   for (const auto& [id, acc] : *total) {
     report.self_params.push_back(
         JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
