@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -192,10 +193,16 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
 // one member's POST where POST holds the whole bucket (a ZeRO partition keeps
 // every member's part). The evidence reports the median over them.
 
-// The parameters of one bucket to measure: those held wholly by the PRE frame
-// (~4 MB) that holds the most of them, so each member decompresses about one
-// frame; then, for each parameter kind the bucket holds that is not among them,
-// the parameter of that kind spread over the fewest frames.
+// The parameters of one bucket to measure: the kSampleParams smallest of at
+// least kSampleMinNumel elements held wholly by the PRE frame (~4 MB) that
+// holds the most parameters, so each member decompresses about one frame and
+// sums a few thousand elements; then, for each parameter kind the bucket holds
+// that is not among them, the parameter of that kind spread over the fewest
+// frames. Several parameters, so that one whose gradient is zero up to
+// rounding (its divisor is noise) does not move the median.
+constexpr size_t kSampleParams = 8;
+constexpr int64_t kSampleMinNumel = 64;
+
 std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const FrameRef*>& frames) {
   std::map<int32_t, int> spread;  // parameter -> how many of these frames hold a slice of it
   for (const FrameRef* f : frames) {
@@ -210,6 +217,14 @@ std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const Fram
     }
     if (whole.size() > best) best = whole.size(), sample = std::move(whole);
   }
+  auto numel = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).numel() : 0; };
+  std::vector<int32_t> by_size(sample.begin(), sample.end());
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int32_t x, int32_t y) {
+    const bool x_big = numel(x) >= kSampleMinNumel, y_big = numel(y) >= kSampleMinNumel;
+    return x_big != y_big ? x_big : numel(x) < numel(y);  // large enough first, then the smallest
+  });
+  if (by_size.size() > kSampleParams) by_size.resize(kSampleParams);
+  sample = std::set<int32_t>(by_size.begin(), by_size.end());
   auto kind = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).kind() : 0; };
   std::map<int, int32_t> fewest;  // kind -> its parameter over the fewest frames
   for (const auto& [id, n] : spread) {

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "expected_divisor.h"
 #include "test_dirs.h"
+#include "trace_set.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -149,6 +152,35 @@ TEST(SelfCheck, ExpertParallelByRecordedKind) {
   EXPECT_EQ(bad.summary, bad.groups.front().explanation);
   EXPECT_NE(bad.summary.find("expert-data-parallel"), std::string::npos) << bad.summary;
   EXPECT_EQ(bad.summary.find('#'), std::string::npos) << bad.summary;
+}
+
+// The diff's evidence pass (SelfOptions.sample) measures a few parameters per bucket, read from about one
+// PRE frame per member: on buckets spanning several ~4 MB frames (each parameter 128x the default, all in
+// one bucket) it measures fewer parameters than --self, every one with --self's divisor, and each kind.
+TEST(SelfCheck, SampledPassMeasuresFewParametersWithTheFullDivisors) {
+  SynthSpec spec = ExpertSpec(false);
+  for (auto& p : spec.params) p.shape[0] *= 128;
+  spec.bucket_elems = int64_t{1} << 24;
+  spec.run_id = "sampled";
+  auto set = TraceSet::Load(Synth("sampled", spec));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  SelfOptions full;
+  SelfOptions sampled;
+  sampled.sample = true;
+  auto all = SelfCheckSet(*set, full), few = SelfCheckSet(*set, sampled);
+  ASSERT_TRUE(all.ok() && few.ok());
+  ASSERT_EQ(all->self_params.size(), 14u);
+  EXPECT_LT(few->self_params.size(), all->self_params.size());
+  std::set<std::string> kinds;
+  for (const auto& p : few->self_params) {
+    kinds.insert(p.param_kind);
+    auto same = std::find_if(all->self_params.begin(), all->self_params.end(),
+                             [&](const SelfParam& q) { return q.name == p.name; });
+    ASSERT_NE(same, all->self_params.end()) << p.name;
+    EXPECT_NEAR(p.divisor, same->divisor, 1e-9 * same->divisor) << p.name;
+    EXPECT_NEAR(p.divisor, p.param_kind == "expert" ? 2.0 : 4.0, 1e-4) << p.name;
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"dense", "expert"}));
 }
 
 // No DeepSpeed PR numbers for a plain PyTorch run's --self words.
