@@ -29,6 +29,7 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   options.threads = threads;
   options.sample = true;
   options.accumulation = accumulating_params != nullptr;
+  options.grad_norm = false;
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return out;  // the diff itself does not depend on it
   if (accumulating_params != nullptr) *accumulating_params = self->accumulating_params;

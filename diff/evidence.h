@@ -16,8 +16,8 @@
 namespace gradtrace::diff {
 
 // Empty when the set has no PRE_REDUCE and POST_REDUCE records at `step`.
-// Measured on a sample of the step's reductions (SelfOptions.sample): the
-// divisor is a bucket's, so a few buckets per group and kind tell it.
+// Measured on a few parameters of each reduction (SelfOptions.sample): the
+// divisor is a bucket's, so its parameters agree on it.
 // `accumulating_params`, when not null: how many parameters' buckets
 // accumulate across micro-steps (the same pass measures it, on every
 // reduction; 0 without those records).

@@ -87,10 +87,9 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
 
 // --step all: a row per step, then the first differing step in full. --html
 // gets that step's report (or the last step's when all match).
-int RunAllSteps(const std::string& a_dir, const std::string& b_dir, gradtrace::diff::DiffOptions o,
+int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtrace::diff::DiffOptions& o,
                 const std::string& json_path, const std::string& md_path, const std::string& html_path, size_t top) {
   using namespace gradtrace;
-  o.bucket_view = !html_path.empty();  // the shown step's, for its HTML
   auto table = diff::RunDiffAllSteps(a_dir, b_dir, o);
   if (!table.ok()) return Fail(table.status().message());
   const diff::Report* detail = &table->Shown();
@@ -218,9 +217,11 @@ int main(int argc, char** argv) {
     o.renames = renames;
     o.threads = threads;
     o.progress = true;
+    // Each side's bucket view is a full --self pass per side: only for the HTML report (--step all: of the step
+    // it draws; --shard sets its own).
+    o.bucket_view = !html_path.empty();
     if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
     if (all_steps) return RunAllSteps(a_dir, b_dir, o, json_path, md_path, html_path, top);
-    o.bucket_view = !html_path.empty();  // a full --self pass per side, for the HTML report only
     report = diff::RunDiff(a_dir, b_dir, o);
   }
   if (!report.ok()) return Fail(report.status().message());

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -185,14 +184,6 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
   return out;
 }
 
-// The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
-// not every element's: a full --self pass doubled a two-set diff's time and
-// memory (docs/performance.md). The divisor is a bucket's, so its parameters
-// agree on it: SampleReductions keeps the first micro-step's reductions and, in
-// each, the parameters of one PRE frame of the first member (SampleParams), and
-// one member's POST where POST holds the whole bucket (a ZeRO partition keeps
-// every member's part). The evidence reports the median over them.
-
 // The parameters of one bucket to measure: the kSampleParams smallest of at
 // least kSampleMinNumel elements held wholly by the PRE frame (~4 MB) that
 // holds the most parameters, so each member decompresses about one frame and
@@ -239,6 +230,13 @@ std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const Fram
   return sample;
 }
 
+// The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
+// not every element's: a full --self pass doubled a two-set diff's time and
+// memory (docs/performance.md). The divisor is a bucket's, so its parameters
+// agree on it: SampleReductions keeps the first micro-step's reductions and, in
+// each, the parameters of one PRE frame of the first member (SampleParams), and
+// one member's POST where POST holds the whole bucket (a ZeRO partition keeps
+// every member's part). The evidence reports the median over them.
 void SampleReductions(const TraceSet& set, StepReductions* step) {
   if (step->reductions.empty()) return;
   const int32_t first_micro = step->reductions.begin()->first.micro;  // keys order by micro-step first
@@ -343,6 +341,7 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
     // Each member's PRE frames.
     std::map<int, std::vector<const FrameRef*>> pre_frames;  // ascending rank: the order the sum is taken in
     std::set<int32_t> ids;
+    const std::set<int32_t>& sample = work[w].second.sample;  // empty: every parameter
     int missing_pre = -1;
     for (int m : key.members) {
       if (m < 0 || m >= set.world()) continue;
@@ -351,7 +350,6 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
         missing_pre = m;
         continue;
       }
-      const std::set<int32_t>& sample = work[w].second.sample;
       for (const FrameRef* f : it->second) {
         bool wanted = false;
         for (int32_t id : f->param_ids) {
@@ -420,8 +418,9 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       cell.pre_sq = pre_sq[post->rank];
       const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc, &cell);
       cells[w].push_back(FinishCell(cell, rtol, ctol, cell_of(*post)));
-      // ZeRO-1/2: the partition the record declares must be what its slices hold.
-      if (post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
+      // ZeRO-1/2: the partition the record declares must be what its slices hold (a sampled reduction
+      // measures only some of them).
+      if (sample.empty() && post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
         std::lock_guard<std::mutex> lock(mu);
         report->findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
                                                    std::to_string(key.bucket) + " declares a partition of " +
@@ -620,7 +619,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
-  if (options.sample || !options.grad_norm) return report;  // the evidence pass: no grad norm
+  if (!options.grad_norm) return report;
   Status norm = AddSelfGradNorm(set, options.threads, &report);
   if (!norm.ok()) return norm;
   return report;

@@ -26,13 +26,13 @@ struct SelfOptions {
   int threads = 0;
   bool progress = false;
   // The diff's evidence pass (evidence.h), which needs one divisor per parameter
-  // kind: measures a sample of the reductions (self_check.cc, SampleReductions)
-  // and skips the grad norm; `accumulation` false also skips finding buckets
-  // that accumulate across micro-steps (SelfParam.accumulates stays false).
+  // kind: measures a few parameters of each reduction (self_check.cc,
+  // SampleReductions); `accumulation` false skips finding buckets that
+  // accumulate across micro-steps (SelfParam.accumulates stays false).
   bool sample = false;
   bool accumulation = true;
   // False skips the grad-norm check (it reads every FINAL record): the diff's
-  // per-side bucket view (evidence.h, SideBucketView) needs only the cells.
+  // evidence and per-side bucket views (evidence.h) need neither.
   bool grad_norm = true;
 };
 

@@ -74,8 +74,8 @@ class Capture:
         return False
 
 
-LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules", "default_group",
-                   "default_kind"}
+LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules",
+                   "default_group", "default_kind"}
 
 
 def make_layout(options: dict, groups: dict | None = None, layout=None):

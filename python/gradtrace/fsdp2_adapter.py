@@ -76,11 +76,12 @@ class FSDP2Capture(Capture):
         # HSDP (a 2-D mesh, replicate x shard): format 1.3's layout. The reduce-scatter runs over the shard
         # group, FSDP's all-reduce over the replicate group follows, and POST_REDUCE is read after both.
         replicate_group = getattr(mesh_info, "replicate_process_group", None)
-        self.group = "shard" if replicate_group is not None else "dp"
-        found = {"shard": shard_group, "replicate": replicate_group} if replicate_group is not None else {
-            "dp": shard_group}
-        if replicate_group is not None and layout is None:
-            options.setdefault("default_group", "shard")
+        self.group = "dp" if replicate_group is None else "shard"
+        found = {self.group: shard_group}
+        if replicate_group is not None:
+            found["replicate"] = replicate_group
+            if layout is None:
+                options.setdefault("default_group", "shard")
         layout = make_layout(options, {**found, **(groups or {})}, layout)
         self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
         # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.

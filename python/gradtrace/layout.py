@@ -64,8 +64,8 @@ class Layout:
     def infer(cls, groups: dict | None = None, *, rules=(), default_group: str | None = None,
               default_kind: str = "DENSE", cp_kind: str = "", gas: int = 1, **degrees) -> "Layout":
         """``groups``: name -> ProcessGroup, global ranks or None (world). ``degrees``: dp, sp, cp,
-        tp, pp, ep, edp, replicate (HSDP: dp = replicate x shard) as ints, overriding the group sizes. dp defaults to what the other degrees
-        leave of the world."""
+        tp, pp, ep, edp, replicate (HSDP: dp = replicate x shard) as ints, overriding the group
+        sizes. dp defaults to what the other degrees leave of the world."""
         unknown = set(degrees) - set(DEGREES)
         if unknown:
             raise ValueError(f"unknown layout keywords {sorted(unknown)}; degrees are {list(DEGREES)}")
@@ -121,9 +121,7 @@ class Layout:
         d = self.degrees
         cfg = {"world": self.world, "dp": d.get("dp", 0), "sp": d.get("sp", 0), "cp": d.get("cp", 0),
                "tp": d.get("tp", 0), "pp": d.get("pp", 0), "ep_size": d.get("ep", 0), "edp": d.get("edp", 0),
-               "gas": self.gas}
-        if d.get("replicate", 0) > 1:  # format 1.3 (HSDP); absent keeps older readers' view unchanged
-            cfg["replicate"] = d["replicate"]
+               "replicate": d.get("replicate", 0), "gas": self.gas}
         if d.get("cp", 1) > 1:
             cfg["cp_kind"] = self.cp_kind
         return cfg
