@@ -14,6 +14,7 @@
 #include <sstream>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "init_sketch.h"
 #include "launcher.h"
 #include "loss.h"
 #include "recorder.h"
@@ -213,6 +214,10 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
     info->set_numel(p.tensor.numel());
     info->set_kind(p.expert ? pb::EXPERT : pb::DENSE);
     info->set_grad_group(gc::GradGroup(groups, o.zero_stage, p.expert).name);
+    // Gradients are computed and reduced in the parameters' dtype; the initial values tell another seed apart.
+    info->set_grad_dtype(info->dtype());
+    const at::Tensor flat = p.tensor.detach().reshape(-1).to(at::kCPU, at::kDouble);
+    for (int64_t pos : gradtrace::InitSketchPositions(flat.numel())) info->add_init_sketch(flat[pos].item<double>());
   }
   run.set_created_unix_ns(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -75,8 +75,13 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
     optimizer.ZeroGrad();
     double step_loss = 0;
     int64_t step_tokens = 0;
+    pb::StepInfo inputs;  // the optimizer-step StepInfo: input moments over the micro-steps (FORMAT.md 4.1)
     for (int micro = 0; micro < o.gas; ++micro) {
       Batch shard = ShardBatch(data->Global(step, micro), groups.topo);
+      const at::Tensor ids_d = shard.input_ids.to(at::kDouble);
+      inputs.set_input_count(inputs.input_count() + ids_d.numel());
+      inputs.set_input_sum(inputs.input_sum() + ids_d.sum().item<double>());
+      inputs.set_input_sumsq(inputs.input_sumsq() + ids_d.square().sum().item<double>());
       at::Tensor ids = shard.input_ids.to(groups.device), pos = shard.position_ids.to(groups.device);
       at::Tensor labels = shard.labels.to(groups.device);
       at::Tensor logits = model->Forward(ids, pos, groups.sp);
@@ -96,6 +101,13 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
       }
     }
     GT_RETURN_IF_ERROR(reducer.Reduce(step, o.gas - 1, sink));
+    if (sink != nullptr && sink->WantsStep(step)) {
+      inputs.set_step(step);
+      inputs.set_micro_step(o.gas - 1);
+      inputs.set_optimizer_step(true);
+      inputs.set_lr(o.lr);
+      GT_RETURN_IF_ERROR(sink->OnStep(inputs));
+    }
     if (result != nullptr) {
       result->losses.push_back(step_loss);
       if (hooks.keep_final_grads) {

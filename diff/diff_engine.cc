@@ -16,6 +16,7 @@
 #include "grad_norm.h"
 #include "progress.h"
 #include "rename.h"
+#include "setup_check.h"
 #include "slice_codec.h"
 #include "thread_pool.h"
 #include "tolerance.h"
@@ -302,6 +303,7 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::ve
   r.note = p.note;
   r.verdict = Classify(p.metrics, rtol, atol);
   if (r.verdict != Classify(p.metrics, rtol)) {
+    r.zero = true;
     const double n = static_cast<double>(std::max<int64_t>(p.metrics.compared, 1));
     char buf[160];
     std::snprintf(buf, sizeof(buf), "zero up to rounding: RMS %.3g (A) and %.3g (B) against the absolute floor %.3g",
@@ -321,6 +323,24 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::ve
     r.note += (r.note.empty() ? "" : "; ") + std::string("replicas disagree in ") + (side == 0 ? "A" : "B");
   }
   return r;
+}
+
+// Parameters zero up to rounding have no scale worth a group (their B/A is
+// noise over noise): one note names them instead.
+void NoteZeroParams(const std::vector<ParamResult>& params, double atol, std::vector<Finding>* findings) {
+  std::string names;
+  int count = 0;
+  for (const ParamResult& p : params) {
+    if (!p.zero) continue;
+    if (++count <= 5) names += (count > 1 ? ", " : "") + p.name;
+  }
+  if (count == 0) return;
+  if (count > 5) names += ", ...";
+  char floor[32];
+  std::snprintf(floor, sizeof floor, "%.3g", atol);
+  findings->push_back({"note", std::to_string(count) + (count == 1 ? " parameter is" : " parameters are") +
+                                   " zero up to rounding in both sets (RMS below the absolute floor " + floor +
+                                   "): no scale is measured for " + (count == 1 ? "it" : "them") + " (" + names + ")"});
 }
 
 // Overall verdict (REPORT_SCHEMA.md): the worst parameter verdict by the one
@@ -346,6 +366,22 @@ void NoteAccumulation(int accumulating_params, const char* side, std::vector<std
                    " parameters): each micro-step's PRE_REDUCE holds the previous micro-steps' reduced gradient "
                    "and FINAL is the last POST_REDUCE, so --phase pre/post (which add up the micro-steps) do not "
                    "measure this set; compare FINAL (--phase final)");
+}
+
+// A different start, or different data by the compared step, makes the
+// gradients differ for a reason that is not a gradient bug: it becomes the
+// verdict (exit 3). Otherwise (gradients match, or the data differ only later)
+// it is a finding.
+void ApplySetup(const Comparison& c, Report* report) {
+  if (c.setup_verdict.empty()) return;
+  const bool explains = c.setup_verdict == "different-start" || c.setup_data_step <= c.step;
+  if (explains && report->verdict != "match") {
+    report->findings.push_back({"setup", "gradients differ (" + report->summary + "), but " + c.setup_summary});
+    report->verdict = c.setup_verdict;
+    report->summary = c.setup_summary;
+  } else {
+    report->findings.push_back({"setup", c.setup_summary});
+  }
 }
 
 }  // namespace
@@ -383,6 +419,9 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.notes = al.notes;
+  for (const auto& [side, set] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
+    for (const std::string& n : set->inferences()) c.notes.push_back(std::string(side) + ": " + n);
+  }
   if (summed) {
     NoteAccumulation(accumulating_a, "A", &c.notes);
     NoteAccumulation(accumulating_b, "B", &c.notes);
@@ -394,6 +433,10 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.param_count = al.params.size();
   c.shard = options.shard;
   c.fingerprint = InputFingerprint(a, b, noise, options, al);
+  const SetupDifference setup = CheckSetup(a, b, al);
+  c.setup_verdict = setup.verdict;
+  c.setup_summary = setup.summary;
+  c.setup_data_step = setup.first_data_step;
 
   // This shard's share: compared pairs weigh their elements, the others nothing.
   std::vector<int64_t> weights;
@@ -443,6 +486,7 @@ Expected<Report> JudgeComparison(const Comparison& c) {
         JudgeParam(c.params[i], rtol[i], report.tolerance.atol, &report.findings, &replica_problem));
   }
   for (const auto& t : c.truncations) report.findings.push_back({"truncated", t});
+  NoteZeroParams(report.params, report.tolerance.atol, &report.findings);
 
   // Groups see the parameters in alignment order; the table shows the worst first.
   report.groups = GroupParams(report.params, c.a, c.b, report.tolerance.rtol);
@@ -457,6 +501,10 @@ Expected<Report> JudgeComparison(const Comparison& c) {
   report.verdict = OverallVerdict(report, replica_problem);
   if (report.verdict == "match") {
     report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
+    if (!report.tolerance.precision.empty() && report.tolerance.source == "default") {
+      report.summary +=
+          " within " + report.tolerance.precision + " rounding (" + report.tolerance.precision_source + ")";
+    }
   } else if (!report.groups.empty()) {
     report.summary = report.groups.front().explanation;  // the most serious finding (GroupParams' order)
   }
@@ -464,6 +512,7 @@ Expected<Report> JudgeComparison(const Comparison& c) {
   for (const auto& n : c.notes) {
     if (n.rfind(kAccumulationNote, 0) == 0 && report.verdict != "match") report.summary = n + "; " + report.summary;
   }
+  ApplySetup(c, &report);
   // A misreported norm is a finding of its own; with matching gradients it is the headline.
   report.grad_norm = CheckGradNorms(report);
   if (report.grad_norm && report.grad_norm->verdict == "misreported") {

@@ -70,7 +70,11 @@ struct Comparison {
   std::string noise_dir;                 // --noise, when it sets the tolerance (empty otherwise)
   size_t param_count = 0;                // aligned parameters, all shards together
   Shard shard;
-  std::string fingerprint;            // identity of the inputs and options (shard.h)
+  std::string fingerprint;  // identity of the inputs and options (shard.h)
+  // What setup_check.h found: "" (nothing), "different-start" or "different-data"; the
+  // sentence; the first step whose inputs differ (-1: none).
+  std::string setup_verdict, setup_summary;
+  int64_t setup_data_step = -1;
   std::vector<ComparedParam> params;  // this shard's parameters, ascending index
 };
 

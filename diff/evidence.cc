@@ -30,6 +30,7 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   options.sample = true;
   options.accumulation = accumulating_params != nullptr;
   options.grad_norm = false;
+  options.replicas = false;
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return out;  // the diff itself does not depend on it
   if (accumulating_params != nullptr) *accumulating_params = self->accumulating_params;
@@ -53,6 +54,7 @@ std::vector<BucketCell> SideBucketView(const TraceSet& set, int64_t step, std::o
   options.rtol = rtol;
   options.threads = threads;
   options.grad_norm = false;
+  options.replicas = false;
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return {};
   // Infinite numbers as NaN: the JSON writes both as null, so a merged report (whose shard 0 carried the

@@ -476,7 +476,7 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
   for (const auto& p : params) severity[p.name] = Severity(p.verdict);
   std::vector<const ParamResult*> scalable;
   for (const auto& p : params) {
-    if ((p.verdict == Verdict::kMatch || p.verdict == Verdict::kScaled) && std::isfinite(p.metrics.scale)) {
+    if ((p.verdict == Verdict::kMatch || p.verdict == Verdict::kScaled) && std::isfinite(p.metrics.scale) && !p.zero) {
       scalable.push_back(&p);
     }
   }
@@ -527,8 +527,21 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
     if (v == Verdict::kMismatch) {
       g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)";
       g.cause = "unexplained";
+      // Lossy compression (PowerSGD's low-rank approximation) makes gradients approximations, not multiples.
+      for (const TraceSide* s : {&b, &a}) {
+        const std::string& hook = s->config.comm_hook();
+        if (hook.find("powerSGD") == std::string::npos && hook.find("PowerSGD") == std::string::npos) continue;
+        g.cause = "lossy-compression";
+        g.side = s == &b ? "B" : "A";
+        g.explanation += "; " + g.side + " communicates through " + hook +
+                         ", a lossy low-rank compression (with error feedback): its gradients approximate the "
+                         "exact ones, so they are not a multiple of them; compare against a run without it to "
+                         "measure the approximation, not a scaling bug";
+        break;
+      }
       // A reduction group that leaves out a split dimension: those ranks keep their own partial gradients.
       for (const TraceSide* s : {&b, &a}) {
+        if (g.cause != "unexplained") break;
         const std::string missing = MissingGroupDimension(*s);
         if (missing.empty()) continue;
         g.cause = "incomplete-group";

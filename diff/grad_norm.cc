@@ -1,6 +1,7 @@
 #include "grad_norm.h"
 
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "bucket_view.h"
@@ -72,6 +73,32 @@ namespace {
 // sqrt(sum of ||FINAL_p||^2) of `step` over every parameter, ranks joined;
 // empty when a parameter is not held in full (absent, sketch, stats, truncated).
 Expected<std::optional<double>> FinalNorm(const TraceSet& set, int64_t step, int threads) {
+  std::mutex mu;
+  std::map<int32_t, double> squares;  // by the batch's first id: summed in one order whatever the threads
+  bool whole = true;
+  Status st =
+      VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& values) {
+        double sum = 0;
+        bool complete = true;
+        for (const SideValues& v : values) {
+          complete &= v.complete();
+          sum += SquaredNorm(v);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        squares[ids.empty() ? -1 : ids.front()] = sum;
+        whole &= complete;
+      });
+  if (!st.ok()) return st;
+  if (!whole) return std::optional<double>();
+  double total = 0;
+  for (const auto& [first, sum] : squares) total += sum;
+  return std::optional<double>(std::sqrt(total));
+}
+
+}  // namespace
+
+Status VisitFinal(const TraceSet& set, int64_t step, int threads,
+                  const std::function<void(const std::vector<int32_t>&, const std::vector<SideValues>&)>& visit) {
   Selection sel;
   sel.step = step;
   sel.phase = pb::FINAL;
@@ -82,8 +109,6 @@ Expected<std::optional<double>> FinalNorm(const TraceSet& set, int64_t step, int
   const auto batches = BatchParams(set, ids, int64_t{1} << 22);
   const int workers = ResolveThreads(threads);
   std::vector<ReaderCache> caches(workers);
-  std::vector<double> squares(batches.size(), 0);
-  std::vector<uint8_t> whole(batches.size(), 1);
   std::mutex mu;
   Status first_error;
   ParallelFor(batches.size(), workers, [&](size_t b, int worker) {
@@ -94,21 +119,10 @@ Expected<std::optional<double>> FinalNorm(const TraceSet& set, int64_t step, int
       if (first_error.ok()) first_error = std::move(st);
       return;
     }
-    for (const SideValues& v : values) {
-      if (!v.complete()) whole[b] = 0;
-      squares[b] += SquaredNorm(v);
-    }
+    visit(batches[b], values);
   });
-  if (!first_error.ok()) return first_error;
-  double total = 0;
-  for (size_t b = 0; b < batches.size(); ++b) {
-    if (!whole[b]) return std::optional<double>();
-    total += squares[b];
-  }
-  return std::optional<double>(std::sqrt(total));
+  return first_error;
 }
-
-}  // namespace
 
 Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report) {
   const std::optional<double> reported = ReportedGradNorm(set, report->step);

@@ -5,10 +5,12 @@
 // norm is off by X" instead of looking like a training bug.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gather.h"
 #include "report.h"
 #include "status.h"
 #include "trace_set.h"
@@ -36,5 +38,11 @@ std::optional<GradNormCheck> CheckGradNorms(const Report& r);
 // "grad-norm" finding and -- if the reductions are ok -- the summary. The
 // verdict and exit code stay those of the reductions, as in the diff.
 Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report);
+
+// Every parameter's FINAL at `step`, ranks joined as replicas/partitions, in
+// batches of at most 4 Mi elements on `threads` workers: visit(ids, values)
+// is called once per batch (from any worker; values[i] is ids[i]'s).
+Status VisitFinal(const TraceSet& set, int64_t step, int threads,
+                  const std::function<void(const std::vector<int32_t>&, const std::vector<SideValues>&)>& visit);
 
 }  // namespace gradtrace::diff

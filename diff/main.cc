@@ -85,12 +85,11 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
   return 0;
 }
 
-// --step all: a row per step, then the first differing step in full. --html
-// gets that step's report (or the last step's when all match).
-int RunAllSteps(const std::string& a_dir, const std::string& b_dir, const gradtrace::diff::DiffOptions& o,
-                const std::string& json_path, const std::string& md_path, const std::string& html_path, size_t top) {
+// --step all (of a diff or --self): a row per step, then the first differing
+// step in full. --html gets that step's report (or the last step's when all match).
+int EmitTable(gradtrace::Expected<gradtrace::diff::StepTable> table, const std::string& json_path,
+              const std::string& md_path, const std::string& html_path, size_t top) {
   using namespace gradtrace;
-  auto table = diff::RunDiffAllSteps(a_dir, b_dir, o);
   if (!table.ok()) return Fail(table.status().message());
   const diff::Report* detail = &table->Shown();
   return Emit(
@@ -125,7 +124,8 @@ int main(int argc, char** argv) {
   app.add_option("--phase", phase, "phase to compare: final, post or pre")
       ->check(CLI::IsMember({"final", "post", "pre"}));
   app.add_option("--step", step_text,
-                 "step to compare, or 'all' for a table with a row per step (default: first step both sets recorded)");
+                 "step to compare, or 'all' for a table with a row per step (default: every step both sets recorded, "
+                 "reporting the first that differs; --shard: the first step both recorded)");
   app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)")
       ->check(CLI::PositiveNumber);
   app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     }
     step = n;
   }
-  if (all_steps && (!self_dir.empty() || !shard_text.empty())) return Fail("--step all is for A B diffs only");
+  if (all_steps && !shard_text.empty()) return Fail("--step all does not take --shard");
 
   Expected<diff::Report> report = Status::InvalidArgument("");
   if (!merge_paths.empty()) {
@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
     o.rtol = rtol;
     o.threads = threads;
     o.progress = true;
-    report = diff::RunSelfCheck(self_dir, o);
+    if (all_steps) return EmitTable(diff::RunSelfCheckAllSteps(self_dir, o), json_path, md_path, html_path, top);
+    report = diff::RunSelfCheckSteps(self_dir, o);
   } else {
     if (a_dir.empty() || b_dir.empty()) {
       return Fail(
@@ -221,8 +222,8 @@ int main(int argc, char** argv) {
     // it draws; --shard sets its own).
     o.bucket_view = !html_path.empty();
     if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
-    if (all_steps) return RunAllSteps(a_dir, b_dir, o, json_path, md_path, html_path, top);
-    report = diff::RunDiff(a_dir, b_dir, o);
+    if (all_steps) return EmitTable(diff::RunDiffAllSteps(a_dir, b_dir, o), json_path, md_path, html_path, top);
+    report = diff::RunDiffSteps(a_dir, b_dir, o);
   }
   if (!report.ok()) return Fail(report.status().message());
 

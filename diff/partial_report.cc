@@ -10,7 +10,7 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr char kPartialVersion[] = "1.3";  // minor: fields added; major: fields changed
+constexpr char kPartialVersion[] = "1.4";  // minor: fields added; major: fields changed
 constexpr char kKind[] = "partial";
 
 Json Exact(double v) {
@@ -263,6 +263,14 @@ Comparison ComparisonFromJson(const Json& j) {
   c.b = SideFromJson(top, "trace_b", "config_b");
   c.notes = top.Strings("notes");
   c.truncations = top.Strings("truncations");
+  if (top.Has("setup_verdict")) {  // since 1.4
+    c.setup_verdict = top.Str("setup_verdict");
+    if (!c.setup_verdict.empty() && c.setup_verdict != "different-start" && c.setup_verdict != "different-data") {
+      throw BadField{"setup_verdict", "'" + c.setup_verdict + "' is no setup verdict"};
+    }
+    c.setup_summary = top.Str("setup_summary");
+    c.setup_data_step = top.Int("setup_data_step");
+  }
   const Json& params = top.Array("params");
   for (size_t i = 0; i < params.size(); ++i) {
     c.params.push_back(ParamFromJson(params[i], "params[" + std::to_string(i) + "]"));
@@ -290,6 +298,9 @@ std::string RenderPartialJson(const Comparison& c) {
   j["config_b"] = ConfigToJson(c.b.config);
   j["notes"] = c.notes;
   j["truncations"] = c.truncations;
+  j["setup_verdict"] = c.setup_verdict;
+  j["setup_summary"] = c.setup_summary;
+  j["setup_data_step"] = c.setup_data_step;
   j["params"] = Json::array();
   for (const auto& p : c.params) j["params"].push_back(ParamJson(p));
   return DumpJson(j);

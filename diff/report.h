@@ -14,7 +14,15 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.3";
+inline constexpr char kReportSchemaVersion[] = "1.4";
+
+// diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
+// setup differs (different initial weights or data: not a gradient verdict).
+// 2 is bad input or usage, never a verdict.
+inline int ExitCodeOf(const std::string& verdict) {
+  if (verdict == "match" || verdict == "ok") return 0;
+  return verdict == "different-start" || verdict == "different-data" ? 3 : 1;
+}
 
 struct ParamResult {
   std::string name;
@@ -24,8 +32,9 @@ struct ParamResult {
   std::string param_kind;  // ParamInfo.kind of B (else A): "dense", "expert", "tp-shard", "replicated", "" unrecorded
   Metrics metrics;
   Verdict verdict = Verdict::kMissing;
-  double rtol = 0;   // the tolerance this parameter was judged with
-  std::string note;  // why missing, shape problem, coverage, replica disagreement
+  double rtol = 0;    // the tolerance this parameter was judged with
+  std::string note;   // why missing, shape problem, coverage, replica disagreement
+  bool zero = false;  // matched only by the absolute floor: zero up to rounding, no scale to group by
 };
 
 // Parameters sharing a scale factor (or a problem), and what explains it.
@@ -137,6 +146,16 @@ struct SelfParam {
   bool accumulates = false;  // its bucket accumulates across micro-steps on some rank (bucket_view.h)
 };
 
+// One compared step of a diff that compared every common step (the default
+// without --step): a row of the step table.
+struct StepRow {
+  int64_t step = 0;
+  std::string verdict;
+  int match = 0, differ = 0;  // parameters
+  double worst_residual = 0;  // largest finite residual
+  std::string summary;
+};
+
 struct Report {
   std::string mode = "diff";  // "diff" or "self"
   TraceSide a, b;             // b unused in self mode
@@ -149,15 +168,18 @@ struct Report {
   std::vector<SelfParam> self_params;
   std::optional<GradNormCheck> grad_norm;  // phase final (diff) or --self, when a side reported a norm
   std::vector<BucketCell> bucket_view;     // --self: rank, micro-step, bucket order
+  // Since schema 1.4: every step the default diff compared (no --step), ascending, when more than one;
+  // this report is the first step that differs, else the first step.
+  std::vector<StepRow> steps;
   // --self: parameters whose buckets accumulate across micro-steps, over every
   // reduction (self_params mark only those measured; SelfOptions.sample measures
   // a few). Not in the JSON: the bucket view and the findings say it there.
   int accumulating_params = 0;
-  std::string verdict = "match";  // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok"
+  std::string verdict = "match";  // "match", "scaled", "mismatch", "missing", "nonfinite", "incomplete", "ok",
+                                  // "different-start", "different-data" (setup_check.h)
   std::string summary;            // one line
 
-  // diff(1) convention: 0 no differences, 1 differences found.
-  int ExitCode() const { return (verdict == "match" || verdict == "ok") ? 0 : 1; }
+  int ExitCode() const { return ExitCodeOf(verdict); }
 };
 
 // Renderers. Text may use ANSI colour; the others are files.

@@ -74,8 +74,31 @@ std::pair<double, double> ScaleRange(const std::vector<Point>& pts) {
   return {lo - 0.25, std::max(hi, lo + 1) + 0.25};
 }
 
+// Names under the x axis: every parameter when they fit, else every k-th (a
+// tick marks each labelled one); long names keep their tail, the specific part.
+template <typename XOf>
+std::string XTicks(const std::vector<Point>& pts, double axis_y, const XOf& x) {
+  constexpr size_t kMaxTicks = 48, kMaxChars = 24;
+  const size_t every = pts.size() <= kMaxTicks ? 1 : (pts.size() + kMaxTicks - 1) / kMaxTicks;
+  std::string s;
+  for (size_t i = 0; i < pts.size(); i += every) {
+    std::string name = pts[i].name;
+    if (name.size() > kMaxChars) {
+      size_t cut = name.size() - (kMaxChars - 1);
+      while (cut < name.size() && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) ++cut;  // UTF-8 boundary
+      name = "\u2026" + name.substr(cut);
+    }
+    const std::string cx = F(x(i)), cy = F(axis_y + 10);
+    s += "<line x1=\"" + cx + "\" x2=\"" + cx + "\" y1=\"" + F(axis_y) + "\" y2=\"" + F(axis_y + 4) +
+         "\" stroke=\"#555\"/><text class=\"tick\" x=\"" + cx + "\" y=\"" + cy + "\" transform=\"rotate(-45 " + cx +
+         " " + cy + ")\" text-anchor=\"end\" font-size=\"9\">" + Esc(name) + "</text>\n";
+  }
+  return s;
+}
+
 std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
-  const double W = 960, H = 540, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 56;
+  // bottom: room for the parameter names under the axis (rotated, at most kMaxTicks of them).
+  const double W = 960, H = 650, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 166;
   const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
   size_t n = pts.size();
   // Not a structured binding: clang 14 (the fuzz build) refuses to capture those in a lambda.
@@ -127,6 +150,7 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
   s += "<text class=\"axis-label\" x=\"" + F((left + W - right) / 2) + "\" y=\"" + F(H - 14) +
        "\" text-anchor=\"middle\" font-size=\"12\">parameter (" + std::to_string(n) + ", " +
        (self ? "worst first" : "by name") + "; hover a mark for its name)</text>\n";
+  s += XTicks(pts, H - bottom, x);
   s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(H - bottom) + "\" y2=\"" + F(H - bottom) +
        "\" stroke=\"#555\"/>\n";
   // One mark per parameter in each panel.

@@ -110,6 +110,15 @@ Json ReportToJson(const Report& r) {
   j["grad_norm"] = r.grad_norm ? GradNormJson(*r.grad_norm) : Json(nullptr);
   j["bucket_view"] = Json::array();
   for (const auto& c : r.bucket_view) j["bucket_view"].push_back(BucketCellToJson(c));
+  j["steps"] = Json::array();  // since 1.4
+  for (const StepRow& s : r.steps) {
+    j["steps"].push_back({{"step", s.step},
+                          {"verdict", s.verdict},
+                          {"match", s.match},
+                          {"differ", s.differ},
+                          {"worst_residual", NumberOrNull(s.worst_residual)},
+                          {"summary", s.summary}});
+  }
   return j;
 }
 

@@ -3,6 +3,7 @@
 
 #include "report.h"
 #include "slice_codec.h"
+#include "step_table.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -52,6 +53,7 @@ std::string RenderMarkdown(const Report& r) {
   if (!r.summary.empty()) out += "**" + Md(r.summary) + "**\n\n";
   ConfigRows(out, r);
   out += "\nStep " + std::to_string(r.step) + ", phase `" + r.phase + "`; " + Md(r.tolerance.bound) + ".\n\n";
+  if (!r.steps.empty()) out += "Every step both sets recorded:\n\n" + RenderStepRowsMarkdown(r.steps) + "\n";
   if (!r.groups.empty()) {
     out += "| parameters | " + std::string(self ? "divisor" : "B/A") + " | explanation |\n|---:|---:|---|\n";
     for (const auto& g : r.groups) {

@@ -6,6 +6,7 @@
 #include "metrics.h"
 #include "report.h"
 #include "slice_codec.h"
+#include "step_table.h"
 
 namespace gradtrace::diff {
 
@@ -59,10 +60,14 @@ std::string Paint(const std::string& text, const std::string& verdict, bool colo
   return std::string(Colour(verdict)) + padded + "\033[0m";
 }
 
+// A right-aligned cell always keeps a space before its text, so a value wider
+// than its column (a negative scale, "-1.23457e-05") never runs into the last.
 std::string Cell(const std::string& s, int width, bool left = false) {
   char buf[256];
   std::snprintf(buf, sizeof(buf), left ? "%-*s" : "%*s", width, s.c_str());
-  return buf;
+  std::string out = buf;
+  if (!left && static_cast<int>(s.size()) >= width) out.insert(0, " ");
+  return out;
 }
 
 std::string Clip(const std::string& s, size_t width) {
@@ -99,6 +104,10 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
     out += "  A: " + r.a.producer + ", " + ConfigSummary(r.a.config) + "\n";
     out += "  B: " + r.b.producer + ", " + ConfigSummary(r.b.config) + "\n";
     out += "  step " + std::to_string(r.step) + ", phase " + r.phase + "; " + r.tolerance.bound + "\n\n";
+    if (!r.steps.empty()) {
+      out += RenderStepRowsText(r.steps) + "\n" + bold + "Step " + std::to_string(r.step) +
+             (r.verdict == "match" ? ", the first" : ", the first that differs") + reset + "\n";
+    }
     size_t nw = 9;
     for (const auto& p : r.params) nw = std::max(nw, std::min<size_t>(p.name.size(), 48));
     out += std::string(bold) + Cell("VERDICT", 11, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +

@@ -109,12 +109,17 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
     if (!right) g->dimension = "sp";
     why = deepspeed ? "the reduction divides by dp only (group size / sp, as DeepSpeed does since #4530)"
                     : "the reduction divides by dp only (group size / sp)";
+  } else if (deg.cp > 1 && near(p.group_size / double(deg.cp))) {
+    expr = "dp";
+    if (!right) g->dimension = "cp";
+    why = "the reduction divides by dp only (group size / cp): the context-parallel ranks' shares are summed";
   } else if (near(1)) {
     expr = "1";
     g->dimension = "world";
     why = "the reduction sums without dividing";
-  } else if (near(dp * double(sp) * sp) || near(double(p.group_size) * sp) ||
-             (sp > 1 && near(double(p.group_size) * p.group_size / (double(sp) * sp)))) {
+  } else if (sp > 1 && (near(dp * double(sp) * sp) || near(double(p.group_size) * sp) ||
+                        near(double(p.group_size) * p.group_size / (double(sp) * sp)))) {
+    // Only with sp > 1: at sp 1 these expressions are dp or the group size, no double division.
     expr = near(double(p.group_size) * p.group_size / (double(sp) * sp)) ? "(group size / sp)^2" : "group size x sp";
     g->cause = "double-division";
     g->dimension = "dp";
@@ -479,7 +484,7 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
     } else {
       p.verdict = SelfVerdict::kOk;
     }
-    if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * p.divisor) {
+    if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * std::fabs(p.divisor)) {
       findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
                                           " but the effective divisor is " + Fixed(p.divisor)});
     }
@@ -492,8 +497,31 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
 // Parameters with the same effective divisor over groups of the same size, largest group first.
 void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
   std::vector<const SelfParam*> ok;
+  Group inconsistent;
   for (const auto& p : report->self_params) {
-    if (std::isfinite(p.divisor)) ok.push_back(&p);
+    // A reduction that is not a division of the sum has no divisor to claim.
+    if (p.verdict == SelfVerdict::kInconsistent) {
+      inconsistent.params.push_back(p.name);
+    } else if (std::isfinite(p.divisor)) {
+      ok.push_back(&p);
+    }
+  }
+  if (!inconsistent.params.empty()) {
+    inconsistent.kind = "inconsistent";
+    inconsistent.count = static_cast<int>(inconsistent.params.size());
+    inconsistent.cause = "unexplained";
+    const std::string n = std::to_string(inconsistent.count) + (inconsistent.count == 1 ? " parameter" : " parameters");
+    inconsistent.explanation =
+        n +
+        ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
+        "disagree (residual above tolerance): no divisor is claimed";
+    const std::string& hook = config.comm_hook();
+    if (hook.find("powerSGD") != std::string::npos || hook.find("PowerSGD") != std::string::npos) {
+      inconsistent.cause = "lossy-compression";
+      inconsistent.explanation += "; the run communicates through " + hook +
+                                  ", a lossy low-rank compression: its reductions approximate the sum";
+    }
+    report->groups.push_back(std::move(inconsistent));
   }
   // Clusters hold one kind over one group size: sort by those first.
   std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) {
@@ -501,8 +529,9 @@ void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report
   });
   int n = static_cast<int>(report->self_params.size());
   for (size_t i = 0; i < ok.size();) {
-    size_t j = i;
-    while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * ok[i]->divisor &&
+    // j > i always: a negative divisor (POST of the opposite sign) used to make the width negative and loop forever.
+    size_t j = i + 1;
+    while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * std::fabs(ok[i]->divisor) &&
            ok[j]->group_size == ok[i]->group_size && ok[j]->param_kind == ok[i]->param_kind)
       ++j;
     Group g;
@@ -527,6 +556,60 @@ void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report
     if (worst(x) != worst(y)) return worst(x) > worst(y);
     return x.count > y.count;
   });
+}
+
+// What --self cannot see, said in every self report: it checks each reduction
+// against its own inputs and the layout, never the gradient itself.
+constexpr char kSelfScope[] =
+    "--self checks each reduction against its own inputs and replicas against each other; it cannot see a loss "
+    "scaled before backward beyond what the recorded loss recipe states (e.g. an unrecorded local mean per "
+    "sequence shard, #5248), wrong data or weights, or a wrong forward: diff against a reference run for those";
+
+// Replicas of one parameter's FINAL (ranks holding the same elements) must
+// agree: a replicated parameter whose partial gradients were not reduced over
+// every rank holding it (a norm under tensor/sequence parallelism not
+// all-reduced over tp) disagrees. Each such parameter becomes inconsistent
+// (an entry of its own when no reduction of it was recorded).
+Status CheckFinalReplicas(const TraceSet& set, int64_t step, double rtol, int threads, Report* report) {
+  struct Disagreement {
+    double rel = 0;
+    int rank = -1, other = -1;
+  };
+  std::mutex mu;
+  std::map<int32_t, Disagreement> bad;
+  Status st = VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& vs) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const SideValues& v = vs[i];
+      const double rel =
+          v.replica_ref2 > 0 ? std::sqrt(v.replica_diff2 / v.replica_ref2) : (v.replica_diff2 > 0 ? 1.0 : 0.0);
+      if (rel <= rtol) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      bad[ids[i]] = {rel, v.replica_rank, v.replica_other};
+    }
+  });
+  GT_RETURN_IF_ERROR(st);
+  for (const auto& [id, d] : bad) {
+    const pb::ParamInfo& info = set.run().params(id);
+    auto it = std::find_if(report->self_params.begin(), report->self_params.end(),
+                           [&](const SelfParam& p) { return p.name == info.name(); });
+    if (it == report->self_params.end()) {
+      SelfParam p;
+      p.name = info.name();
+      p.numel = info.numel();
+      p.param_kind = semantics::ParamKindName(info.kind());
+      p.divisor = std::nan("");
+      p.residual = d.rel;
+      report->self_params.push_back(std::move(p));
+      it = report->self_params.end() - 1;
+    }
+    it->verdict = SelfVerdict::kInconsistent;
+    report->findings.push_back(
+        {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
+                        " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
+                        "): its gradient was not reduced over every rank that holds it (e.g. a norm or bias "
+                        "replicated under tensor/sequence parallelism, not all-reduced over tp)"});
+  }
+  return Status::Ok();
 }
 
 // The worst parameter verdict, then incomplete for a truncated set, else ok.
@@ -571,17 +654,27 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
 
   auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
   auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
-  if (post_steps.empty() || pre_steps.empty()) {
+  const auto final_steps = StepsWithPhase(set, pb::FINAL);
+  // A set with FINAL only (DTensor reductions happen inside autograd): its replicas are all there is to check.
+  const bool final_only = (post_steps.empty() || pre_steps.empty()) && options.replicas && !final_steps.empty();
+  if (final_only) post_steps = final_steps;
+  if ((post_steps.empty() || pre_steps.empty()) && !final_only) {
     return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
                                    std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
   }
   int64_t step = options.step ? *options.step : post_steps.front();
   if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
-    return Status::InvalidArgument(set.dir() + ": no POST_REDUCE records for step " + std::to_string(step));
+    return Status::InvalidArgument(set.dir() + ": no " + (final_only ? "FINAL" : "POST_REDUCE") + " records for step " +
+                                   std::to_string(step));
   }
   report.step = step;
+  if (final_only) {
+    report.findings.push_back({"note",
+                               "no PRE_REDUCE and POST_REDUCE records: only the replicas of FINAL are "
+                               "checked, no divisor is measured"});
+  }
 
-  StepReductions reductions = CollectReductions(set, step, &report);
+  StepReductions reductions = final_only ? StepReductions{} : CollectReductions(set, step, &report);
   if (options.sample) SampleReductions(set, &reductions);
   std::set<std::pair<int, int32_t>> accumulating;
   if (options.accumulation) {
@@ -606,6 +699,9 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
         JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
     report.self_params.back().accumulates = accumulating_ids.count(id) > 0;
   }
+  if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, step, rtol, options.threads, &report));
+  for (const std::string& n : set.inferences()) report.findings.push_back({"note", n});
+  report.findings.push_back({"note", kSelfScope});
   for (const RankFile& f : set.ranks()) {
     if (f.truncated) {
       report.findings.push_back(
@@ -616,7 +712,9 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   std::stable_sort(report.self_params.begin(), report.self_params.end(),
                    [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
   report.verdict = SelfOverallVerdict(report, set.truncated());
-  report.summary = report.groups.empty() ? "no reductions to check" : report.groups.front().explanation;
+  report.summary = !report.groups.empty() ? report.groups.front().explanation
+                   : final_only           ? "the replicas of every parameter agree in FINAL (no reductions recorded)"
+                                          : "no reductions to check";
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
   if (!options.grad_norm) return report;
@@ -631,6 +729,71 @@ Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options
   auto set = TraceSet::Load(dir, lo);
   if (!set.ok()) return set.status();
   return SelfCheckSet(*set, options);
+}
+
+namespace {
+
+// Steps with reductions to check, else (a FINAL-only set) the steps with FINAL.
+std::vector<int64_t> SelfSteps(const TraceSet& set, const SelfOptions& options) {
+  const auto post = StepsWithPhase(set, pb::POST_REDUCE), pre = StepsWithPhase(set, pb::PRE_REDUCE);
+  std::vector<int64_t> both;
+  std::set_intersection(post.begin(), post.end(), pre.begin(), pre.end(), std::back_inserter(both));
+  if (both.empty() && options.replicas && (post.empty() || pre.empty())) return StepsWithPhase(set, pb::FINAL);
+  return both;
+}
+
+LoadOptions Loading(const SelfOptions& options) {
+  LoadOptions lo;
+  lo.threads = options.threads;
+  return lo;
+}
+
+}  // namespace
+
+Expected<StepTable> SelfCheckAllSteps(const TraceSet& set, const SelfOptions& options) {
+  const std::vector<int64_t> steps = SelfSteps(set, options);
+  if (steps.empty()) return SelfCheckSet(set, options).status();  // its message says what is missing
+  StepTable t;
+  t.verdict = "ok";
+  Progress progress("gradtrace-diff --self: steps",
+                    options.progress && steps.size() > 1 && Progress::Wanted(set.total_bytes()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SelfOptions o = options;
+    o.step = steps[i];
+    o.progress = false;
+    auto r = SelfCheckSet(set, o);
+    if (!r.ok()) return r.status();
+    if (t.verdict == "ok" && r->ExitCode() != 0) t.verdict = r->verdict;
+    t.steps.push_back(std::move(*r));
+    progress.Update(i + 1, steps.size());
+  }
+  progress.Finish();
+  const Report* first = t.FirstDifference();
+  const auto bad = std::count_if(t.steps.begin(), t.steps.end(), [](const Report& r) { return r.ExitCode() != 0; });
+  t.summary = first == nullptr
+                  ? "all " + std::to_string(t.steps.size()) + " steps ok"
+                  : std::to_string(bad) + " of " + std::to_string(t.steps.size()) +
+                        " steps are not ok, the first at step " + std::to_string(first->step) + ": " + first->summary;
+  return t;
+}
+
+Expected<Report> SelfCheckSteps(const TraceSet& set, const SelfOptions& options) {
+  if (options.step) return SelfCheckSet(set, options);
+  auto table = SelfCheckAllSteps(set, options);
+  if (!table.ok()) return table.status();
+  return ReportOfSteps(std::move(*table), "with reductions (or FINAL) recorded");
+}
+
+Expected<Report> RunSelfCheckSteps(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
+  if (!set.ok()) return set.status();
+  return SelfCheckSteps(*set, options);
+}
+
+Expected<StepTable> RunSelfCheckAllSteps(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
+  if (!set.ok()) return set.status();
+  return SelfCheckAllSteps(*set, options);
 }
 
 }  // namespace gradtrace::diff

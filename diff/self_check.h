@@ -16,6 +16,7 @@
 #include "gradtrace.pb.h"
 #include "report.h"
 #include "status.h"
+#include "step_table.h"
 #include "trace_set.h"
 
 namespace gradtrace::diff {
@@ -34,9 +35,20 @@ struct SelfOptions {
   // False skips the grad-norm check (it reads every FINAL record): the diff's
   // evidence and per-side bucket views (evidence.h) need neither.
   bool grad_norm = true;
+  // False skips checking that replicas of each parameter agree in FINAL (another full FINAL pass).
+  bool replicas = true;
 };
 
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options);
 Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options);
+
+// --self without --step: every step with PRE_REDUCE and POST_REDUCE records,
+// reporting the first that is not ok (else the first), with Report.steps a
+// row per step when there are several. With options.step it is SelfCheckSet.
+Expected<Report> SelfCheckSteps(const TraceSet& set, const SelfOptions& options);
+Expected<Report> RunSelfCheckSteps(const std::string& dir, const SelfOptions& options);
+// --self --step all: one self-check per such step (step_table.h renders it).
+Expected<StepTable> SelfCheckAllSteps(const TraceSet& set, const SelfOptions& options);
+Expected<StepTable> RunSelfCheckAllSteps(const std::string& dir, const SelfOptions& options);
 
 }  // namespace gradtrace::diff

@@ -14,33 +14,20 @@ namespace {
 
 // Most severe first; "match" is the least.
 int VerdictRank(const std::string& v) {
-  for (int i = 0; const char* name : {"nonfinite", "mismatch", "missing", "incomplete", "scaled"}) {
-    if (v == name) return 5 - i;
+  // A setup difference explains the gradient verdicts it comes with: it ranks first.
+  for (int i = 0; const char* name :
+                  {"different-start", "different-data", "nonfinite", "mismatch", "missing", "incomplete", "scaled"}) {
+    if (v == name) return 7 - i;
     ++i;
   }
   return 0;
 }
 
-struct Counts {
-  int match = 0, differ = 0;
-  double worst_residual = 0;
-};
-
-Counts CountParams(const Report& r) {
-  Counts c;
-  for (const ParamResult& p : r.params) {
-    (p.verdict == Verdict::kMatch ? c.match : c.differ) += 1;
-    if (std::isfinite(p.metrics.residual)) c.worst_residual = std::max(c.worst_residual, p.metrics.residual);
-  }
-  return c;
-}
-
-std::string Row(const Report& r, const char* sep, bool markdown) {
-  const Counts c = CountParams(r);
+std::string Row(const StepRow& r, const char* sep, bool markdown) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s%6lld%s%-11s%s%6d%s%6d%s%10s%s", markdown ? "| " : "",
-                static_cast<long long>(r.step), sep, r.verdict.c_str(), sep, c.match, sep, c.differ, sep,
-                FormatNumber(c.worst_residual, 3).c_str(), sep);
+                static_cast<long long>(r.step), sep, r.verdict.c_str(), sep, r.match, sep, r.differ, sep,
+                FormatNumber(r.worst_residual, 3).c_str(), sep);
   std::string summary = r.summary;
   if (markdown) {
     for (char& ch : summary) ch = ch == '|' ? '/' : ch;
@@ -49,7 +36,41 @@ std::string Row(const Report& r, const char* sep, bool markdown) {
   return buf + summary + "\n";
 }
 
+constexpr char kTextHeader[] = "  step  verdict      match differ  residual  summary\n";
+constexpr char kMarkdownHeader[] =
+    "| step | verdict | match | differ | largest residual | summary |\n|---:|---|---:|---:|---:|---|\n";
+
 }  // namespace
+
+StepRow RowOf(const Report& r) {
+  StepRow row;
+  row.step = r.step;
+  row.verdict = r.verdict;
+  row.summary = r.summary;
+  for (const ParamResult& p : r.params) {
+    (p.verdict == Verdict::kMatch ? row.match : row.differ) += 1;
+    if (std::isfinite(p.metrics.residual)) row.worst_residual = std::max(row.worst_residual, p.metrics.residual);
+  }
+  for (const SelfParam& p : r.self_params) {  // self mode: ok or not
+    (p.verdict == SelfVerdict::kOk ? row.match : row.differ) += 1;
+    if (std::isfinite(p.residual)) row.worst_residual = std::max(row.worst_residual, p.residual);
+  }
+  return row;
+}
+
+std::string RenderStepRowsText(const std::vector<StepRow>& rows) {
+  if (rows.empty()) return "";
+  std::string out = kTextHeader;
+  for (const StepRow& r : rows) out += Row(r, "  ", false);
+  return out;
+}
+
+std::string RenderStepRowsMarkdown(const std::vector<StepRow>& rows) {
+  if (rows.empty()) return "";
+  std::string out = kMarkdownHeader;
+  for (const StepRow& r : rows) out += Row(r, " | ", true);
+  return out;
+}
 
 const Report* StepTable::FirstDifference() const {
   for (const Report& r : steps) {
@@ -99,6 +120,44 @@ Expected<StepTable> DiffAllSteps(const TraceSet& a, const TraceSet& b, const Dif
   return t;
 }
 
+Report ReportOfSteps(StepTable table, const std::string& what) {
+  std::vector<Report>& steps = table.steps;
+  const auto first = std::find_if(steps.begin(), steps.end(), [](const Report& s) { return s.ExitCode() != 0; });
+  std::vector<StepRow> rows;
+  for (const Report& s : steps) rows.push_back(RowOf(s));
+  Report r = std::move(first != steps.end() ? *first : steps.front());
+  if (rows.size() > 1) {
+    const auto differ = std::count_if(steps.begin(), steps.end(), [](const Report& s) { return s.ExitCode() != 0; });
+    const std::string which = first == steps.end() ? "none differs"
+                                                   : std::to_string(differ) + " differ; this report is step " +
+                                                         std::to_string(r.step) + ", the first that differs";
+    r.findings.push_back({"note", "compared every step " + what + " (" + std::to_string(rows.size()) + "): " + which +
+                                      " (--step N compares one step)"});
+    r.steps = std::move(rows);
+  }
+  return r;
+}
+
+Expected<Report> DiffSteps(const TraceSet& a, const TraceSet& b, const DiffOptions& options, const TraceSet* noise) {
+  if (options.step) return DiffSets(a, b, options, noise);
+  DiffOptions each = options;
+  each.bucket_view = false;
+  auto table = DiffAllSteps(a, b, each, noise);
+  if (!table.ok()) return table.status();
+  Report r = ReportOfSteps(std::move(*table), "both sets recorded");
+  if (options.bucket_view) {
+    r.a.bucket_view = SideBucketView(a, r.step, options.rtol, options.threads);
+    r.b.bucket_view = SideBucketView(b, r.step, options.rtol, options.threads);
+  }
+  return r;
+}
+
+Expected<Report> RunDiffSteps(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  auto sets = LoadSets(a_dir, b_dir, options);
+  if (!sets.ok()) return sets.status();
+  return DiffSteps(sets->a, sets->b, options, sets->noise ? &*sets->noise : nullptr);
+}
+
 Expected<StepTable> RunDiffAllSteps(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
   auto sets = LoadSets(a_dir, b_dir, options);
   if (!sets.ok()) return sets.status();
@@ -106,8 +165,8 @@ Expected<StepTable> RunDiffAllSteps(const std::string& a_dir, const std::string&
 }
 
 std::string RenderStepTableText(const StepTable& t, bool colour, size_t max_rows) {
-  std::string out = "  step  verdict      match differ  residual  summary\n";
-  for (const Report& r : t.steps) out += Row(r, "  ", false);
+  std::string out = kTextHeader;
+  for (const Report& r : t.steps) out += Row(RowOf(r), "  ", false);
   out += "\nVerdict over " + std::to_string(t.steps.size()) + " steps: " + t.verdict + " -- " + t.summary + "\n";
   if (const Report* first = t.FirstDifference()) {
     out += "\n== step " + std::to_string(first->step) + ", the first that differs\n";
@@ -120,7 +179,7 @@ std::string RenderStepTableJson(const StepTable& t) {
   Json j = Json::object();
   j["schema_version"] = kReportSchemaVersion;
   j["tool"] = "gradtrace-diff";
-  j["mode"] = "steps";
+  j["mode"] = !t.steps.empty() && t.steps.front().mode == "self" ? "self-steps" : "steps";
   j["verdict"] = t.verdict;
   j["exit_code"] = t.ExitCode();
   j["summary"] = t.summary;
@@ -132,8 +191,8 @@ std::string RenderStepTableJson(const StepTable& t) {
 
 std::string RenderStepTableMarkdown(const StepTable& t) {
   std::string out = "### gradtrace-diff, every step: " + t.verdict + "\n\n" + t.summary + "\n\n";
-  out += "| step | verdict | match | differ | largest residual | summary |\n|---:|---|---:|---:|---:|---|\n";
-  for (const Report& r : t.steps) out += Row(r, " | ", true);
+  out += kMarkdownHeader;
+  for (const Report& r : t.steps) out += Row(RowOf(r), " | ", true);
   if (const Report* first = t.FirstDifference()) {
     out += "\n#### Step " + std::to_string(first->step) + ", the first that differs\n\n" + RenderMarkdown(*first);
   }

@@ -16,6 +16,25 @@
 // keeps bf16 from hiding real mismatches. Unknown config fields count as 1, and
 // N is at least 1024.
 //
+// Compressed communication (format 1.4, Config.comm_dtype coarser than the
+// gradient dtype: torch's fp16/bf16_compress_hook, FSDP's reduce_dtype, a
+// comm_dtype= declaration). Each rank's contribution is rounded once to the
+// comm dtype (relative error <= u_c), the W-term sum in that dtype adds up to
+// W-1 more roundings whose typical size grows like u_c*sqrt(W), and the result
+// is rounded back once. These errors are per element and do not grow with the
+// token count N (the tokens were summed in the compute dtype), so they add a
+// term rather than replace u:
+//
+//   rtol = min(0.05, 16 * u * sqrt(N) + 4 * u_c * sqrt(W))
+//
+// with u_c the comm dtype's unit roundoff and W the side's world (at least 2).
+// The factor 4 covers the rounding back and the sum's worst orderings; the
+// residual of a rounding of RMS relative size u_c is about u_c/sqrt(3).
+// Measured residuals: tests/python/test_compressed_comm.py (DDP, 2 ranks,
+// torch 2.15, against one fp32 rank). TTrace (arXiv 2506.09280) is the
+// reference point: a tolerance derived from the rounding steps a value went
+// through, not from observed noise (its abstract's stance; this bound is ours).
+//
 // --noise A2 replaces the bound with a measurement: per parameter,
 // rtol_p = max(4 * rel_error(A, A2)_p, 4u). --rtol X overrides both.
 //
@@ -53,6 +72,9 @@ struct Tolerance {
   std::string source;  // "default", "noise", "rtol"
   std::string bound;   // the bound in words, for reports
   double atol = 0;     // the absolute floor per element (0: none)
+  // The coarse precision the bound allows for ("bf16", "fp16"; "" for fp32/fp64) and in words whose it is:
+  // "B communicates in bf16 (bf16_compress_hook)", "A trains in bf16".
+  std::string precision, precision_source;
 };
 
 double UnitRoundoff(pb::DType dtype);  // fp32 when unspecified

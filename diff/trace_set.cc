@@ -13,6 +13,7 @@
 #include "format.h"
 #include "index_entry.h"
 #include "thread_pool.h"
+#include "tolerance.h"
 #include "trace_reader.h"
 
 namespace gradtrace::diff {
@@ -291,8 +292,11 @@ Status CheckSameRun(const std::vector<ScanResult>& results, const std::vector<st
       return Status::Mismatch(paths[i] + ": model fingerprint " + run.model_fingerprint() + " differs from " +
                               run0.model_fingerprint() + " of " + path0 + " (different models)");
     }
+    // Ranks holding different shards sketch no initial values, or other ones: not part of the table's identity.
+    MessageDifferencer same_param;
+    same_param.IgnoreField(pb::ParamInfo::descriptor()->FindFieldByName("init_sketch"));
     for (int p = 0; p < run.params_size(); ++p) {
-      if (!MessageDifferencer::Equals(run.params(p), run0.params(p))) {
+      if (!same_param.Compare(run.params(p), run0.params(p))) {
         return Status::Mismatch(paths[i] + ": parameter table differs from " + path0 + " at id " + std::to_string(p) +
                                 " ('" + run.params(p).name() + "' vs '" + run0.params(p).name() + "')");
       }
@@ -385,7 +389,47 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
   std::sort(set.frames_.begin(), set.frames_.end(), [](const FrameRef& x, const FrameRef& y) {
     return std::tie(x.rank, x.offset) < std::tie(y.rank, y.offset);
   });
+  set.InferGas();
+  set.FoldCommDtype();
   return set;
+}
+
+// The run's communication precision is the coarsest a parameter records
+// (ParamInfo.comm_dtype, format 1.4) when the Config states none.
+void TraceSet::FoldCommDtype() {
+  if (run0_.config().comm_dtype() != pb::DTYPE_UNSPECIFIED) return;
+  pb::DType coarse = pb::DTYPE_UNSPECIFIED;
+  for (const pb::ParamInfo& p : run0_.params()) {
+    if (p.comm_dtype() == pb::DTYPE_UNSPECIFIED) continue;
+    if (coarse == pb::DTYPE_UNSPECIFIED || UnitRoundoff(p.comm_dtype()) > UnitRoundoff(coarse)) coarse = p.comm_dtype();
+  }
+  if (coarse != pb::DTYPE_UNSPECIFIED) run0_.mutable_config()->set_comm_dtype(coarse);
+}
+
+// A producer that did not record gas (0 or 1) while every optimizer step of
+// the trace counts the same K > 1 micro-steps (the optimizer-step StepInfo and
+// FINAL carry the last micro-step's index): gas is K. Explanations and the
+// tolerance then see it like a recorded one, and the inference is said.
+void TraceSet::InferGas() {
+  if (run0_.config().gas() > 1) return;
+  std::map<int64_t, int32_t> last_micro;  // per step: the largest micro-step index seen
+  for (const RankStep& s : steps_) {
+    if (s.info.optimizer_step()) last_micro[s.info.step()] = std::max(last_micro[s.info.step()], s.info.micro_step());
+  }
+  for (const FrameRef& f : frames_) {
+    if (f.phase == pb::FINAL) last_micro[f.step] = std::max(last_micro[f.step], f.micro_step);
+  }
+  if (last_micro.empty()) return;
+  const int32_t k = last_micro.begin()->second + 1;
+  if (k <= 1 || k > (1 << 20)) return;
+  for (const auto& [step, micro] : last_micro) {
+    if (micro + 1 != k) return;  // steps disagree: nothing to infer
+  }
+  const int recorded = run0_.config().gas();
+  run0_.mutable_config()->set_gas(k);
+  inferences_.push_back("gas " + std::to_string(k) + " inferred from the " + std::to_string(k) +
+                        " micro-steps recorded in each of " + std::to_string(last_micro.size()) +
+                        " optimizer steps (the trace records gas " + std::to_string(recorded) + ")");
 }
 
 }  // namespace gradtrace::diff

@@ -85,6 +85,9 @@ class TraceSet {
   const std::vector<int>& GroupMembers(int rank, const std::string& group) const;
   uint64_t total_bytes() const { return total_bytes_; }
   bool truncated() const;
+  // What loading inferred where the recorded layout was silent, one sentence
+  // each (config() already holds it): e.g. gas from the micro-steps counted.
+  const std::vector<std::string>& inferences() const { return inferences_; }
 
  private:
   std::string dir_;
@@ -94,6 +97,10 @@ class TraceSet {
   std::vector<RankStep> steps_;
   std::vector<std::vector<std::pair<std::string, std::vector<int>>>> groups_;  // per rank
   uint64_t total_bytes_ = 0;
+  std::vector<std::string> inferences_;
+
+  void InferGas();
+  void FoldCommDtype();
 };
 
 // Prefixes `path: ` to a codec message unless it already names the file.

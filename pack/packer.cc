@@ -21,6 +21,7 @@
 #include "readme.h"
 #include "reencode.h"
 #include "self_check.h"
+#include "step_table.h"
 #include "tar_writer.h"
 
 namespace gradtrace::pack {
@@ -75,7 +76,7 @@ Expected<diff::Report> RunComparison(const std::vector<const diff::TraceSet*>& s
     o.step = d.step;
     o.rtol = d.rtol;
     o.threads = threads;
-    return diff::SelfCheckSet(*sets[0], o);
+    return diff::SelfCheckSteps(*sets[0], o);
   }
   diff::DiffOptions o;
   o.phase = d.phase == "pre" ? pb::PRE_REDUCE : d.phase == "post" ? pb::POST_REDUCE : pb::FINAL;
@@ -83,7 +84,7 @@ Expected<diff::Report> RunComparison(const std::vector<const diff::TraceSet*>& s
   o.rtol = d.rtol;
   o.renames = d.renames;
   o.threads = threads;
-  return diff::DiffSets(*sets[0], *sets[1], o);
+  return diff::DiffSteps(*sets[0], *sets[1], o);
 }
 
 // The report as `gradtrace-diff ARCHIVE --html` draws it: a diff's HTML shows each side's bucket view

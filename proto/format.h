@@ -21,7 +21,7 @@ inline constexpr char kFileMagic[8] = {'G', 'R', 'D', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr char kFooterMagic[8] = {'G', 'T', 'I', 'N', 'D', 'E', 'X', '\0'};
 // Minor version when adding fields or frame types; major when changing existing ones.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 3;
+inline constexpr uint16_t kMinorVersion = 4;
 // Minor versions: 1.0 the first; 1.1 index entries catalogue each BucketRecord
 // (param ids, group, raw_len, partition, divisor) so readers need not decompress
 // data frames to know what they hold.
@@ -29,7 +29,11 @@ inline constexpr uint16_t kMinorCataloguedIndex = 1;
 // 1.2 adds the parallel layout (Config tp/pp/cp/edp, ParamInfo grad_group/kind/
 // partition_dim, RunInfo framework/versions/coordinates) and StepInfo's reported
 // grad norm: fields only, so no reader branches on it. 1.3 adds Config.replicate
-// (HSDP), a field too.
+// (HSDP), a field too. 1.4 adds the precision chain, the initial-weight sketch
+// and the input moments (FORMAT.md 4.1): fields again.
+
+// 1.4: ParamInfo.init_sketch holds at most this many values (FORMAT.md 4.1).
+inline constexpr int kInitSketchSize = 16;
 
 inline constexpr size_t kFileHeaderSize = 16;
 inline constexpr size_t kFrameHeaderSize = 16;

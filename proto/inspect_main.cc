@@ -100,6 +100,18 @@ void PrintRunInfo(const TraceReader& r) {
     std::printf("  %5d  %-48s %-20s %-5s %12lld  %s\n", p.id(), p.name().c_str(), Shape(p).c_str(),
                 DTypeName(p.dtype()), static_cast<long long>(p.numel()), Reduction(p).c_str());
   }
+  // Format 1.4: what tells a setup difference and compressed communication apart.
+  int sketched = 0, compressed = 0;
+  for (const pb::ParamInfo& p : run.params()) {
+    sketched += p.init_sketch_size() > 0;
+    compressed += p.comm_dtype() != pb::DTYPE_UNSPECIFIED && p.comm_dtype() != p.dtype();
+  }
+  std::printf("init values  sketched for %d of %d parameters\n", sketched, run.params_size());
+  if (run.config().comm_dtype() != pb::DTYPE_UNSPECIFIED || compressed > 0) {
+    std::printf("comm         %s%s%s (%d parameters communicated in another dtype)\n",
+                DTypeName(run.config().comm_dtype()), run.config().comm_hook().empty() ? "" : " via ",
+                run.config().comm_hook().c_str(), compressed);
+  }
 }
 
 struct BucketTally {
@@ -156,8 +168,14 @@ Status InspectFile(const TraceSource& source, bool frames) {
   for (const pb::StepInfo& s : steps) {
     const std::string norm = s.has_reported_grad_norm() ? Fixed(s.reported_grad_norm()) : "-";
     if (s.optimizer_step()) {
-      std::printf("  %6lld %5s %14s %12s %12.6g %14s\n", static_cast<long long>(s.step()), "opt", "-", "-", s.lr(),
+      std::printf("  %6lld %5s %14s %12s %12.6g %14s", static_cast<long long>(s.step()), "opt", "-", "-", s.lr(),
                   norm.c_str());
+      if (s.input_count() > 0) {
+        const double n = static_cast<double>(s.input_count());
+        std::printf("  inputs %lld, mean %.6g, mean square %.6g", static_cast<long long>(s.input_count()),
+                    s.input_sum() / n, s.input_sumsq() / n);
+      }
+      std::printf("\n");
       continue;
     }
     std::printf("  %6lld %5d %14.8g %12lld %12.6g %14s\n", static_cast<long long>(s.step()), s.micro_step(), s.loss(),

@@ -114,6 +114,16 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
                                 std::to_string(p.shape_size()) + "-d shape");
     }
     if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
+    // 1.4 precision chain and initial-weight sketch.
+    for (auto [field, dtype] : {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}}) {
+      if (dtype != pb::DTYPE_UNSPECIFIED && DTypeSize(dtype) == 0) {
+        return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
+      }
+    }
+    if (p.init_sketch_size() > format::kInitSketchSize || p.init_sketch_size() > p.numel()) {
+      return Status::Corruption(where + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
+                                " values, at most min(numel, " + std::to_string(format::kInitSketchSize) + ")");
+    }
   }
   const pb::Config& c = run.config();
   for (auto [name, degree] : {std::pair{"world", c.world()},
@@ -126,6 +136,9 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
                               {"edp", c.edp()},
                               {"replicate", c.replicate()}}) {
     if (degree < 0) return Status::Corruption(std::string("config: negative ") + name + " " + std::to_string(degree));
+  }
+  if (c.comm_dtype() != pb::DTYPE_UNSPECIFIED && DTypeSize(c.comm_dtype()) == 0) {
+    return Status::Corruption("config: unknown comm_dtype " + std::to_string(c.comm_dtype()));
   }
   return Status::Ok();
 }

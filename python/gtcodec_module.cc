@@ -33,6 +33,8 @@
 #include "deepspeed_releases.h"
 #include "format.h"
 #include "gradtrace.pb.h"
+#include "init_sketch.h"
+#include "loss_recipes.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
 #include "status.h"
@@ -223,6 +225,9 @@ py::dict StepToDict(const pb::StepInfo& s, uint64_t offset) {
   d["lr"] = s.lr();
   d["reported_grad_norm"] = s.has_reported_grad_norm() ? py::cast(s.reported_grad_norm()) : py::none();
   d["optimizer_step"] = s.optimizer_step();
+  d["input_count"] = s.input_count();  // since 1.4 (FORMAT.md 4.1); 0 = not recorded
+  d["input_sum"] = s.input_sum();
+  d["input_sumsq"] = s.input_sumsq();
   return d;
 }
 
@@ -416,6 +421,9 @@ class PyWriter {
     if (d.contains("reported_grad_norm") && !d["reported_grad_norm"].is_none())
       step.set_reported_grad_norm(d["reported_grad_norm"].cast<double>());
     step.set_optimizer_step(DictGet<bool>(d, "optimizer_step", false));
+    step.set_input_count(DictGet<int64_t>(d, "input_count", 0));
+    step.set_input_sum(DictGet<double>(d, "input_sum", 0.0));
+    step.set_input_sumsq(DictGet<double>(d, "input_sumsq", 0.0));
     CheckOpen();
     Status st;
     {
@@ -676,5 +684,10 @@ PYBIND11_MODULE(_gtcodec, m) {
         return semantics::PlanBucketScaling(*p, b).Divisor();
       },
       py::arg("policy"), py::arg("path"), py::arg("group_size"), py::arg("sp"), py::arg("has_moe") = false);
+  // The one list of loss recipe names (semantics/loss_recipes.cc): what the adapters accept as `loss=`.
+  m.def("loss_recipes", [] { return semantics::KnownLossRecipes(); });
+  // The elements whose initial values ParamInfo.init_sketch records (proto/init_sketch.h): one rule for every producer.
+  m.def(
+      "init_sketch_positions", [](int64_t numel) { return InitSketchPositions(numel); }, py::arg("numel"));
   m.attr("FORMAT_VERSION") = py::make_tuple(format::kMajorVersion, format::kMinorVersion);
 }

@@ -28,7 +28,7 @@ from .dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
 from .trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
 
 _ADAPTERS = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter", "rank_recorder",
-             "layout", "adapter_base")
+             "layout", "adapter_base", "loss_recipes")
 _LAZY = {"RankRecorder": "rank_recorder", "Layout": "layout"}
 
 

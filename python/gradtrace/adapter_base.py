@@ -20,7 +20,8 @@ class Capture:
         self._handles = []
         self._grad_norm = None
         if model is not None:
-            self._handles.append(model.register_forward_pre_hook(lambda *_: recorder.begin_micro_step()))
+            self._handles.append(model.register_forward_pre_hook(
+                lambda _module, args, kwargs: recorder.begin_micro_step(args, kwargs), with_kwargs=True))
         if optimizer is not None:
             recorder.optimizer = optimizer
             self._handles += optimizer_hooks(optimizer, self._before_optimizer, self._after_optimizer)
@@ -64,6 +65,7 @@ class Capture:
 
     def close(self) -> None:
         self.detach()
+        self.recorder.warn_unfinished(stacklevel=3)
         self.recorder.close()
 
     def __enter__(self):
@@ -78,14 +80,41 @@ LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_k
                    "default_group", "default_kind"}
 
 
-def make_layout(options: dict, groups: dict | None = None, layout=None):
+def check_loss(options: dict) -> None:
+    """ValueError unless the recipe named by ``options`` (``config["loss"]`` over ``loss``) is a
+    known one or unspecified (gradtrace.loss_recipes)."""
+    from . import loss_recipes
+
+    config = options.get("config") or {}
+    if "loss" in config:
+        loss_recipes.check(config["loss"], keyword='config["loss"]')
+    loss_recipes.check(options.get("loss", ""))
+
+
+def make_layout(options: dict, groups: dict | None = None, layout=None, params=None):
     """A Layout from ``layout`` (kept as given) or inferred from ``groups`` and the layout keywords
-    in ``options`` (removed from it, so that the rest goes to the RankRecorder)."""
-    from .layout import Layout
+    in ``options`` (removed from it, so that the rest goes to the RankRecorder). Checks the loss
+    recipe first (``loss=`` or ``config={"loss": ...}``), before an adapter hooks anything.
+    ``params``: the model's (name, parameter) pairs; DTensor parameters add their DeviceMesh dims as
+    named groups (``tp``, ...) and a rule each (TP_SHARD / REPLICATED, gradtrace.dtensor.mesh_layout),
+    after the given ``groups`` and ``rules``, which take precedence."""
+    from .layout import Layout, group_ranks, world_and_rank
+
+    check_loss(options)
 
     overrides = {k: options.pop(k) for k in list(options) if k in LAYOUT_KEYWORDS}
     if layout is not None:
         if overrides:
             raise ValueError(f"give either layout= or layout keywords {sorted(overrides)}, not both")
         return layout
-    return Layout.infer(groups, **overrides)
+    if params is None:
+        return Layout.infer(groups, **overrides)
+    from .dtensor import mesh_layout
+
+    world, rank = world_and_rank()
+    known = {name: group_ranks(g) for name, g in (groups or {}).items()}
+    mesh_groups, mesh_rules = mesh_layout(params, known, world, rank)
+    layout = Layout.infer({**mesh_groups, **(groups or {})}, **overrides)
+    for pattern, fields in mesh_rules:
+        layout.add_rule(pattern, **{**fields, "grad_group": fields["grad_group"] or layout.default_group})
+    return layout

@@ -22,7 +22,40 @@ from __future__ import annotations
 from .adapter_base import Capture, make_layout
 from .rank_recorder import RankRecorder
 
-__all__ = ["attach", "DDPCapture"]
+__all__ = ["attach", "DDPCapture", "KNOWN_HOOKS"]
+
+# The all-reduce works of the last backward the default hook recorded, (capture, step, micro) first. Never
+# freed: an older backward's are freed here when the next one starts, the last ones never, so that
+# the process group's thread, which drops its own reference to a work after the work completed
+# (possibly only after this thread reached interpreter teardown), never drops the last one. Freeing
+# a work needs the GIL (its saved thread-local state and its bucket tensor hold Python objects).
+_LAST_WORKS: list = [None]
+try:
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_LAST_WORKS))  # kept through the teardown of this module
+except (ImportError, AttributeError):  # not CPython: a module attribute
+    pass
+
+# torch's communication hooks (torch.distributed.algorithms.ddp_comm_hooks) by function name, with the
+# dtype their all-reduce travels in ("" = the gradient's own: PowerSGD's low-rank factors stay fp32 but
+# approximate the sum). Each divides the sum by the group size, as the default all-reduce does.
+KNOWN_HOOKS = {
+    "allreduce_hook": "",
+    "fp16_compress_hook": "fp16",
+    "bf16_compress_hook": "bf16",
+    "fp16_compress_wrapper_hook": "fp16",
+    "bf16_compress_wrapper_hook": "bf16",
+    "powerSGD_hook": "",
+    "batched_powerSGD_hook": "",
+}
+
+
+def hook_name(hook) -> str:
+    """A comm hook's function name (through functools.partial), "" for none."""
+    while hasattr(hook, "func"):
+        hook = hook.func
+    return getattr(hook, "__name__", "") if hook is not None else ""
 
 
 class DDPCapture(Capture):
@@ -31,44 +64,106 @@ class DDPCapture(Capture):
         import torch
 
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
 
+        if not isinstance(model, DistributedDataParallel):
+            raise TypeError("gradtrace.ddp_adapter.attach: expected a DistributedDataParallel model (wrap the model "
+                            f"with DDP first), got {type(model).__name__}")
         group = model.process_group
         groups = {"dp": group, **(groups or {})}
-        layout = make_layout(options, groups, layout)
+        layout = make_layout(options, groups, layout, params=model.module.named_parameters())
+        # torch's own hooks are known: their communication dtype and that they divide by the group size.
+        known = KNOWN_HOOKS.get(hook_name(hook)) if hook is not None else None
+        comm_dtype = options.pop("comm_dtype", None)
+        if comm_dtype is None and known is not None:
+            comm_dtype = known
         recorder = RankRecorder(model.module.named_parameters(), out_dir, framework="pytorch-ddp",
                                 framework_version=torch.__version__.split("+")[0], layout=layout,
                                 optimizer=optimizer,
-                                config={"scaling": "mean" if hook is None else "", **options.pop("config", {})},
-                                **options)
+                                config={"scaling": "mean" if hook is None or hook_name(hook) in KNOWN_HOOKS else "",
+                                        **options.pop("config", {})},
+                                comm_dtype=comm_dtype or None,
+                                comm_hook=hook_name(hook) if hook_name(hook) in KNOWN_HOOKS else "", **options)
         super().__init__(recorder, model, optimizer)
         self.user_hook = hook or default_hooks.allreduce_hook
         self.hook_state = group if hook is None else hook_state
-        # torch's allreduce_hook divides the sum by the group size; a hook of the user's is unknown (0).
-        self.divisor = divisor if divisor is not None else (len(layout.groups["dp"]) if hook is None else 0)
+        # torch's hooks divide the sum by the group size; a hook of the user's is unknown (0).
+        mean = hook is None or hook_name(hook) in KNOWN_HOOKS
+        self.divisor = divisor if divisor is not None else (len(layout.groups["dp"]) if mean else 0)
         self.unmapped = 0
+        self._own_hook = hook is None
+        self._pending = []  # (step, micro, bucket id, layout, PRE, future) of a user hook's buckets, until _flush
         model.register_comm_hook(self.hook_state, self._hook)
 
+    # Clean exits: nothing of gradtrace's runs or is released on the process group's thread. A
+    # fut.then(record) callback ran there, and torch released it there only after completing the future
+    # DDP waits on; when that thread had not got the GIL back before the main thread reached interpreter
+    # teardown, CPython ended it with pthread_exit inside a noexcept destructor: "terminate called
+    # without an active exception" (python/README.md, DDP). So the default all-reduce is waited for in
+    # the hook and a hook of the user's is recorded in an autograd final callback, both on the thread
+    # that runs backward.
     def _hook(self, state, bucket):
         rec = self.recorder
         if not (rec.wants("PRE_REDUCE") or rec.wants("POST_REDUCE")):
             return self.user_hook(state, bucket)
         layout = self._bucket_layout(bucket)
         pre = bucket.buffer().detach().clone() if layout is not None else None
-        fut = self.user_hook(state, bucket)
-        if layout is None:
+        if self._own_hook:
+            fut = self._allreduce_mean(state, bucket)
+            if layout is not None:
+                self._write(bucket.index(), layout, pre, fut.value())
             return fut
+        fut = self.user_hook(state, bucket)
+        if layout is not None:
+            from torch.autograd import Variable
 
-        def record(f):
-            result = f.value()
-            post = result[0] if isinstance(result, (list, tuple)) else result
-            numel = pre.numel()
-            for phase, flat in (("PRE_REDUCE", pre), ("POST_REDUCE", post.detach().reshape(-1))):
-                rec.write_bucket(phase, [(pid, 0, flat[off:off + n]) for pid, off, n in layout], group="dp",
-                                 bucket_id=bucket.index(), bucket_numel=numel,
-                                 divisor=self.divisor if phase == "POST_REDUCE" else 0.0)
-            return result
+            self._pending.append((rec.step, rec.micro, bucket.index(), layout, pre, fut))
+            Variable._execution_engine.queue_callback(self._flush)
+        return fut
 
-        return fut.then(record)
+    def _allreduce_mean(self, group, bucket):
+        """torch's allreduce_hook (divide by the group size, sum over the group), waited for here and
+        returned as a future completed on this thread: no callback on the process group's thread; the
+        work is kept in _LAST_WORKS."""
+        import torch
+        import torch.distributed as dist
+
+        group = group if group is not None else dist.group.WORLD
+        buf = bucket.buffer()
+        buf.div_(group.size())
+        work = dist.all_reduce(buf, group=group, async_op=True)
+        work.wait()
+        key = (id(self), self.recorder.step, self.recorder.micro)
+        if _LAST_WORKS[0] != key:
+            _LAST_WORKS[:] = [key]
+        _LAST_WORKS.append(work)
+        fut = torch.futures.Future(devices=[buf.device] if buf.device.type != "cpu" else None)
+        fut.set_result(buf)
+        return fut
+
+    def _flush(self):
+        """PRE_REDUCE and POST_REDUCE of the buckets a hook of the user's reduced in this backward, once
+        its futures are done: an autograd final callback (queued once per bucket; the first drains)."""
+        rec = self.recorder
+        pending, self._pending = self._pending, []
+        for step, micro, index, layout, pre, fut in pending:
+            result = fut.wait()
+            if (step, micro) == (rec.step, rec.micro):  # else left by a backward that raised
+                self._write(index, layout, pre, result)
+
+    def _write(self, index, layout, pre, result):
+        rec = self.recorder
+        post = result[0] if isinstance(result, (list, tuple)) else result
+        numel = pre.numel()
+        for phase, flat in (("PRE_REDUCE", pre), ("POST_REDUCE", post.detach().reshape(-1))):
+            # DDP x TP: a parameter is this tp rank's local tensor, written at its offsets in the full one
+            rec.write_bucket(phase, [x for pid, off, n in layout for x in rec.grad_pieces(pid, flat[off:off + n])],
+                             group="dp", bucket_id=index, bucket_numel=numel,
+                             divisor=self.divisor if phase == "POST_REDUCE" else 0.0)
+
+    def close(self) -> None:
+        self._pending = []  # only a backward that raised leaves any
+        super().close()
 
     def _bucket_layout(self, bucket):
         """[(param id, offset in the bucket buffer, numel)], or None when the bucket's parameters do
@@ -92,6 +187,8 @@ def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
     rank's ``out_dir/rank-NNNNN.gtrace``. ``optimizer``: FINAL and the step count follow its
     ``step()`` (else call ``cap.step()``). Keywords: ``hook``/``hook_state`` (your comm hook, run
     inside the recording one), ``divisor`` (what your hook divides by, recorded on POST_REDUCE),
+    ``comm_dtype`` (the dtype your hook communicates in, e.g. "bf16"; torch's fp16/bf16 compression
+    hooks and wrappers are recognised without it and recorded with their name, PowerSGD's too),
     ``groups`` (more named process groups), layout overrides (``dp``, ``gas``, ``rules``, ... or
     ``layout=``), and the RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``,
     ``loss``, ``loss_description``, ``config``, ``extra``)."""

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from . import deepspeed_zero3
+from . import loss_recipes
 from .deepspeed_divisors import declared_divisor
 from .layout import Layout
 from .rank_recorder import RankRecorder
@@ -63,16 +64,9 @@ log = logging.getLogger("gradtrace.deepspeed_adapter")
 
 __all__ = ["attach", "DeepSpeedCapture", "LOSS_RECIPES"]
 
-# CLI spellings of the #5248 loss recipes -> the names gradtrace-train and gradtrace-diff use.
-LOSS_RECIPES = {
-    "loss": "local-mean",
-    "local-mean": "local-mean",
-    "loss-div-sp": "local-mean-div-sp",
-    "local-mean-div-sp": "local-mean-div-sp",
-    "token-weighted": "token-weighted",
-    "global-token-weighted": "global-token-weighted",
-    "full-sequence": "full-sequence",
-}
+# CLI spellings of the #5248 loss recipes and every recipe name (semantics/loss_recipes.cc, through
+# gradtrace.loss_recipes) -> the names gradtrace-train and gradtrace-diff use.
+LOSS_RECIPES = {**loss_recipes.ALIASES, **{name: name for name in loss_recipes.known()}}
 
 
 def _group_ranks(group) -> list[int]:
@@ -105,6 +99,8 @@ class DeepSpeedCapture:
         import deepspeed
         import torch.distributed as tdist
 
+        loss_recipe = loss_recipes.check(loss_recipe, who="gradtrace.deepspeed_adapter", keyword="loss_recipe",
+                                         aliases=True)
         self.engine = engine
         self.mpu = mpu
         self.mode = mode
@@ -157,7 +153,7 @@ class DeepSpeedCapture:
         cfg = {"world": self.world, "dp": dp, "sp": sp, "zero_stage": stage, "gas": gas,
                "reduce_bucket_size": bucket, "backend": str(backend),
                "scaling": f"deepspeed@{ds_version}", "capture_mode": mode,
-               "loss": LOSS_RECIPES.get(loss_recipe, loss_recipe)}
+               "loss": loss_recipe}
         cfg.update(config or {})
         ds_config = getattr(getattr(engine, "_config", None), "_param_dict", None)
         run_extra = {

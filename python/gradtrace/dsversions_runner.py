@@ -22,7 +22,7 @@ import time
 import types
 
 import gradtrace
-from gradtrace import ds5248_run
+from gradtrace import ds5248_run, loss_recipes
 
 # Not resolved: a dev build's package folder may hold symlinks to the sources, without the extension.
 PACKAGE_PARENT = pathlib.Path(os.path.abspath(gradtrace.__file__)).parent.parent
@@ -134,7 +134,7 @@ def run(entry: Entry, python, config_path, layout: Layout, out: pathlib.Path, lo
 def _emulate(entry, config_path, layout, out, f, release, timeout):
     cfg = json.loads(pathlib.Path(config_path).read_text())
     zero = cfg.get("zero_optimization", {})
-    gt_loss = {"loss": "local-mean", "loss-div-sp": "local-mean-div-sp"}.get(entry.loss, entry.loss)
+    gt_loss = loss_recipes.ALIASES.get(entry.loss, entry.loss)
     micro = int(cfg.get("train_micro_batch_size_per_gpu", 1))
     cmd = [str(find_binary("gradtrace-train")), "--nproc", str(layout.world), "--sp", str(layout.sp),
            "--dp", str(layout.dp), "--zero-stage", str(zero.get("stage", 0)),

@@ -10,15 +10,20 @@ PRE_REDUCE / POST_REDUCE: every FSDP module (each ``fully_shard`` call) gets a c
 reduce-scatter (``FSDPModule.set_custom_reduce_scatter``, the public hook FSDP2 offers) that runs
 torch's own ``reduce_scatter_single`` and records around it. PRE_REDUCE is the reduce-scatter
 input: this rank's unsharded gradients, each cut into the world's dim-0 shards, as FSDP lays them
-out (after FSDP's pre-division, which fp32/bf16 reductions do not apply). POST_REDUCE is this rank's
-shard of the output, read once FSDP has finished with it (its post-division included): at the next
-reduce-scatter, the next forward, or the optimizer step, whichever comes first. Gradient clipping
-between backward and the step would show in POST_REDUCE; FINAL is after it by definition.
+out (after FSDP's pre-division, which fp32/bf16 reductions do not apply); under FSDP2 x TP the
+unsharded gradient is this tp rank's block, written at its offsets in the global parameter.
+POST_REDUCE is this rank's shard of the output, read once FSDP has finished with it (its
+post-division included): at the next reduce-scatter, the next forward, or the optimizer step,
+whichever comes first. Gradient clipping between backward and the step would show in POST_REDUCE;
+FINAL is after it by definition.
 
 FINAL: this rank's shard of each gradient (the DTensor's local tensor) at its offset in the full
 parameter, before ``optimizer.step()``; the diff joins the ranks' shards. ``full_final=True``
-writes each rank's ``full_tensor()`` instead (an all-gather per parameter). Parameters not sharded
-as ``Shard(0)`` on a 1-D mesh (or ``(Replicate(), Shard(0))`` under HSDP) are written in full.
+writes each rank's ``full_tensor()`` instead (an all-gather per parameter). FSDP2 x TP (a 2-D
+``(dp, tp)`` mesh after ``parallelize_module``): each rank's local block at its global offsets
+(gradtrace.dtensor: ``_StridedShard`` included, one slice per contiguous run), a Partial placement
+reduced first; the layout records the mesh's ``tp`` group and each parameter's TP_SHARD /
+REPLICATED kind.
 
 HSDP (``fully_shard(..., mesh=init_device_mesh(..., (replicate, shard)))``): recorded as trace format
 1.3's hybrid layout: ``Config.replicate``, groups ``shard`` and ``replicate``, PRE/POST of group
@@ -31,8 +36,10 @@ On CPU with gloo (torch 2.15) the whole path runs, measured: see python/README.m
 from __future__ import annotations
 
 import logging
+import math
 
 from .adapter_base import Capture, make_layout
+from .dtensor import block_pieces, local_index
 from .rank_recorder import RankRecorder
 
 log = logging.getLogger("gradtrace")
@@ -53,6 +60,23 @@ def _rank_piece(fp_numel: int, shape, world: int, r: int):
     first = min(r * c, dim0)
     last = min((r + 1) * c, dim0)
     return first * row, (last - first) * row
+
+
+def _fsdp_block(fp, world: int, r: int):
+    """(global shape, index, numel) of FSDP shard ``r`` of this rank's unsharded parameter ``fp``: per
+    dim, the global indices the reduce-scatter input's row ``r`` holds of it (torch.chunk's split of
+    the TP-local tensor along FSDP's shard dim; without TP the TP-local tensor is the whole one)."""
+    shape = tuple(int(n) for n in fp.sharded_param.shape)  # a DTensor's shape is the global one
+    spec = getattr(fp, "_unsharded_dtensor_spec", None)
+    if spec is None:
+        index = [range(n) for n in shape]
+    else:  # FSDP2 x TP: the TP placements of this rank's coordinate
+        _, index = local_index(shape, spec.mesh, spec.placements)
+    dim = int(getattr(getattr(fp, "fsdp_placement", None), "dim", 0)) if shape else 0
+    if shape:
+        c = -(-len(index[dim]) // world)
+        index[dim] = index[dim][r * c:(r + 1) * c]
+    return shape, index, math.prod(len(ix) for ix in index)
 
 
 class FSDP2Capture(Capture):
@@ -82,7 +106,7 @@ class FSDP2Capture(Capture):
             found["replicate"] = replicate_group
             if layout is None:
                 options.setdefault("default_group", "shard")
-        layout = make_layout(options, {**found, **(groups or {})}, layout)
+        layout = make_layout(options, {**found, **(groups or {})}, layout, params=model.named_parameters())
         self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
         # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.
         self._flush_handle = model.register_forward_pre_hook(lambda *_: self.flush())
@@ -132,12 +156,13 @@ class FSDP2Capture(Capture):
                                               async_op=async_op)
         bucket_id, self._bucket = self._bucket, self._bucket + 1
         rows = input_tensor.view(world, -1)
-        numel = sum(fp.sharded_param.numel() for _, fp, _ in layout)
+        blocks = {pid: [_fsdp_block(fp, world, r) for r in range(world)] for pid, fp, _ in layout}
+        numel = sum(n for b in blocks.values() for _, _, n in b)
         pieces = []
         for r in range(world):
             for pid, fp, seg in layout:
-                off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, r)
-                pieces.append((pid, off, rows[r, seg:seg + n]))
+                shape, index, n = blocks[pid][r]
+                pieces += block_pieces(pid, rows[r, seg:seg + n], shape, index)
         pieces.sort(key=lambda x: (x[0], x[1]))
         rec.write_bucket("PRE_REDUCE", pieces, group=self.group, bucket_id=bucket_id, bucket_numel=numel)
         work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
@@ -145,8 +170,8 @@ class FSDP2Capture(Capture):
         me = dist.get_rank(group)
         mine = []
         for pid, fp, seg in layout:
-            off, n = _rank_piece(fp.sharded_param.numel(), fp.sharded_param.shape, world, me)
-            mine.append((pid, off, output_tensor, seg, n))
+            shape, index, n = blocks[pid][me]
+            mine.append((pid, shape, index, output_tensor, seg, n))
         # An AVG reduce-scatter divides by the shard group; under HSDP the replicas' all-reduce divides again
         # by a factor this hook does not see, so nothing is declared there (--self measures it).
         divisor = float(world) if _is_avg(op) and self.group == "dp" else 0.0
@@ -157,7 +182,8 @@ class FSDP2Capture(Capture):
         """Writes the POST_REDUCE records whose reduce-scatter FSDP has finished."""
         pending, self._pending = self._pending, []
         for bucket_id, mine, numel, divisor in pending:
-            pieces = [(pid, off, out[seg:seg + n]) for pid, off, out, seg, n in mine]
+            pieces = [x for pid, shape, index, out, seg, n in mine
+                      for x in block_pieces(pid, out[seg:seg + n], shape, index)]
             held = sum(n for *_, n in mine)
             self.recorder.write_bucket("POST_REDUCE", pieces, group=self.group, bucket_id=bucket_id, bucket_numel=numel,
                                        partition_count=held, divisor=divisor)
@@ -187,8 +213,12 @@ class FSDP2Capture(Capture):
                 off, n = _rank_piece(p.numel(), tuple(p.shape), world, g.device_mesh.get_local_rank(dim))
                 local = g.to_local().detach().reshape(-1)
                 pieces.append((pid, off, local[:n]))
-            else:
+            elif self.full_final:
                 pieces.append((pid, 0, g.full_tensor().detach()))
+            else:
+                # FSDP2 x TP (a 2-D mesh: Shard(0) or _StridedShard(0) on dp, TP's placement on tp), or any other
+                # placements: this rank's local block at its global offsets, Partial dims reduced first.
+                pieces += rec.grad_pieces(pid, g, reduce=True)
         rec.write_bucket("FINAL", pieces, group="", bucket_id=0)
 
     def close(self) -> None:

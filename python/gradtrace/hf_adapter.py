@@ -14,7 +14,7 @@ for those.
 
 from __future__ import annotations
 
-from .adapter_base import make_layout
+from .adapter_base import check_loss, make_layout
 from .rank_recorder import RankRecorder
 
 __all__ = ["GradtraceCallback"]
@@ -32,6 +32,7 @@ class GradtraceCallback(_callback_base()):
     ``groups`` and layout overrides). The recorder opens at ``on_train_begin``."""
 
     def __init__(self, out_dir, *, groups=None, layout=None, **options):
+        check_loss(options)  # now, not at on_train_begin
         self.out_dir = out_dir
         self.options = dict(options)
         self.groups, self.layout = groups, layout
@@ -43,7 +44,7 @@ class GradtraceCallback(_callback_base()):
 
         options = dict(self.options)
         options.setdefault("gas", args.gradient_accumulation_steps)
-        layout = make_layout(options, self.groups, self.layout)
+        layout = make_layout(options, self.groups, self.layout, params=model.named_parameters())
         self.recorder = RankRecorder(model.named_parameters(), self.out_dir, framework="hf-trainer",
                                      framework_version=transformers.__version__,
                                      packages=("transformers", "accelerate"), layout=layout, optimizer=optimizer,
@@ -79,4 +80,5 @@ class GradtraceCallback(_callback_base()):
             h.remove()
         self._handles.clear()
         if self.recorder is not None:
+            self.recorder.warn_unfinished()
             self.recorder.close()

@@ -48,7 +48,8 @@ def world_and_rank() -> tuple[int, int]:
 class Layout:
     """Degrees (0 = not recorded), groups (name -> global ranks of this rank's
     group) and per-parameter rules ((regex, fields), first match wins;
-    unmatched parameters are ``default_kind`` reduced over ``default_group``)."""
+    unmatched parameters are ``default_kind`` reduced over ``default_group``). ``gas_given``:
+    False when ``infer`` was not told gas (then 1 is recorded)."""
 
     world: int = 1
     rank: int = 0
@@ -59,10 +60,11 @@ class Layout:
     rules: list = field(default_factory=list)
     default_group: str = "dp"
     default_kind: str = "DENSE"
+    gas_given: bool = True
 
     @classmethod
     def infer(cls, groups: dict | None = None, *, rules=(), default_group: str | None = None,
-              default_kind: str = "DENSE", cp_kind: str = "", gas: int = 1, **degrees) -> "Layout":
+              default_kind: str = "DENSE", cp_kind: str = "", gas: int | None = None, **degrees) -> "Layout":
         """``groups``: name -> ProcessGroup, global ranks or None (world). ``degrees``: dp, sp, cp,
         tp, pp, ep, edp, replicate (HSDP: dp = replicate x shard) as ints, overriding the group
         sizes. dp defaults to what the other degrees leave of the world."""
@@ -86,8 +88,9 @@ class Layout:
             default_group = "dp" if "dp" in resolved else "world"
         if deg.get("cp", 1) > 1 and not cp_kind:
             raise ValueError("cp > 1: say how the sequence is split, cp_kind='ring' or 'all-gather'")
-        layout = cls(world=world, rank=rank, degrees=deg, cp_kind=cp_kind, gas=int(gas), groups=resolved,
-                     rules=[], default_group=default_group, default_kind=default_kind)
+        layout = cls(world=world, rank=rank, degrees=deg, cp_kind=cp_kind, gas=1 if gas is None else int(gas),
+                     groups=resolved, rules=[], default_group=default_group, default_kind=default_kind,
+                     gas_given=gas is not None)
         for pattern, fields in rules:
             layout.add_rule(pattern, **fields)
         return layout

@@ -12,6 +12,7 @@ and ``params`` filters and counts steps and micro-steps.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import re
@@ -19,7 +20,9 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 
+from . import loss_recipes
 from .dtypes import torch_dtype_name
 from .layout import Layout
 from .trace import TraceWriter
@@ -70,6 +73,10 @@ def environment_versions(packages=()) -> dict:
     return out
 
 
+NO_FINAL_WARNING = ("gradtrace: no FINAL gradients were recorded: pass optimizer= to attach() or call cap.step() "
+                    "after each optimizer step")
+
+
 def step_filter(steps):
     """None: every step; an int N: the first N; an iterable: those step numbers."""
     if steps is None:
@@ -80,6 +87,52 @@ def step_filter(steps):
     return lambda s: s in chosen
 
 
+def _comm_fields(comm_dtype) -> dict:
+    """{"comm_dtype": name} for a declared communication dtype (any spelling), else nothing."""
+    return {"comm_dtype": torch_dtype_name(comm_dtype) if not isinstance(comm_dtype, str) else comm_dtype} \
+        if comm_dtype is not None else {}
+
+
+def init_sketch(param, shape) -> list[float]:
+    """The parameter's values now at the elements every producer sketches (ParamInfo.init_sketch,
+    FORMAT.md 4.1), when this rank holds the whole parameter; [] for a shard (a DTensor, a
+    hand-written or ZeRO-3 piece whose size is not the table's) or an empty one."""
+    import torch
+
+    from . import _gtcodec, dtensor
+
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if dtensor.is_dtensor(param) or param.numel() != numel or numel == 0:
+        return []
+    positions = torch.tensor(_gtcodec.init_sketch_positions(numel), dtype=torch.long, device=param.device)
+    with torch.no_grad():
+        values = param.detach().reshape(-1).index_select(0, positions).double().cpu().tolist()
+    # proto JSON spells non-finite doubles as strings
+    return [v if math.isfinite(v) else ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")) for v in values]
+
+
+def input_moments(args, kwargs) -> tuple[int, float, float] | None:
+    """(count, sum, sum of squares) of the first tensor among a forward's inputs (positional first,
+    then ``input_ids``, then any keyword), summed in double; None when there is none."""
+    import torch
+
+    from . import dtensor
+
+    candidates = list(args or ())
+    if kwargs:
+        candidates += [kwargs[k] for k in ("input_ids",) if k in kwargs] + list(kwargs.values())
+    for x in candidates:
+        if isinstance(x, torch.Tensor) and x.numel() > 0 and not x.is_complex():
+            if dtensor.is_dtensor(x):
+                x = x.to_local()
+            with torch.no_grad():
+                d = x.detach().double()
+                return int(d.numel()), float(d.sum()), float(d.square().sum())
+    return None
+
+
 class RankRecorder:
     """This rank's trace. ``named_params``: (name, parameter) pairs, e.g. ``model.named_parameters()``
     (parameters without requires_grad are left out). Options: ``mode`` ("full", "sketch:K",
@@ -87,15 +140,23 @@ class RankRecorder:
     ``params`` (a regex: only matching parameters are written; the table keeps them all so that
     fingerprints agree), ``phases``, ``run_id``, ``loss`` (the recipe's name), ``loss_description``
     (in words), ``config`` (more Config fields), ``extra`` (RunInfo.extra), ``shape_of`` (a parameter's
-    full shape when its tensor is a placeholder, as ZeRO-3's are)."""
+    full shape when its tensor is a placeholder, as ZeRO-3's are).
+
+    ``micro_steps``: the forwards (``begin_micro_step`` calls) of each optimizer step ended so far;
+    ``inferred_gas`` their common count. :meth:`warn_unfinished` (adapters call it at close) warns
+    about a run that recorded no FINAL, requested steps never reached, and a gas not given that the
+    micro-steps contradict."""
 
     def __init__(self, named_params, out_dir, *, framework: str, framework_version: str = "",
                  layout: Layout | None = None, packages=(), mode: str = "full", steps=None, params: str | None = None,
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
-                 producer_version: str = "", shape_of=None):
+                 producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = ""):
         import torch.distributed as tdist
 
+        loss_recipes.check(loss)
+        if config and "loss" in config:
+            loss_recipes.check(config["loss"], keyword='config["loss"]')
         self.layout = layout or Layout.infer()
         self.rank = self.layout.rank
         self.optimizer = optimizer
@@ -104,12 +165,22 @@ class RankRecorder:
         self._last_micro = 0
         self._forward_seen = False
         self._wanted_step = step_filter(steps)
+        # steps=[...]: the steps asked for by number, checked at close (steps=N is an upper bound)
+        self._requested = sorted({int(x) for x in steps}) if steps is not None and not isinstance(steps, int) else []
+        self._forwards = 0  # begin_micro_step calls in the current optimizer step
+        self._inputs = [0, 0.0, 0.0]  # count, sum, sum of squares of this step's inputs (input_moments)
+        self.micro_steps: list[int] = []
+        self._warned = False
         self._param_regex = re.compile(params) if params else None
         self.phases = set(phases)
         self.recorded = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
         self.ids: dict[int, int] = {}  # id(parameter) -> param table id
         self.names: list[str] = []
         self.params: list = []
+        self.shapes: list[list[int]] = []  # full (global) shape per param id, as in the table
+        # param id -> per dim, the global indices of the full parameter this rank's tensor holds (a hand-written
+        # shard: manual_adapter's shards=); DTensors carry their own (gradtrace.dtensor)
+        self.blocks: dict[int, list] = {}
         table = []
         for name, p in named_params:
             if not p.requires_grad:
@@ -117,14 +188,17 @@ class RankRecorder:
             self.ids[id(p)] = len(self.params)
             self.names.append(name)
             self.params.append(p)
-            shape = shape_of(p) if shape_of is not None else list(p.shape)
+            shape = shape_of(p) if shape_of is not None else _full_shape(p)
+            self.shapes.append([int(x) for x in shape])
             table.append({"name": name, "shape": shape, "dtype": torch_dtype_name(p.dtype),
-                          **self.layout.param_fields(name)})
+                          "grad_dtype": torch_dtype_name(p.dtype), **self.layout.param_fields(name),
+                          **_comm_fields(comm_dtype), "init_sketch": init_sketch(p, shape)})
         self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
         run_id = agree_run_id(run_id)
         backend = str(tdist.get_backend()) if tdist.is_available() and tdist.is_initialized() else ""
         cfg = {**self.layout.config(), "dtype": table[0]["dtype"] if table else "FP32", "backend": backend,
-               "capture_mode": mode, "loss": loss, "loss_description": loss_description}
+               "capture_mode": mode, "loss": loss, "loss_description": loss_description,
+               **_comm_fields(comm_dtype), "comm_hook": comm_hook}
         cfg.update(config or {})
         versions = environment_versions(packages)
         run_info = {
@@ -184,15 +258,40 @@ class RankRecorder:
         if not self.wants("FINAL"):
             return
         if pieces is None:
-            pieces = [(k, 0, p.grad.detach()) for k, p in enumerate(self.params) if p.grad is not None]
+            pieces = [x for k, p in enumerate(self.params) if p.grad is not None and self._written[k]
+                      for x in self.grad_pieces(k, p.grad, reduce=True)]
         self.write_bucket("FINAL", pieces, group="", bucket_id=0)
 
-    def begin_micro_step(self) -> None:
+    def grad_pieces(self, pid: int, values, *, reduce: bool = False) -> list:
+        """(param id, element offset, tensor) pieces of ``values``, parameter ``pid``'s gradient as
+        this rank holds it: a DTensor gives its local tensor at its offsets in the flattened global
+        parameter (with ``reduce``, Partial placements are reduced first: a collective every rank runs
+        in the same order, as FINAL does; gradtrace.dtensor); a declared hand-written shard
+        (``blocks``) its block's runs; anything else is the whole parameter at offset 0."""
+        from . import dtensor
+
+        if dtensor.is_dtensor(values):
+            return dtensor.dtensor_pieces(pid, values, reduce=reduce)
+        if pid in self.blocks:
+            return dtensor.block_pieces(pid, values, self.shapes[pid], self.blocks[pid])
+        spec = dtensor.param_spec(self.params[pid])
+        if spec is not None:  # a DTensor parameter's local values (a flat bucket's, DDP x TP's local tensors)
+            shape, mesh, placements = spec
+            return dtensor.block_pieces(pid, values.detach(), shape, dtensor.local_index(shape, mesh, placements)[1])
+        return [(pid, 0, values.detach())]
+
+    def begin_micro_step(self, args=(), kwargs=None) -> None:
         """Called at each forward of the model: the second and later forwards before an optimizer
-        step are micro-steps 1, 2, ..."""
+        step are micro-steps 1, 2, ... ``args``/``kwargs``: the forward's inputs, whose first tensor's
+        moments go into the optimizer-step StepInfo (FORMAT.md 4.1: tells different data apart)."""
         if self._forward_seen:
             self.micro += 1
         self._forward_seen = True
+        self._forwards += 1
+        if self.capturing:
+            moments = input_moments(args, kwargs)
+            if moments is not None:
+                self._inputs = [x + y for x, y in zip(self._inputs, moments)]
 
     def record_step(self, loss, valid_tokens=0, lr: float | None = None) -> None:
         """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""
@@ -213,6 +312,8 @@ class RankRecorder:
         if self.writer is None or not self._wanted_step(step):
             return
         frame = {"step": step, "micro_step": micro, "lr": self._lr(lr), "optimizer_step": True}
+        if step == self.step and self._inputs[0] > 0:
+            frame.update(input_count=int(self._inputs[0]), input_sum=self._inputs[1], input_sumsq=self._inputs[2])
         if grad_norm is not None:
             frame["reported_grad_norm"] = _number(grad_norm)
         self.writer.write_step(frame)
@@ -223,6 +324,9 @@ class RankRecorder:
         self.step += 1
         self._last_micro, self.micro = self.micro, 0
         self._forward_seen = False
+        self.micro_steps.append(self._forwards)
+        self._forwards = 0
+        self._inputs = [0, 0.0, 0.0]
 
     def end_optimizer_step(self, grad_norm=None, lr: float | None = None) -> None:
         """After the optimizer step: its StepInfo, then the next step begins."""
@@ -237,10 +341,49 @@ class RankRecorder:
         except Exception:  # noqa: BLE001 - no optimizer, or one without param_groups
             return 0.0
 
+    @property
+    def inferred_gas(self) -> int | None:
+        """The micro-steps (forwards) every ended optimizer step had, when they all had the same
+        number (> 0); None before the first optimizer step or when they differ."""
+        counts = set(self.micro_steps)
+        return counts.pop() if len(counts) == 1 and 0 not in counts else None
+
+    def warn_unfinished(self, stacklevel: int = 2) -> None:
+        """Once, at the end of a run (adapters call it from close()): warns when something was
+        trained but no optimizer step ended and no FINAL was written (everything is step 0), when steps asked for
+        with ``steps=[...]`` were never reached, and when gas was not given (Config.gas says 1) but
+        every optimizer step ran the same number N > 1 of micro-steps."""
+        if self._warned or self.writer is None:
+            return
+        self._warned = True
+        trained = self.step > 0 or self._forwards > 0 or any(self.recorded.values())
+        if not trained:
+            return
+        if self.step == 0 and self.recorded["FINAL"] == 0 and "FINAL" in self.phases:
+            warnings.warn(NO_FINAL_WARNING, stacklevel=stacklevel)
+        missing = [s for s in self._requested if s >= self.step]
+        if missing:
+            last = f"the last step trained was {self.step - 1}" if self.step > 0 else "no optimizer step ended"
+            warnings.warn(f"gradtrace: steps {missing} (of steps={self._requested}) were never reached: {last} "
+                          f"(steps count from 0); the trace holds nothing of them", stacklevel=stacklevel)
+        gas = self.inferred_gas
+        if not getattr(self.layout, "gas_given", True) and gas is not None and gas > 1:
+            warnings.warn(f"gradtrace: gas was not given, so the trace records gas {self.layout.gas}, but every "
+                          f"optimizer step ran {gas} micro-steps (forwards of the model): pass gas={gas} to attach()",
+                          stacklevel=stacklevel)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _full_shape(p) -> list[int]:
+    """A parameter's full shape: a DTensor's (global) shape, or the DTensorSpec's of DDP x TP's local tensors."""
+    from .dtensor import param_spec
+
+    spec = param_spec(p)
+    return list(spec[0]) if spec is not None else list(p.shape)
 
 
 def _number(x) -> float:

@@ -21,7 +21,8 @@ from .dtypes import dtype_name, float_to_bf16, is_tensor, tensor_to_numpy
 TraceError = _gtcodec.TraceError
 
 _INT64_PATHS = [p.split(".") for p in _gtcodec.int64_paths()]
-_STEP_KEYS = {"step", "micro_step", "loss", "valid_tokens", "lr", "reported_grad_norm", "optimizer_step"}
+_STEP_KEYS = {"step", "micro_step", "loss", "valid_tokens", "lr", "reported_grad_norm", "optimizer_step", "input_count",
+              "input_sum", "input_sumsq"}
 _BUCKET_KEYS = {"step", "micro_step", "bucket_id", "phase", "group", "slices", "bucket_numel", "partition_offset",
                 "partition_count", "divisor"}
 _SLICE_KEYS = {"param_id", "offset", "values", "mode", "dtype"}
@@ -62,8 +63,9 @@ def _run_info_to_json(run_info: dict) -> str:
         p.setdefault("id", i)
         p["shape"] = [int(d) for d in p.get("shape", [])]
         p.setdefault("numel", int(np.prod(p["shape"], dtype=np.int64)))
-        if "dtype" in p:
-            p["dtype"] = _proto_dtype(p["dtype"])
+        for key in ("dtype", "grad_dtype", "comm_dtype"):
+            if key in p:
+                p[key] = _proto_dtype(p[key])
         params.append(p)
     if params:
         run["params"] = params
@@ -71,8 +73,8 @@ def _run_info_to_json(run_info: dict) -> str:
         if isinstance(holder, dict) and "extra" in holder:
             holder["extra"] = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in holder["extra"].items()}
     config = run.get("config")
-    if isinstance(config, dict) and "dtype" in config:
-        run["config"] = dict(config, dtype=_proto_dtype(config["dtype"]))
+    if isinstance(config, dict):
+        run["config"] = dict(config, **{k: _proto_dtype(config[k]) for k in ("dtype", "comm_dtype") if k in config})
     return json.dumps(run)
 
 
@@ -298,7 +300,9 @@ class TraceWriter:
         ``valid_tokens``, ``lr`` (missing ones are 0), ``reported_grad_norm``
         (the norm the framework reported; missing or None = not reported) and
         ``optimizer_step`` (True on the frame written after the optimizer step,
-        which carries the norm and no loss; FORMAT.md 4.2)."""
+        which carries the norm and no loss; FORMAT.md 4.2), and on that frame
+        ``input_count``, ``input_sum``, ``input_sumsq`` (the moments of the
+        inputs the rank saw in the step; format 1.4, FORMAT.md 4.1)."""
         unknown = set(step) - _STEP_KEYS - {"type", "offset"}
         if unknown:
             raise ValueError(f"unknown StepInfo keys {sorted(unknown)}; expected {sorted(_STEP_KEYS)}")

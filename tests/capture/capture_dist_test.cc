@@ -361,10 +361,18 @@ TEST(PrePostIdentity, StepInfoPerMicroStep) {
     MemorySink sink;
     Status st = RunTraining(o, groups, &sink, {}, nullptr, &model);
     if (!st.ok()) return st.message();
-    if (sink.steps.size() != 6) return "expected 6 StepInfo, got " + std::to_string(sink.steps.size());
+    // Per step: 3 micro-step StepInfo, then the optimizer-step one with the inputs' moments (format 1.4).
+    if (sink.steps.size() != 8) return "expected 8 StepInfo, got " + std::to_string(sink.steps.size());
     for (size_t i = 0; i < sink.steps.size(); ++i) {
-      if (sink.steps[i].step() != static_cast<int64_t>(i / 3) || sink.steps[i].micro_step() != static_cast<int>(i % 3))
+      const pb::StepInfo& s = sink.steps[i];
+      const bool opt = i % 4 == 3;
+      if (s.step() != static_cast<int64_t>(i / 4) || s.micro_step() != static_cast<int>(opt ? 2 : i % 4) ||
+          s.optimizer_step() != opt)
         return "StepInfo out of order";
+      // This sp rank's half of each micro-batch's token ids, over the 3 micro-steps.
+      if (opt &&
+          (s.input_count() != 3 * o.batch * o.seq_len / 2 || s.input_sum() <= 0 || s.input_sumsq() < s.input_sum()))
+        return "optimizer-step StepInfo without the input moments: count " + std::to_string(s.input_count());
     }
     return "";
   }));

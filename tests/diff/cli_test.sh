@@ -200,8 +200,14 @@ grep -q '"mode": "steps"' "$work/steps.json" || fail "--step all JSON mode"
 expect 0 "$diff_bin" "$work/ref3" "$work/ref3" --step all
 expect 2 "$diff_bin" "$work/ref3" "$work/ref3" --step -1
 expect_one_line_error "--step: expected a step number or 'all'"
-expect 2 "$diff_bin" --self "$work/ref3" --step all
-expect_one_line_error "--step all is for A B diffs only"
+expect 0 "$diff_bin" --self "$work/ref3" --step all --json "$work/self_steps.json"
+grep -q "Verdict over 3 steps: ok" "$work/out" || fail "--self --step all: no verdict over 3 steps"
+grep -q '"mode": "self-steps"' "$work/self_steps.json" || fail "--self --step all: JSON mode is not self-steps"
+expect 2 "$diff_bin" "$work/ref3" "$work/ref3" --step all --shard 0/2 --json "$work/part.json"
+expect_one_line_error "--step all does not take --shard"
+# Without --step every common step is compared (issue 19): the 3-step pair gets a row per step.
+expect 0 "$diff_bin" "$work/ref3" "$work/ref3" --json "$work/default_steps.json"
+grep -q "Step 0, the first" "$work/out" || fail "default diff: no step table"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2

@@ -1,7 +1,8 @@
-// Traces written by earlier writers (tests/fixtures/format-1.0, -1.1 and -1.2,
+// Traces written by earlier writers (tests/fixtures/format-1.0 to -1.3,
 // committed) keep reading, verifying and diffing with the same answers: 1.0
 // files are scanned (the index became a catalogue in 1.1), 1.1 files lack the
-// layout fields of 1.2, 1.2 files the replicate degree of 1.3.
+// layout fields of 1.2, 1.2 files the replicate degree of 1.3, 1.3 files the
+// precision chain and setup fingerprints of 1.4.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -47,6 +48,9 @@ TEST_P(OldFormat, FilesOpenAndVerify) {
         }
       }
       EXPECT_EQ(0, (*r)->run_info().config().replicate());
+      // No 1.4 field in any earlier file: no precision chain, initial-weight sketch or input moments.
+      EXPECT_EQ(pb::DTYPE_UNSPECIFIED, (*r)->run_info().config().comm_dtype());
+      for (const pb::ParamInfo& p : (*r)->run_info().params()) EXPECT_EQ(0, p.init_sketch_size()) << p.name();
       ++files;
     }
   }
@@ -70,25 +74,28 @@ TEST_P(OldFormat, DiffGivesTheIssue5248Answer) {
 
 // 1.2's layout survives in a 1.3 reader: the expert-parallel fixture's expert
 // gradients (averaged over edp, ep = 2) come out 2x with the cause named.
-TEST(FormatFixtures, Version12LayoutNamesTheExpertDivisor) {
-  const std::string dir = std::string(GRADTRACE_FIXTURES) + "/format-1.2";
-  auto r = RunDiff(dir + "/ref", dir + "/ep", {});
-  ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ("scaled", r->verdict);
-  ASSERT_FALSE(r->groups.empty());
-  const Group& g = r->groups.front();
-  ASSERT_TRUE(g.scale.has_value());
-  EXPECT_NEAR(2.0, *g.scale, 1e-6);
-  EXPECT_EQ(2, g.count);
-  EXPECT_EQ("expert", g.param_kind);
-  EXPECT_EQ("ep", g.dimension);
-  EXPECT_EQ("reduction-divisor", g.cause);
+TEST(FormatFixtures, Version12And13LayoutNamesTheExpertDivisor) {
+  for (const char* version : {"/format-1.2", "/format-1.3"}) {
+    const std::string dir = std::string(GRADTRACE_FIXTURES) + version;
+    auto r = RunDiff(dir + "/ref", dir + "/ep", {});
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ("scaled", r->verdict);
+    ASSERT_FALSE(r->groups.empty());
+    const Group& g = r->groups.front();
+    ASSERT_TRUE(g.scale.has_value());
+    EXPECT_NEAR(2.0, *g.scale, 1e-6);
+    EXPECT_EQ(2, g.count);
+    EXPECT_EQ("expert", g.param_kind);
+    EXPECT_EQ("ep", g.dimension);
+    EXPECT_EQ("reduction-divisor", g.cause);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Committed, OldFormat,
                          ::testing::Values(Fixtures{kFixtures, 0, 7},
                                            Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.1", 1, 5},
-                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.2", 2, 9}),
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.2", 2, 9},
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.3", 3, 9}),
                          [](const ::testing::TestParamInfo<Fixtures>& info) {
                            return "Version1" + std::to_string(info.param.minor);
                          });

@@ -70,12 +70,30 @@ TEST(SelfCheck, SketchModeAlsoMeasuresTheDivisor) {
   for (const auto& p : r.self_params) EXPECT_NEAR(p.divisor, 2.0, 1e-4) << p.name;
 }
 
-TEST(SelfCheck, NeedsPreAndPost) {
+// Without PRE/POST (DTensor's reductions happen inside autograd) the replicas of FINAL are what is
+// checked (issue 19); a caller that asks for no replica check still needs the reductions.
+TEST(SelfCheck, WithoutPreAndPostChecksTheReplicasOfFinal) {
   auto spec = Config(2, 1, 0, "mean", "local-mean");
   spec.write_pre_post = false;
-  auto r = RunSelfCheck(Synth("b", spec), {});
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("--self needs PRE_REDUCE and POST_REDUCE"), std::string::npos);
+  const std::string dir = Synth("b", spec);
+  auto r = RunSelfCheck(dir, {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ("ok", r->verdict);
+  EXPECT_EQ("the replicas of every parameter agree in FINAL (no reductions recorded)", r->summary);
+  SelfOptions no_replicas;
+  no_replicas.replicas = false;
+  auto e = RunSelfCheck(dir, no_replicas);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--self needs PRE_REDUCE and POST_REDUCE"), std::string::npos);
+  // A replica that differs (rank 1's FINAL x 1.01): every parameter inconsistent, no divisor claimed.
+  spec.disagree_rank = 1;
+  auto bad = RunSelfCheck(Synth("bad", spec), {});
+  ASSERT_TRUE(bad.ok()) << bad.status().message();
+  EXPECT_EQ("inconsistent", bad->verdict);
+  ASSERT_EQ(14u, bad->self_params.size());
+  ASSERT_EQ(1u, bad->groups.size());
+  EXPECT_EQ("inconsistent", bad->groups[0].kind);
+  EXPECT_FALSE(bad->groups[0].scale.has_value());
 }
 
 TEST(SelfCheck, ExpectedDivisorByLossRecipe) {

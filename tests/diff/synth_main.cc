@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   std::string out;
   std::vector<std::string> scramble, experts;
   int64_t grow = 1;
+  std::vector<std::string> factors;
   CLI::App app{"gradtrace-synth: write a synthetic trace set with known gradients", "gradtrace-synth"};
   app.add_option("out", out, "output directory")->required();
   app.add_option("--dp", spec.dp);
@@ -34,7 +35,23 @@ int main(int argc, char** argv) {
   app.add_option("--recorded-scaling", spec.recorded_scaling, "Config.scaling as recorded (default: --scaling)");
   app.add_option("--grow", grow, "multiply every parameter's first dimension by N (traces N times larger)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--init-seed", spec.init_seed, "record initial-weight sketches of weights drawn with this seed");
+  app.add_option("--data-seed", spec.data_seed, "record input moments of data drawn with this seed");
+  app.add_option("--data-seed-from-step", spec.data_seed_from_step, "steps before this one use data seed 1");
+  app.add_option("--recorded-gas", spec.recorded_gas, "Config.gas as recorded (default: --gas)");
+  app.add_option("--factor", factors, "NAME=X: multiply that parameter's gradient by X (see --factor-from-step)");
+  app.add_option("--factor-from-step", spec.factor_from_step, "--factor applies from this step on");
+  app.add_option("--comm-dtype", spec.comm_dtype, "round every POST_REDUCE value through fp16/bf16");
+  app.add_option("--comm-hook", spec.comm_hook, "Config.comm_hook");
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& f : factors) {
+    const size_t eq = f.rfind('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "gradtrace-synth: --factor wants NAME=X, got '%s'\n", f.c_str());
+      return 2;
+    }
+    spec.extra_factor[f.substr(0, eq)] = std::stod(f.substr(eq + 1));
+  }
   for (auto& p : spec.params) p.shape[0] *= grow;
   spec.scramble.insert(scramble.begin(), scramble.end());
   spec.experts.insert(experts.begin(), experts.end());

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "expected_divisor.h"
+#include "init_sketch.h"
 #include "loss_recipes.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
@@ -118,8 +119,14 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   c->set_zero_stage(spec.zero_stage);
   c->set_scaling(spec.recorded_scaling == "=" ? spec.scaling : spec.recorded_scaling);
   c->set_loss(spec.loss);
-  c->set_gas(spec.gas);
+  c->set_gas(spec.recorded_gas >= 0 ? spec.recorded_gas : spec.gas);
   c->set_reduce_bucket_size(spec.bucket_elems);
+  pb::DType comm = pb::DTYPE_UNSPECIFIED;
+  if (!spec.comm_dtype.empty() && !ParseDType(spec.comm_dtype, &comm)) {
+    return Status::InvalidArgument("comm dtype '" + spec.comm_dtype + "'");
+  }
+  if (spec.record_comm_dtype) c->set_comm_dtype(comm);
+  c->set_comm_hook(spec.comm_hook);
   c->set_dtype(pb::FP32);
   c->set_seed(1);
   c->set_backend("gloo");
@@ -137,6 +144,11 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     const bool expert = spec.experts.count(spec.params[i].name) > 0;
     p->set_kind(expert ? pb::EXPERT : pb::DENSE);
     p->set_grad_group(expert ? "edp" : "sdp");
+    if (spec.init_seed != 0) {
+      for (int64_t pos : InitSketchPositions(p->numel())) {
+        p->add_init_sketch(RoundFp32(Unit(spec.init_seed * 7919 + HashName(p->name()) + pos * 131) - 0.5));
+      }
+    }
   }
   if (!spec.framework.empty()) run.set_framework(spec.framework);
   run.set_model_fingerprint(ModelFingerprint(run));
@@ -204,6 +216,21 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
         si.set_valid_tokens(64 * 8 / (world * spec.gas));
         GT_RETURN_IF_ERROR(writers[r]->WriteStep(si));
       }
+      if (spec.data_seed != 0) {
+        // This rank's share of the step's 512 input ids (token ids 0..999 drawn from the data seed).
+        const uint64_t seed = step < spec.data_seed_from_step ? 1 : spec.data_seed;
+        pb::StepInfo opt;
+        opt.set_step(step);
+        opt.set_micro_step(spec.gas - 1);
+        opt.set_optimizer_step(true);
+        for (int64_t t = r; t < 512; t += world) {
+          const double id = std::floor(1000 * Unit(seed * 104729 + step * 512 + t));
+          opt.set_input_count(opt.input_count() + 1);
+          opt.set_input_sum(opt.input_sum() + id);
+          opt.set_input_sumsq(opt.input_sumsq() + id * id);
+        }
+        GT_RETURN_IF_ERROR(writers[r]->WriteStep(opt));
+      }
     }
     for (size_t b = 0; b < buckets.size(); ++b) {
       const Layout& L = buckets[b];
@@ -243,11 +270,16 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
             float sum = 0;
             for (int k : members) sum += pre[k][e];
             post_of[r][e] = RoundFp32(sum / divisor);
+            if (comm != pb::DTYPE_UNSPECIFIED) {  // a compression hook: the sum travels in the comm dtype
+              uint8_t narrow[8];
+              DoubleToElement(comm, post_of[r][e], narrow);
+              post_of[r][e] = RoundFp32(ElementToDouble(comm, narrow));
+            }
           }
         }
         for (const auto& [pi, base] : L.members) {
           auto it = spec.extra_factor.find(spec.params[pi].name);
-          if (it == spec.extra_factor.end()) continue;
+          if (it == spec.extra_factor.end() || step < spec.factor_from_step) continue;
           for (auto& post_flat : post_of) {
             for (int64_t i = 0; i < Numel(spec.params[pi]); ++i) post_flat[base + i] *= static_cast<float>(it->second);
           }

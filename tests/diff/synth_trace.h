@@ -66,6 +66,15 @@ struct SynthSpec {
   bool divide_as_expected = false;             // every bucket divided as semantics::ExpectedDivisor says
   std::string framework;                       // RunInfo.framework ("" = not recorded)
   std::string recorded_scaling = "=";          // Config.scaling as recorded ("=": the policy's name)
+  // Format 1.4 fields, all off by default (so the default output is what a 1.3 writer wrote):
+  uint64_t init_seed = 0;           // != 0: ParamInfo.init_sketch of weights drawn with this seed
+  uint64_t data_seed = 0;           // != 0: input moments on an optimizer-step StepInfo per step and rank
+  int64_t data_seed_from_step = 0;  // steps before this one use data seed 1 (the data differ from here on)
+  int recorded_gas = -1;            // Config.gas as recorded (-1: gas)
+  int64_t factor_from_step = 0;     // extra_factor applies from this step on (a bug that starts later)
+  std::string comm_dtype;           // "fp16"/"bf16": every POST_REDUCE value rounds through it (Config.comm_dtype)
+  std::string comm_hook;            // Config.comm_hook
+  bool record_comm_dtype = true;    // false: round through comm_dtype without saying so (a 1.3 producer)
 };
 
 // Writes rank-NNNNN.gtrace files for `spec` into `dir` (created if needed).

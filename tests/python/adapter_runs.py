@@ -3,6 +3,7 @@
 FINAL gradients equal the single-rank reference's.
 
     python adapter_runs.py KIND WORLD OUT [--bug] [--steps N] [--gas G] [--sync-micro-steps] [--norm local]
+                           [--hook fp16|bf16|powersgd] [--seed S] [--data-from STEP]
 
 KIND: ddp (DistributedDataParallel, batch split over dp), cp (hand-written context parallel:
 each rank holds a contiguous half of the sequence, attention all-gathers K and V, loss = global
@@ -69,15 +70,16 @@ class GatherSeq(torch.autograd.Function):
         return grad.chunk(n, dim=1)[dist.get_rank(ctx.group)], None
 
 
-def make_model():
-    torch.manual_seed(1234)
+def make_model(seed=1234):
+    torch.manual_seed(seed)
     return TinyLM()
 
 
-def batch(step, ignore):
+def batch(step, ignore, data_from=None):
     """The global batch of ``step``; with ``ignore`` a quarter of the labels are ignored (so the
-    ranks' token counts differ), without it every rank's mean covers as many tokens."""
-    g = torch.Generator().manual_seed(100 + step)
+    ranks' token counts differ), without it every rank's mean covers as many tokens. ``data_from``:
+    from that step on, other data (another sampler seed)."""
+    g = torch.Generator().manual_seed((1000 if data_from is not None and step >= data_from else 100) + step)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     if ignore:
@@ -98,19 +100,20 @@ def run_rank(rank, args):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model = make_model()
+    model = make_model(args.seed)
     kind = args.kind
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(model)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        hook = None
+        hook, hook_state = comm_hook(args.hook)
         if args.bug:
             def hook(state, bucket):  # sums over the ranks, forgets to divide
                 return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
-        cap = gradtrace.ddp_adapter.attach(net, args.out, optimizer=opt, hook=hook, gas=args.gas,
-                                           loss="local-mean", loss_description="mean CE over the rank's tokens")
+        cap = gradtrace.ddp_adapter.attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
+                                           gas=args.gas, loss="local-mean",
+                                           loss_description="mean CE over the rank's tokens")
     elif kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -141,10 +144,10 @@ def run_rank(rank, args):
     else:  # ref-dense, ref-seq: one rank, the whole batch and sequence
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, loss="mean",
+        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, loss="global-token-weighted",
                                               loss_description="mean CE over every token")
     for step in range(args.steps):
-        tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq"))
+        tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq"), data_from=args.data_from)
         for micro in range(args.gas):
             mb = slice(micro * BATCH // args.gas, (micro + 1) * BATCH // args.gas)
             t, y = tokens[mb], labels[mb]
@@ -180,6 +183,23 @@ def run_rank(rank, args):
     if world > 1:
         dist.destroy_process_group()
     end_process()
+
+
+def comm_hook(name):
+    """(hook, state) of one of torch's own DDP communication hooks, (None, None) for DDP's default:
+    fp16/bf16 compression (buckets all-reduced in that dtype), PowerSGD (rank-1 approximation from
+    its third iteration on; the first two are plain all-reduces)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook, None
+    if name == "bf16":
+        return default_hooks.bf16_compress_hook, None
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                            min_compression_rate=1)
+        return powerSGD_hook.powerSGD_hook, state
+    return None, None
 
 
 def local_grad_norm(net):
@@ -218,6 +238,10 @@ def main(argv=None):
     ap.add_argument("--gas", type=int, default=1)
     ap.add_argument("--sync-micro-steps", action="store_true")
     ap.add_argument("--norm", choices=["global", "local"], default="global")
+    ap.add_argument("--seed", type=int, default=1234, help="the model's init seed")
+    ap.add_argument("--data-from", type=int, default=None, help="other data from this step on")
+    ap.add_argument("--hook", choices=["default", "fp16", "bf16", "powersgd"], default="default",
+                    help="ddp: one of torch's communication hooks")
     args = ap.parse_args(argv)
     args.port = free_port()
     if args.world == 1:

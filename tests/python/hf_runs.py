@@ -38,7 +38,7 @@ def run_rank(rank, world, out, port):
                                  logging_steps=1, use_cpu=True, report_to=[], save_strategy="no", learning_rate=0.1,
                                  optim="sgd", lr_scheduler_type="constant", seed=0, disable_tqdm=True,
                                  ddp_backend="gloo" if world > 1 else None)
-        cb = gradtrace.hf_adapter.GradtraceCallback(out, loss="global-token-mean")
+        cb = gradtrace.hf_adapter.GradtraceCallback(out, loss="global-token-weighted")
         Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
 
 

@@ -32,7 +32,7 @@ def test_deepspeed_0_12_6_moe_is_the_double_division(tmp_path):
     a = train_small(tmp_path / "a", *common, "--scaling", "deepspeed@0.13.1")
     b = train_small(tmp_path / "b", *common, "--scaling", "deepspeed@0.12.6")
     r = _diff(a, b, tmp_path / "r.json")
-    assert r["verdict"] == "scaled" and r["schema_version"] == "1.3"
+    assert r["verdict"] == "scaled" and r["schema_version"] == "1.4"
     half = [g for g in r["groups"] if g["kind"] == "scale" and abs(g["scale"] - 0.5) < 1e-4]
     assert len(half) == 1, [(g["scale"], g["count"]) for g in r["groups"]]
     g = half[0]

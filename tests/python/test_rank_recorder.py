@@ -48,7 +48,7 @@ def test_steps_and_params_filters_keep_the_whole_table(tmp_path, monkeypatch):
 def test_layout_rules_and_overrides_fill_param_info_and_config(tmp_path):
     model = _model()
     cap = gradtrace.manual_adapter.attach(
-        model, tmp_path, tp=1, pp=1, gas=4, loss="mean", loss_description="mean of squares",
+        model, tmp_path, tp=1, pp=1, gas=4, loss="local-mean", loss_description="mean of squares",
         rules=[(r"^0\.weight$", {"kind": "TP_SHARD", "partition_dim": 0, "shard_count": 2}),
                (r"bias", {"kind": "REPLICATED", "grad_group": "tp"})])
     cap.close()

@@ -106,11 +106,16 @@ def test_correct_split_matches_with_the_floor(runs, tmp_path):
     rc, out = _diff(runs["a"], runs["b"], "--json", report)
     assert rc == 0, out
     r = json.loads(report.read_text())
-    assert r["verdict"] == "match" and r["schema_version"] == "1.3"
+    assert r["verdict"] == "match" and r["schema_version"] == "1.4"
     assert r["tolerance"]["atol"] > 0
     kbias = next(p for p in r["params"] if p["name"] == "k.bias")
     assert "zero up to rounding" in kbias["note"]
     assert all("zero up to rounding" not in p["note"] for p in r["params"] if p["name"] != "k.bias")
+    # Issue 19: its noise-over-noise B/A is no scale group of its own; one note names it.
+    assert [g["kind"] for g in r["groups"]] == ["scale"] and "k.bias" not in r["groups"][0]["params"]
+    assert abs(r["groups"][0]["scale"] - 1.0) < 1e-5
+    notes = [f["message"] for f in r["findings"] if f["kind"] == "note"]
+    assert any(n.startswith("1 parameter is zero up to rounding") and "k.bias" in n for n in notes), notes
 
 
 def test_real_bug_is_still_found(runs, tmp_path):

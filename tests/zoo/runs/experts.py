@@ -36,7 +36,7 @@ def _touch(experts):
 def reference(ranks, out):
     """One rank, every expert, the whole batch: mean CE over every token."""
     net = make_moe()
-    cap = capture(net, out, 0, 1, degrees={}, loss="mean", config={"moe_experts": EXPERTS},
+    cap = capture(net, out, 0, 1, degrees={}, loss="global-token-weighted", config={"moe_experts": EXPERTS},
                   loss_description="mean CE over every token of the batch")
     tokens, labels = batch(0, False)
     loss = ce_sum(net(tokens), labels) / labels.numel()

@@ -68,7 +68,7 @@ def _all_sum(x, group):
 def reference(ranks, out, *, ignore):
     """One rank, the whole batch and sequence, the mean CE over every valid token."""
     train(ranks, out, ignore=ignore, loss=lambda ce, local, micro, total: ce / total, reduce_over="dp",
-          recipe="mean", description="mean CE over every token of the batch")
+          recipe="global-token-weighted", description="mean CE over every token of the batch")
 
 
 def megatron_673(ranks, out, *, bug):
