@@ -6,7 +6,60 @@
 
 namespace gradtrace::diff {
 
-std::string DumpJson(const Json& j) { return j.dump(2) + "\n"; }
+std::string DumpJson(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
+
+namespace {
+
+// The first limit `text` breaks (kMaxJsonDepth, kMaxJsonString), or Ok. Not a
+// validation: whatever it lets through, the parser still judges.
+Status CheckJsonLimits(const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  size_t string_start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+        continue;
+      }
+      if (i - string_start > kMaxJsonString) {  // the bytes between the quotes so far, escapes as written
+        return Status::InvalidArgument("string longer than " + std::to_string(kMaxJsonString) + " bytes (byte " +
+                                       std::to_string(string_start) + ")");
+      }
+    } else if (c == '"') {
+      in_string = true;
+      string_start = i;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return Status::InvalidArgument("nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                       " arrays and objects (byte " + std::to_string(i) + ")");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Expected<Json> ParseJson(const std::string& text) {
+  GT_RETURN_IF_ERROR(CheckJsonLimits(text));
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double (fuzz finding: it
+    // escaped as an uncaught exception). The message without its "[json.exception.parse_error.101] ".
+    std::string what = e.what();
+    const size_t cut = what.find("] ");
+    return Status::InvalidArgument("not JSON: " + (cut == std::string::npos ? what : what.substr(cut + 2)));
+  }
+}
 
 Json NumberOrNull(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
@@ -22,7 +75,7 @@ Json ConfigToJson(const pb::Config& c) {
 
 Status ConfigFromJson(const Json& j, pb::Config* c) {
   if (!j.is_object()) return Status::InvalidArgument("config is not an object");
-  auto st = google::protobuf::util::JsonStringToMessage(j.dump(), c);
+  auto st = google::protobuf::util::JsonStringToMessage(j.dump(-1, ' ', false, Json::error_handler_t::replace), c);
   if (!st.ok()) return Status::InvalidArgument("config: " + std::string(st.message()));
   return Status();
 }

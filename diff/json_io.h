@@ -15,7 +15,23 @@ using Json = nlohmann::ordered_json;
 
 // One style for every JSON file the tool writes: two-space indent, a final newline.
 // Doubles print as the shortest decimal that reads back as the same double.
+// Strings hold what traces, archives and paths hold, which need not be UTF-8
+// (a directory named with byte 0xFF, a rename that cuts a character): each
+// invalid byte is written as U+FFFD, the replacement character (REPORT_SCHEMA.md).
 std::string DumpJson(const Json& j);
+
+// Limits on JSON read from files (partial reports, an archive's pack.json),
+// checked before parsing: arrays and objects nested deeper than this would
+// recurse that deep in every later walk (50,000 levels overflowed the stack),
+// and no string gradtrace writes comes near 1 MiB (one of 190 MB cost 1.37 GB).
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr size_t kMaxJsonString = size_t{1} << 20;
+
+// Parses `text` after one pass over it (no allocation) that checks the limits
+// above. InvalidArgument, for the caller to prefix with the file:
+// "nested deeper than 64 arrays and objects (byte N)", "string longer than
+// 1048576 bytes (byte N)", or "not JSON: <the parser's reason>".
+Expected<Json> ParseJson(const std::string& text);
 
 // A report number: null when undefined (NaN) or infinite, as REPORT_SCHEMA.md says.
 Json NumberOrNull(double v);

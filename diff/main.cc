@@ -24,6 +24,7 @@
 #include "report.h"
 #include "self_check.h"
 #include "step_table.h"
+#include "text_escape.h"
 
 namespace {
 
@@ -32,7 +33,8 @@ int Fail(std::string message) {
     if (c == '\n' || c == '\r') c = ' ';
   }
   while (!message.empty() && message.back() == ' ') message.pop_back();
-  std::fprintf(stderr, "gradtrace-diff: %s\n", message.c_str());
+  // Other control bytes come from a path or a name: escaped, as in the text report.
+  std::fprintf(stderr, "gradtrace-diff: %s\n", gradtrace::TerminalSafe(message).c_str());
   return 2;
 }
 

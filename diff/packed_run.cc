@@ -26,12 +26,9 @@ Expected<PackedDiff> ReadPackedDiff(const std::string& archive_path) {
   auto text = archive->Read(*m);
   if (!text.ok()) return text.status();
   const std::string where = archive->NameOf(*m) + ": ";
-  Json j;
-  try {
-    j = Json::parse(*text);  // throws parse_error, and out_of_range for a number too large for a double
-  } catch (const Json::exception&) {
-    return Status::Corruption(where + "not valid JSON");
-  }
+  auto parsed = ParseJson(*text);  // the nesting and string limits of every JSON read from a file
+  if (!parsed.ok()) return Status::Corruption(where + parsed.status().message());
+  Json j = std::move(*parsed);
   if (!j.is_object()) return Status::Corruption(where + "not a JSON object");
   if (!j.contains("format") || j["format"] != kPackFormat) {
     return Status::InvalidArgument(where + "format is not '" + kPackFormat + "': made by another gradtrace-pack");

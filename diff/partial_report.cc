@@ -1,17 +1,18 @@
 #include "partial_report.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "json_io.h"
+#include "regular_file.h"
 
 namespace gradtrace::diff {
 namespace {
 
 constexpr char kPartialVersion[] = "1.4";  // minor: fields added; major: fields changed
 constexpr char kKind[] = "partial";
+// Far above any partial report: about 1 KB per parameter, and a trace holds at most kMaxParams.
+constexpr uint64_t kMaxPartialBytes = uint64_t{4} << 30;
 
 Json Exact(double v) {
   if (std::isnan(v)) return "NaN";
@@ -249,7 +250,8 @@ Comparison ComparisonFromJson(const Json& j) {
   Comparison c;
   Fields shard(top.At("shard"), "shard");
   int64_t k = shard.Int("k"), n = shard.Int("n");
-  if (n < 1 || k < 0 || k >= n) throw BadField{"shard", std::to_string(k) + "/" + std::to_string(n) + " is not K/N"};
+  if (n < 1 || k < 0 || k >= n || n > std::numeric_limits<int>::max())
+    throw BadField{"shard", std::to_string(k) + "/" + std::to_string(n) + " is not K/N"};
   c.shard = {static_cast<int>(k), static_cast<int>(n)};
   c.fingerprint = top.Str("fingerprint");
   int64_t count = top.Int("param_count");
@@ -307,22 +309,13 @@ std::string RenderPartialJson(const Comparison& c) {
 }
 
 Expected<Comparison> ReadPartialJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IoError(path + ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::IoError(path + ": read error");
-  Json j;
-  try {
-    j = Json::parse(text.str());
-  } catch (const Json::exception& e) {
-    // parse_error, and out_of_range for a number too large for a double
-    // (fuzz finding: it escaped as an uncaught exception). The message
-    // without its "[json.exception.parse_error.101] " bracket.
-    std::string what = e.what();
-    size_t cut = what.find("] ");
-    return Status::InvalidArgument(path + ": not JSON: " + (cut == std::string::npos ? what : what.substr(cut + 2)));
-  }
+  // A regular file only (a FIFO would block the read forever), read whole: memory stays proportional to the
+  // file, which holds about 1 KB per parameter.
+  auto text = ReadRegularFile(path, kMaxPartialBytes);
+  if (!text.ok()) return text.status();
+  auto parsed = ParseJson(*text);
+  if (!parsed.ok()) return Status::InvalidArgument(path + ": " + parsed.status().message());
+  const Json& j = *parsed;
   try {
     return ComparisonFromJson(j);
   } catch (const BadField& e) {

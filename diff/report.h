@@ -140,6 +140,10 @@ struct SelfParam {
   double residual = 0;     // ||POST - sum/divisor|| / ||POST||
   double expected = 0;     // what the loss recipe needs (0 = unknown)
   double declared = 0;     // BucketRecord.divisor as the producer stated it (0 = unknown)
+  // A reduction over a model-parallel group (semantics::ModelParallelReduction): its members put in
+  // partial sums of one gradient (expected 1), or identical copies of it (expected the group size).
+  bool model_parallel = false;
+  bool identical_inputs = false;
   std::vector<int32_t> buckets;
   int64_t compared = 0;
   SelfVerdict verdict = SelfVerdict::kOk;

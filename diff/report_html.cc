@@ -14,32 +14,12 @@
 
 #include "report.h"
 #include "slice_codec.h"
+#include "text_escape.h"
 
 namespace gradtrace::diff {
 namespace {
 
-std::string Esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
-}
+std::string Esc(const std::string& s) { return HtmlEscape(s); }  // text_escape.h: the one HTML escaping
 
 std::string F(double v) {
   char buf[32];

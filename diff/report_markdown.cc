@@ -4,26 +4,18 @@
 #include "report.h"
 #include "slice_codec.h"
 #include "step_table.h"
+#include "text_escape.h"
 
 namespace gradtrace::diff {
 namespace {
 
 constexpr size_t kMaxRows = 50;  // longer tables go under <details>
 
-std::string Md(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '|')
-      o += "\\|";
-    else if (c == '\n')
-      o += ' ';
-    else
-      o += c;
-  }
-  return o;
-}
-
-std::string Code(const std::string& s) { return "`" + Md(s) + "`"; }
+// Every string from a trace, a partial report or a path goes out through one of these (text_escape.h):
+// regression, issue 20: producer, scaling, group names and summaries went out as raw HTML, a carriage return in
+// a parameter name ended its table row, and a backtick closed its code span.
+std::string Md(const std::string& s) { return MarkdownText(s); }
+std::string Code(const std::string& s) { return MarkdownCode(s, MarkdownPlace::kTableCell); }
 
 void ConfigRows(std::string& out, const Report& r) {
   bool two = r.mode != "self";
@@ -52,12 +44,13 @@ std::string RenderMarkdown(const Report& r) {
   out += "### gradtrace-diff: " + Md(r.verdict) + "\n\n";
   if (!r.summary.empty()) out += "**" + Md(r.summary) + "**\n\n";
   ConfigRows(out, r);
-  out += "\nStep " + std::to_string(r.step) + ", phase `" + r.phase + "`; " + Md(r.tolerance.bound) + ".\n\n";
+  out +=
+      "\nStep " + std::to_string(r.step) + ", phase " + MarkdownCode(r.phase) + "; " + Md(r.tolerance.bound) + ".\n\n";
   if (!r.steps.empty()) out += "Every step both sets recorded:\n\n" + RenderStepRowsMarkdown(r.steps) + "\n";
   if (!r.groups.empty()) {
     out += "| parameters | " + std::string(self ? "divisor" : "B/A") + " | explanation |\n|---:|---:|---|\n";
     for (const auto& g : r.groups) {
-      out += "| " + std::to_string(g.count) + " | " + (g.scale ? FormatNumber(*g.scale, 5) : g.kind) + " | " +
+      out += "| " + std::to_string(g.count) + " | " + (g.scale ? FormatNumber(*g.scale, 5) : Md(g.kind)) + " | " +
              Md(g.explanation) + " |\n";
     }
     out += "\n";
@@ -87,7 +80,7 @@ std::string RenderMarkdown(const Report& r) {
   if (rows > kMaxRows) out += "\n</details>\n";
   if (!r.findings.empty()) {
     out += "\n**Findings**\n\n";
-    for (const auto& f : r.findings) out += "- **" + f.kind + "**: " + Md(f.message) + "\n";
+    for (const auto& f : r.findings) out += "- **" + Md(f.kind) + "**: " + Md(f.message) + "\n";
   }
   out += "\n<sub>gradtrace-diff, exit code " + std::to_string(r.ExitCode()) + "</sub>\n";
   return out;

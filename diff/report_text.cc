@@ -7,6 +7,7 @@
 #include "report.h"
 #include "slice_codec.h"
 #include "step_table.h"
+#include "text_escape.h"
 
 namespace gradtrace::diff {
 
@@ -70,6 +71,10 @@ std::string Cell(const std::string& s, int width, bool left = false) {
   return out;
 }
 
+// Every string from a trace, a partial report or a path goes out through T: regression, issue 20 (a name
+// holding "\x1b[2J" cleared the terminal).
+std::string T(const std::string& s) { return TerminalSafe(s); }
+
 std::string Clip(const std::string& s, size_t width) {
   if (s.size() <= width) return s;
   return "..." + s.substr(s.size() - (width - 3));
@@ -82,34 +87,34 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
   const char* bold = colour ? "\033[1m" : "";
   const char* reset = colour ? "\033[0m" : "";
   if (r.mode == "self") {
-    out += std::string(bold) + "gradtrace-diff --self " + r.a.dir + reset + "\n";
-    out += "  " + r.a.producer + ", " + ConfigSummary(r.a.config) + "\n";
+    out += std::string(bold) + "gradtrace-diff --self " + T(r.a.dir) + reset + "\n";
+    out += "  " + T(r.a.producer) + ", " + T(ConfigSummary(r.a.config)) + "\n";
     out += "  step " + std::to_string(r.step) + ", POST_REDUCE against the sum of PRE_REDUCE over each group; " +
-           r.tolerance.bound + "\n\n";
+           T(r.tolerance.bound) + "\n\n";
     size_t nw = 9;
-    for (const auto& p : r.self_params) nw = std::max(nw, std::min<size_t>(p.name.size(), 48));
+    for (const auto& p : r.self_params) nw = std::max(nw, std::min<size_t>(T(p.name).size(), 48));
     out += std::string(bold) + Cell("VERDICT", 14, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("GROUP", 8) + Cell("SIZE", 6) + Cell("DIVISOR", 10) + Cell("EXPECTED", 10) + Cell("DECLARED", 10) +
            Cell("RESIDUAL", 11) + reset + "\n";
     for (size_t i = 0; i < std::min(r.self_params.size(), max_rows); ++i) {
       const auto& p = r.self_params[i];
       out += Paint(SelfVerdictName(p.verdict), SelfVerdictName(p.verdict), colour, 14) +
-             Cell(Clip(p.name, 48), nw + 2, true) + Cell(std::to_string(p.numel), 10) + Cell(p.group, 8) +
+             Cell(Clip(T(p.name), 48), nw + 2, true) + Cell(std::to_string(p.numel), 10) + Cell(T(p.group), 8) +
              Cell(std::to_string(p.group_size), 6) + Cell(FormatNumber(p.divisor, 5), 10) +
              Cell(FormatNumber(p.expected, 5), 10) + Cell(p.declared > 0 ? FormatNumber(p.declared, 5) : "-", 10) +
              Cell(FormatNumber(p.residual, 3), 11) + "\n";
     }
   } else {
-    out += std::string(bold) + "gradtrace-diff " + r.a.dir + " " + r.b.dir + reset + "\n";
-    out += "  A: " + r.a.producer + ", " + ConfigSummary(r.a.config) + "\n";
-    out += "  B: " + r.b.producer + ", " + ConfigSummary(r.b.config) + "\n";
-    out += "  step " + std::to_string(r.step) + ", phase " + r.phase + "; " + r.tolerance.bound + "\n\n";
+    out += std::string(bold) + "gradtrace-diff " + T(r.a.dir) + " " + T(r.b.dir) + reset + "\n";
+    out += "  A: " + T(r.a.producer) + ", " + T(ConfigSummary(r.a.config)) + "\n";
+    out += "  B: " + T(r.b.producer) + ", " + T(ConfigSummary(r.b.config)) + "\n";
+    out += "  step " + std::to_string(r.step) + ", phase " + T(r.phase) + "; " + T(r.tolerance.bound) + "\n\n";
     if (!r.steps.empty()) {
       out += RenderStepRowsText(r.steps) + "\n" + bold + "Step " + std::to_string(r.step) +
              (r.verdict == "match" ? ", the first" : ", the first that differs") + reset + "\n";
     }
     size_t nw = 9;
-    for (const auto& p : r.params) nw = std::max(nw, std::min<size_t>(p.name.size(), 48));
+    for (const auto& p : r.params) nw = std::max(nw, std::min<size_t>(T(p.name).size(), 48));
     out += std::string(bold) + Cell("VERDICT", 11, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("SCALE", 11) + Cell("RESIDUAL", 11) + Cell("COSINE", 11) + Cell("REL.ERR", 11) + Cell("MAX|ERR|", 11) +
            Cell("BASIS", 8) + reset + "\n";
@@ -118,12 +123,12 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
       const Metrics& m = p.metrics;
       bool none = m.basis == Basis::kNone;
       std::string verdict = VerdictName(p.verdict);
-      out += Paint(verdict, verdict, colour, 11) + Cell(Clip(p.name, 48), nw + 2, true) +
+      out += Paint(verdict, verdict, colour, 11) + Cell(Clip(T(p.name), 48), nw + 2, true) +
              Cell(std::to_string(p.numel), 10) + Cell(none ? "-" : FormatNumber(m.scale, 6), 11) +
              Cell(none ? "-" : FormatNumber(m.residual, 3), 11) + Cell(none ? "-" : FormatNumber(m.cosine, 6), 11) +
              Cell(none ? "-" : FormatNumber(m.rel_error, 3), 11) +
              Cell(none ? "-" : FormatNumber(m.max_abs_error, 3), 11) + Cell(BasisName(m.basis), 8);
-      if (!p.note.empty()) out += "  " + p.note;
+      if (!p.note.empty()) out += "  " + T(p.note);
       out += "\n";
     }
   }
@@ -131,17 +136,19 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
   if (rows > max_rows) out += "  ... " + std::to_string(rows - max_rows) + " more (--top shows more rows)\n";
   if (!r.groups.empty()) {
     out += std::string("\n") + bold + (r.mode == "self" ? "Divisors" : "Groups") + reset + "\n";
-    for (const auto& g : r.groups) out += "  " + std::to_string(g.count) + " x " + g.kind + ": " + g.explanation + "\n";
+    for (const auto& g : r.groups) {
+      out += "  " + std::to_string(g.count) + " x " + T(g.kind) + ": " + T(g.explanation) + "\n";
+    }
   }
   if (!r.findings.empty()) {
     out += std::string("\n") + bold + "Findings" + reset + "\n";
-    for (const auto& f : r.findings) out += "  [" + f.kind + "] " + f.message + "\n";
+    for (const auto& f : r.findings) out += "  [" + T(f.kind) + "] " + T(f.message) + "\n";
   }
   if (r.grad_norm && r.grad_norm->verdict == "consistent") {
-    out += "\nGrad norm: " + r.grad_norm->message + "\n";
+    out += "\nGrad norm: " + T(r.grad_norm->message) + "\n";
   }
-  out += std::string("\n") + bold + "Verdict: " + reset + Paint(r.verdict, r.verdict, colour, 0);
-  if (!r.summary.empty()) out += " -- " + r.summary;
+  out += std::string("\n") + bold + "Verdict: " + reset + Paint(T(r.verdict), r.verdict, colour, 0);
+  if (!r.summary.empty()) out += " -- " + T(r.summary);
   out += "\n";
   return out;
 }

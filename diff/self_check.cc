@@ -34,6 +34,10 @@ struct ReductionKey {
   }
 };
 
+// Accumulators are per parameter and group: a parameter reduced over two groups in one step (a
+// norm summed over tp, then averaged over dp) has two reductions with divisors of their own.
+using AccKey = std::pair<int32_t, std::string>;
+
 struct Reduction {
   std::vector<const FrameRef*> post;  // members' POST frames
   std::set<int32_t> sample;           // when not empty, only these parameters are measured (SampleReductions)
@@ -42,6 +46,10 @@ struct Reduction {
 struct ParamAcc {
   double ss = 0, sp = 0, pp = 0;
   int64_t compared = 0;
+  // Model-parallel reductions (semantics::ModelParallelReduction): ||S||^2 and n x the sum of the
+  // members' ||PRE||^2 over its reductions; they are equal (Cauchy-Schwarz) only when every member's
+  // input was the same values, identical copies rather than partial sums.
+  double sum_sq = 0, members_sq = 0;
   std::set<int32_t> buckets;
   std::string group;
   int group_size = 0;
@@ -52,6 +60,8 @@ struct ParamAcc {
     sp += o.sp;
     pp += o.pp;
     compared += o.compared;
+    sum_sq += o.sum_sq;
+    members_sq += o.members_sq;
     buckets.insert(o.buckets.begin(), o.buckets.end());
     if (group.empty()) group = o.group;
     group_size = std::max(group_size, o.group_size);
@@ -59,6 +69,14 @@ struct ParamAcc {
     problems.insert(problems.end(), o.problems.begin(), o.problems.end());
   }
 };
+
+// Whether the members of a reduction put in identical copies of one gradient, not partial sums:
+// ||S||^2 = n x the sum of the n members' ||PRE||^2 within rtol^2 (Cauchy-Schwarz: equal only when
+// every member holds the same values).
+bool IdenticalInputs(double sum_sq, double members_sq, double rtol) {
+  return members_sq > 0 && std::isfinite(sum_sq) && std::isfinite(members_sq) &&
+         std::fabs(1 - sum_sq / members_sq) <= rtol * rtol;
+}
 
 std::string Fixed(double v) {
   char buf[32];
@@ -84,7 +102,27 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
   const bool right = p.expected > 0 && near(p.expected);
   std::string expr, why;
   g->cause = right ? "none" : "reduction-divisor";
-  if (expert && right) {
+  // A model-parallel group (semantics::ModelParallelReduction): its ranks' partial sums are added (divisor 1).
+  const bool partial_sums = p.model_parallel && !p.identical_inputs;
+  const std::string mp_dimension = p.group == "tp" ? "tp" : "";
+  if (partial_sums && right) {
+    expr = "1";
+    why =
+        "the group's ranks hold partial sums of the gradient (e.g. a norm or bias replicated under tensor/sequence "
+        "parallelism: each rank's share from its own tokens) and the reduction adds them, as the mean loss needs";
+  } else if (partial_sums && near(p.group_size)) {
+    expr = "group size";
+    g->dimension = mp_dimension;
+    why =
+        "the reduction averages the group's partial sums of the gradient (e.g. a norm under tensor/sequence "
+        "parallelism) instead of adding them";
+  } else if (p.model_parallel && p.identical_inputs && near(1) && !right) {
+    expr = "1";
+    g->dimension = mp_dimension;
+    why =
+        "the group's ranks hold identical copies of the gradient (each computed it whole; no reduction was needed) "
+        "and the reduction adds them";
+  } else if (expert && right) {
     expr = near(p.group_size) ? "group size" : "dp";
     why = "expert gradients are divided by the dense data-parallel degree, as the mean loss needs";
   } else if (expert && near(p.group_size)) {
@@ -275,13 +313,13 @@ void SampleReductions(const TraceSet& set, StepReductions* step) {
 // elements the record holds.
 int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideValues>& sums,
                        const std::vector<SideValues>& held, const ReductionKey& key, const FrameRef& post,
-                       std::map<int32_t, ParamAcc>* acc, CellSums* cell) {
+                       std::map<AccKey, ParamAcc>* acc, CellSums* cell) {
   int64_t held_total = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SideValues& s = sums[k];
     const SideValues& p = held[k];
     if (p.ranks == 0) continue;
-    ParamAcc& a = (*acc)[ids[k]];
+    ParamAcc& a = (*acc)[{ids[k], key.group}];
     a.buckets.insert(key.bucket);
     a.group = key.group;
     a.group_size = static_cast<int>(key.members.size());
@@ -320,17 +358,17 @@ int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideVa
 }
 
 // Every reduction in parallel: the PRE sum over the group's members against
-// each member's POST. Returns the accumulators per parameter id; appends one
+// each member's POST. Returns the accumulators per (parameter id, group); appends one
 // bucket-view cell per member's POST record to report->bucket_view (cells of a
 // micro-step > 0 whose parameters `accumulating` lists for the rank are marked).
-Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
-                                                           const SelfOptions& options,
-                                                           const std::set<std::pair<int, int32_t>>& accumulating,
-                                                           Report* report) {
+Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
+                                                          const SelfOptions& options,
+                                                          const std::set<std::pair<int, int32_t>>& accumulating,
+                                                          Report* report) {
   std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
-  std::vector<std::map<int32_t, ParamAcc>> partial(work.size());
+  std::vector<std::map<AccKey, ParamAcc>> partial(work.size());
   std::vector<std::vector<BucketCell>> cells(work.size());
   const double rtol = report->tolerance.rtol, ctol = ClusterTolerance(rtol);
   std::mutex mu;
@@ -355,7 +393,11 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
         missing_pre = m;
         continue;
       }
+      // PRE frames of this group when the rank's bucket id names several (the same id for two groups).
+      const bool by_group =
+          std::any_of(it->second.begin(), it->second.end(), [&](const FrameRef* f) { return f->group == key.group; });
       for (const FrameRef* f : it->second) {
+        if (by_group && f->group != key.group) continue;
         bool wanted = false;
         for (int32_t id : f->param_ids) {
           if (sample.empty() || sample.count(id)) ids.insert(id), wanted = true;
@@ -364,6 +406,7 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       }
     }
     auto& acc = partial[w];
+    bool identical = false;  // a model-parallel reduction whose members' inputs were the same values
     // The bucket-view cell of one member's POST record.
     auto cell_of = [&](const FrameRef& post) {
       BucketCell c;
@@ -372,12 +415,18 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       c.bucket = key.bucket;
       c.group = key.group;
       c.group_size = static_cast<int>(key.members.size());
-      // A bucket holding expert parameters needs the experts' divisor (semantics/expected_divisor.h).
-      pb::ParamKind kind = pb::DENSE;
+      // The divisor the bucket needs (semantics/expected_divisor.h), from one of its parameters: one
+      // reduced over a model-parallel group if any, else an expert (the experts' divisor), else any.
+      const pb::ParamInfo* info = nullptr;
+      int best = -1;
       for (int32_t id : post.param_ids) {
-        if (set.run().params(id).kind() == pb::EXPERT) kind = pb::EXPERT;
+        const pb::ParamInfo& p = set.run().params(id);
+        const int rank = semantics::ModelParallelReduction(p, key.group) ? 2 : p.kind() == pb::EXPERT ? 1 : 0;
+        if (rank > best) best = rank, info = &p;
       }
-      c.expected = semantics::ExpectedDivisor(set.config(), kind, c.group_size);
+      c.expected = info != nullptr
+                       ? semantics::ExpectedDivisorOver(set.config(), *info, {key.group, c.group_size, identical})
+                       : semantics::ExpectedDivisor(set.config(), pb::DENSE, c.group_size);
       c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
                         return accumulating.count({post.rank, id}) > 0;
                       });
@@ -386,8 +435,8 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
     if (missing_pre >= 0) {
       for (const FrameRef* f : work[w].second.post) {
         for (int32_t id : f->param_ids) {
-          acc[id].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) + " from rank " +
-                                     std::to_string(missing_pre));
+          acc[{id, key.group}].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) +
+                                                  " from rank " + std::to_string(missing_pre));
         }
         CellSums none;
         none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
@@ -399,6 +448,13 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
     std::vector<int32_t> id_list(ids.begin(), ids.end());
     std::vector<SideValues> sums(id_list.size());
     std::map<int, double> pre_sq;
+    // Per parameter reduced over a model-parallel group: the sum of the members' ||PRE||^2, then n x it
+    // beside ||S||^2 (ParamAcc.sum_sq).
+    std::vector<char> model_parallel(id_list.size());
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      model_parallel[i] = semantics::ModelParallelReduction(set.run().params(id_list[i]), key.group);
+    }
+    std::vector<double> members_sq(id_list.size()), sum_sq(id_list.size());
     Status st;
     for (auto& [m, frames] : pre_frames) {
       std::vector<std::vector<const FrameRef*>> one(set.world());
@@ -408,11 +464,22 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
       if (!st.ok()) return fail(st);
       for (size_t i = 0; i < mine.size(); ++i) {
         if (mine[i].ranks == 0) continue;
-        pre_sq[m] += SquaredNorm(mine[i]);
+        const double sq = SquaredNorm(mine[i]);
+        pre_sq[m] += sq;
+        if (model_parallel[i]) members_sq[i] += sq;
         MergeRank(m, 0, std::move(mine[i]), Combine::kSum, &sums[i]);
       }
     }
     for (size_t i = 0; i < id_list.size(); ++i) sums[i].numel = set.run().params(id_list[i]).numel();
+    double all_sum_sq = 0, all_members_sq = 0;
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      if (!model_parallel[i]) continue;
+      sum_sq[i] = SquaredNorm(sums[i]);
+      members_sq[i] *= static_cast<double>(key.members.size());
+      all_sum_sq += sum_sq[i];
+      all_members_sq += members_sq[i];
+    }
+    identical = IdenticalInputs(all_sum_sq, all_members_sq, rtol);
     for (const FrameRef* post : work[w].second.post) {
       std::vector<std::vector<const FrameRef*>> post_frames(set.world());
       post_frames[post->rank] = {post};
@@ -433,13 +500,19 @@ Expected<std::map<int32_t, ParamAcc>> AccumulateReductions(const TraceSet& set, 
                                                    std::to_string(held_total)});
       }
     }
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      auto it = model_parallel[i] ? acc.find({id_list[i], key.group}) : acc.end();
+      if (it == acc.end()) continue;
+      it->second.sum_sq += sum_sq[i];
+      it->second.members_sq += members_sq[i];
+    }
     progress.Update(done.fetch_add(1) + 1, work.size());
   });
   progress.Finish();
   if (!first_error.ok()) return first_error;
-  std::map<int32_t, ParamAcc> total;
+  std::map<AccKey, ParamAcc> total;
   for (auto& m : partial) {
-    for (auto& [id, acc] : m) total[id].Merge(acc);
+    for (auto& [k, acc] : m) total[k].Merge(acc);
   }
   for (auto& c : cells) report->bucket_view.insert(report->bucket_view.end(), c.begin(), c.end());
   std::sort(report->bucket_view.begin(), report->bucket_view.end(), [](const BucketCell& x, const BucketCell& y) {
@@ -460,7 +533,10 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
   p.compared = acc.compared;
   p.declared = acc.declared;
   p.param_kind = semantics::ParamKindName(info.kind());
-  p.expected = p.group_size > 0 ? semantics::ExpectedDivisor(config, info.kind(), p.group_size) : 0;
+  p.model_parallel = semantics::ModelParallelReduction(info, p.group);
+  p.identical_inputs = p.model_parallel && IdenticalInputs(acc.sum_sq, acc.members_sq, rtol);
+  p.expected =
+      p.group_size > 0 ? semantics::ExpectedDivisorOver(config, info, {p.group, p.group_size, p.identical_inputs}) : 0;
   const double n = static_cast<double>(acc.compared);
   if (acc.compared == 0 || acc.sp == 0) {
     p.divisor = std::nan("");
@@ -498,14 +574,18 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
 void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
   std::vector<const SelfParam*> ok;
   Group inconsistent;
+  std::set<std::string> names, inconsistent_names;  // a parameter has an entry per group it was reduced over
   for (const auto& p : report->self_params) {
+    names.insert(p.name);
     // A reduction that is not a division of the sum has no divisor to claim.
     if (p.verdict == SelfVerdict::kInconsistent) {
-      inconsistent.params.push_back(p.name);
+      if (inconsistent_names.insert(p.name).second) inconsistent.params.push_back(p.name);
     } else if (std::isfinite(p.divisor)) {
       ok.push_back(&p);
     }
   }
+  // Each group with the worst verdict of its entries.
+  std::vector<std::pair<Group, SelfVerdict>> groups;
   if (!inconsistent.params.empty()) {
     inconsistent.kind = "inconsistent";
     inconsistent.count = static_cast<int>(inconsistent.params.size());
@@ -521,41 +601,38 @@ void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report
       inconsistent.explanation += "; the run communicates through " + hook +
                                   ", a lossy low-rank compression: its reductions approximate the sum";
     }
-    report->groups.push_back(std::move(inconsistent));
+    groups.emplace_back(std::move(inconsistent), SelfVerdict::kInconsistent);
   }
-  // Clusters hold one kind over one group size: sort by those first.
+  // Clusters hold one kind over one group: sort by those first.
   std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) {
-    return std::tie(x->param_kind, x->group_size, x->divisor) < std::tie(y->param_kind, y->group_size, y->divisor);
+    return std::tie(x->param_kind, x->group_size, x->group, x->divisor) <
+           std::tie(y->param_kind, y->group_size, y->group, y->divisor);
   });
-  int n = static_cast<int>(report->self_params.size());
+  int n = static_cast<int>(names.size());
   for (size_t i = 0; i < ok.size();) {
     // j > i always: a negative divisor (POST of the opposite sign) used to make the width negative and loop forever.
     size_t j = i + 1;
     while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * std::fabs(ok[i]->divisor) &&
-           ok[j]->group_size == ok[i]->group_size && ok[j]->param_kind == ok[i]->param_kind)
+           ok[j]->group_size == ok[i]->group_size && ok[j]->group == ok[i]->group &&
+           ok[j]->param_kind == ok[i]->param_kind)
       ++j;
     Group g;
     g.kind = "divisor";
     const SelfParam& mid = *ok[(i + j) / 2];
     g.scale = mid.divisor;
     g.count = static_cast<int>(j - i);
-    for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name);
+    SelfVerdict worst = SelfVerdict::kOk;
+    for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name), worst = std::max(worst, ok[k]->verdict);
     g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, deepspeed, ctol, &g);
-    report->groups.push_back(std::move(g));
+    groups.emplace_back(std::move(g), worst);
     i = j;
   }
   // Most serious first (the worst member verdict), then largest.
-  std::map<std::string, SelfVerdict> verdict;
-  for (const auto& p : report->self_params) verdict[p.name] = p.verdict;
-  auto worst = [&](const Group& g) {
-    SelfVerdict w = SelfVerdict::kOk;
-    for (const auto& name : g.params) w = std::max(w, verdict[name]);
-    return w;
-  };
-  std::stable_sort(report->groups.begin(), report->groups.end(), [&](const Group& x, const Group& y) {
-    if (worst(x) != worst(y)) return worst(x) > worst(y);
-    return x.count > y.count;
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& x, const auto& y) {
+    if (x.second != y.second) return x.second > y.second;
+    return x.first.count > y.first.count;
   });
+  for (auto& entry : groups) report->groups.push_back(std::move(entry.first));
 }
 
 // What --self cannot see, said in every self report: it checks each reduction
@@ -590,19 +667,20 @@ Status CheckFinalReplicas(const TraceSet& set, int64_t step, double rtol, int th
   GT_RETURN_IF_ERROR(st);
   for (const auto& [id, d] : bad) {
     const pb::ParamInfo& info = set.run().params(id);
-    auto it = std::find_if(report->self_params.begin(), report->self_params.end(),
-                           [&](const SelfParam& p) { return p.name == info.name(); });
-    if (it == report->self_params.end()) {
+    bool listed = false;  // every entry of the parameter (one per group it was reduced over)
+    for (SelfParam& p : report->self_params) {
+      if (p.name == info.name()) p.verdict = SelfVerdict::kInconsistent, listed = true;
+    }
+    if (!listed) {
       SelfParam p;
       p.name = info.name();
       p.numel = info.numel();
       p.param_kind = semantics::ParamKindName(info.kind());
       p.divisor = std::nan("");
       p.residual = d.rel;
+      p.verdict = SelfVerdict::kInconsistent;
       report->self_params.push_back(std::move(p));
-      it = report->self_params.end() - 1;
     }
-    it->verdict = SelfVerdict::kInconsistent;
     report->findings.push_back(
         {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
                         " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
@@ -688,16 +766,16 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   // The absolute floor (tolerance.h) from the RMS of every POST value compared.
   double post_sq = 0;
   int64_t post_n = 0;
-  for (const auto& [id, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
+  for (const auto& [key, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
   SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
                    post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
   std::set<int32_t> accumulating_ids;
   for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
   report.accumulating_params = static_cast<int>(accumulating_ids.size());
-  for (const auto& [id, acc] : *total) {
-    report.self_params.push_back(
-        JudgeSelfParam(set.run().params(id), acc, set.config(), rtol, ctol, report.tolerance.atol, &report.findings));
-    report.self_params.back().accumulates = accumulating_ids.count(id) > 0;
+  for (const auto& [key, acc] : *total) {
+    report.self_params.push_back(JudgeSelfParam(set.run().params(key.first), acc, set.config(), rtol, ctol,
+                                                report.tolerance.atol, &report.findings));
+    report.self_params.back().accumulates = accumulating_ids.count(key.first) > 0;
   }
   if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, step, rtol, options.threads, &report));
   for (const std::string& n : set.inferences()) report.findings.push_back({"note", n});

@@ -8,6 +8,7 @@
 #include "evidence.h"
 #include "json_io.h"
 #include "progress.h"
+#include "text_escape.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -23,17 +24,14 @@ int VerdictRank(const std::string& v) {
   return 0;
 }
 
+// The summary quotes names from the traces: escaped for the output (text_escape.h).
 std::string Row(const StepRow& r, const char* sep, bool markdown) {
+  const auto esc = markdown ? MarkdownText : TerminalSafe;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s%6lld%s%-11s%s%6d%s%6d%s%10s%s", markdown ? "| " : "",
-                static_cast<long long>(r.step), sep, r.verdict.c_str(), sep, r.match, sep, r.differ, sep,
+                static_cast<long long>(r.step), sep, esc(r.verdict).c_str(), sep, r.match, sep, r.differ, sep,
                 FormatNumber(r.worst_residual, 3).c_str(), sep);
-  std::string summary = r.summary;
-  if (markdown) {
-    for (char& ch : summary) ch = ch == '|' ? '/' : ch;
-    return buf + summary + " |\n";
-  }
-  return buf + summary + "\n";
+  return buf + esc(r.summary) + (markdown ? " |\n" : "\n");
 }
 
 constexpr char kTextHeader[] = "  step  verdict      match differ  residual  summary\n";
@@ -167,7 +165,8 @@ Expected<StepTable> RunDiffAllSteps(const std::string& a_dir, const std::string&
 std::string RenderStepTableText(const StepTable& t, bool colour, size_t max_rows) {
   std::string out = kTextHeader;
   for (const Report& r : t.steps) out += Row(RowOf(r), "  ", false);
-  out += "\nVerdict over " + std::to_string(t.steps.size()) + " steps: " + t.verdict + " -- " + t.summary + "\n";
+  out += "\nVerdict over " + std::to_string(t.steps.size()) + " steps: " + TerminalSafe(t.verdict) + " -- " +
+         TerminalSafe(t.summary) + "\n";
   if (const Report* first = t.FirstDifference()) {
     out += "\n== step " + std::to_string(first->step) + ", the first that differs\n";
     out += RenderText(*first, colour, max_rows);
@@ -190,7 +189,8 @@ std::string RenderStepTableJson(const StepTable& t) {
 }
 
 std::string RenderStepTableMarkdown(const StepTable& t) {
-  std::string out = "### gradtrace-diff, every step: " + t.verdict + "\n\n" + t.summary + "\n\n";
+  std::string out =
+      "### gradtrace-diff, every step: " + MarkdownText(t.verdict) + "\n\n" + MarkdownText(t.summary) + "\n\n";
   out += kMarkdownHeader;
   for (const Report& r : t.steps) out += Row(RowOf(r), " | ", true);
   if (const Report* first = t.FirstDifference()) {

@@ -12,6 +12,7 @@
 #include "archive.h"
 #include "format.h"
 #include "index_entry.h"
+#include "slice_codec.h"
 #include "thread_pool.h"
 #include "tolerance.h"
 #include "trace_reader.h"
@@ -390,20 +391,38 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
     return std::tie(x.rank, x.offset) < std::tie(y.rank, y.offset);
   });
   set.InferGas();
-  set.FoldCommDtype();
+  set.FoldPrecision();
   return set;
 }
 
 // The run's communication precision is the coarsest a parameter records
 // (ParamInfo.comm_dtype, format 1.4) when the Config states none.
-void TraceSet::FoldCommDtype() {
-  if (run0_.config().comm_dtype() != pb::DTYPE_UNSPECIFIED) return;
-  pb::DType coarse = pb::DTYPE_UNSPECIFIED;
-  for (const pb::ParamInfo& p : run0_.params()) {
-    if (p.comm_dtype() == pb::DTYPE_UNSPECIFIED) continue;
-    if (coarse == pb::DTYPE_UNSPECIFIED || UnitRoundoff(p.comm_dtype()) > UnitRoundoff(coarse)) coarse = p.comm_dtype();
+// The gradients' own precision is the coarsest a parameter's gradient or
+// accumulation dtype records, when coarser than Config.dtype (a bf16 .grad of
+// fp32 parameters): the tolerance then follows it, and the inference is said.
+void TraceSet::FoldPrecision() {
+  auto coarsest = [this](auto dtype_of) {
+    pb::DType coarse = pb::DTYPE_UNSPECIFIED;
+    for (const pb::ParamInfo& p : run0_.params()) {
+      const pb::DType d = dtype_of(p);
+      if (d != pb::DTYPE_UNSPECIFIED && (coarse == pb::DTYPE_UNSPECIFIED || UnitRoundoff(d) > UnitRoundoff(coarse))) {
+        coarse = d;
+      }
+    }
+    return coarse;
+  };
+  pb::Config* c = run0_.mutable_config();
+  const pb::DType comm = coarsest([](const pb::ParamInfo& p) { return p.comm_dtype(); });
+  if (c->comm_dtype() == pb::DTYPE_UNSPECIFIED && comm != pb::DTYPE_UNSPECIFIED) c->set_comm_dtype(comm);
+  const pb::DType grad = coarsest([](const pb::ParamInfo& p) { return p.grad_dtype(); });
+  const pb::DType accum = coarsest([](const pb::ParamInfo& p) { return p.accum_dtype(); });
+  for (const pb::DType d : {grad, accum}) {
+    if (d == pb::DTYPE_UNSPECIFIED || UnitRoundoff(d) <= UnitRoundoff(c->dtype())) continue;
+    inferences_.push_back(std::string("gradients ") + (d == grad ? "computed" : "accumulated") + " in " + DTypeName(d) +
+                          " (ParamInfo." + (d == grad ? "grad_dtype" : "accum_dtype") + ") while Config.dtype is " +
+                          DTypeName(c->dtype()) + ": judged with " + DTypeName(d) + "'s rounding");
+    c->set_dtype(d);
   }
-  if (coarse != pb::DTYPE_UNSPECIFIED) run0_.mutable_config()->set_comm_dtype(coarse);
 }
 
 // A producer that did not record gas (0 or 1) while every optimizer step of

@@ -100,7 +100,7 @@ class TraceSet {
   std::vector<std::string> inferences_;
 
   void InferGas();
-  void FoldCommDtype();
+  void FoldPrecision();
 };
 
 // Prefixes `path: ` to a codec message unless it already names the file.

@@ -7,19 +7,23 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <optional>
 #include <string>
 
 #include "byte_size.h"
 #include "fidelity.h"
 #include "packer.h"
+#include "text_escape.h"
 
 namespace {
 
+// One line on stderr: line breaks as spaces, other control bytes (from a path or a name) escaped.
 int Fail(std::string message) {
   for (char& c : message) {
     if (c == '\n' || c == '\r') c = ' ';
   }
-  std::fprintf(stderr, "gradtrace-pack: %s\n", message.c_str());
+  std::fprintf(stderr, "gradtrace-pack: %s\n", gradtrace::TerminalSafe(message).c_str());
   return 2;
 }
 
@@ -73,9 +77,16 @@ int main(int argc, char** argv) {
   }
   for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
 
-  auto packed = pack::Pack(o);
-  if (!packed.ok()) return Fail(packed.status().message());
-  const pack::PackResult& r = *packed;
+  // An exception caught here unwinds Pack's frames, whose destructors remove the temporaries
+  // (X.gtpack.tmp.PID, .fit.PID, .reencode.PID); uncaught, it aborts and leaves them behind.
+  std::optional<Expected<pack::PackResult>> packed;
+  try {
+    packed.emplace(pack::Pack(o));
+  } catch (const std::exception& e) {
+    return Fail(o.output + ": " + e.what());
+  }
+  if (!packed->ok()) return Fail(packed->status().message());
+  const pack::PackResult& r = **packed;
   std::printf("%s: %s in %zu members (limit %s); traces %s\n", o.output.c_str(),
               pack::HumanBytes(static_cast<double>(r.archive_bytes)).c_str(), r.members,
               pack::HumanBytes(static_cast<double>(o.limit)).c_str(),
@@ -84,7 +95,7 @@ int main(int argc, char** argv) {
                              " (README.md lists what each parameter kept)")
                                 .c_str()
                           : "byte for byte as captured");
-  std::printf("packed diff (exit %d): %s\nrerun: gradtrace-diff %s\n", r.diff_exit, r.headline.c_str(),
+  std::printf("packed diff (exit %d): %s\nrerun: gradtrace-diff %s\n", r.diff_exit, TerminalSafe(r.headline).c_str(),
               o.output.c_str());
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "self_check.h"
 #include "step_table.h"
 #include "tar_writer.h"
+#include "text_escape.h"
 
 namespace gradtrace::pack {
 namespace fs = std::filesystem;
@@ -33,7 +34,8 @@ constexpr int kMaxAttempts = 6;
 // the room left (the size estimates are deliberately pessimistic).
 constexpr double kGoodFill = 0.9;
 
-void Say(const std::string& line) { std::fprintf(stderr, "gradtrace-pack: %s\n", line.c_str()); }
+// Progress on stderr; the sets' paths in it with their control bytes escaped (text_escape.h).
+void Say(const std::string& line) { std::fprintf(stderr, "gradtrace-pack: %s\n", TerminalSafe(line).c_str()); }
 
 // One trace member to pack: its name in the archive and where its bytes are.
 struct TraceMember {

@@ -1,26 +1,35 @@
 #include "readme.h"
 
+#include "text_escape.h"
+
 namespace gradtrace::pack {
 
+// Paths, names, the headline and the rename rules come from the user's traces and command line: every one goes
+// out escaped for where it lands (text_escape.h). Regression, issue 20: they went out as raw Markdown and HTML.
 std::string RenderReadme(const ReadmeFacts& f) {
   const bool two = f.sources.size() > 1;
+  const auto cell = MarkdownPlace::kTableCell;
   std::string s = "# gradtrace bug report\n\n";
-  s += "Packed by gradtrace-pack " GRADTRACE_VERSION " from `" + f.sources[0] + "`" +
-       (two ? " (A, the reference) and `" + f.sources[1] + "` (B)" : "") + ".\n\n";
-  s += "**" + f.headline + "** (gradtrace-diff exit " + std::to_string(f.exit_code) + ")\n\n";
-  s += "## Rerun\n\n```sh\n";
-  s += "gradtrace-diff " + f.archive + "     # the packed comparison" +
-       (f.diff_options.empty() ? "" : " (" + f.diff_options + ")") + "; reproduces report.json\n";
+  s += "Packed by gradtrace-pack " GRADTRACE_VERSION " from " + MarkdownCode(f.sources[0]) +
+       (two ? " (A, the reference) and " + MarkdownCode(f.sources[1]) + " (B)" : "") + ".\n\n";
+  s += "**" + MarkdownText(f.headline) + "** (gradtrace-diff exit " + std::to_string(f.exit_code) + ")\n\n";
+  s += "## Rerun\n\n";
+  const std::string archive = TerminalSafe(f.archive);  // one line in the code block, whatever the name holds
+  std::string sh = "gradtrace-diff " + archive + "     # the packed comparison" +
+                   (f.diff_options.empty() ? "" : " (" + TerminalSafe(f.diff_options) + ")") +
+                   "; reproduces report.json\n";
   if (two) {
-    s += "gradtrace-diff " + f.archive + ":a " + f.archive + ":b --phase post --step 0   # any other comparison\n";
+    sh += "gradtrace-diff " + archive + ":a " + archive + ":b --phase post --step 0   # any other comparison\n";
   } else {
-    s += "gradtrace-diff --self " + f.archive + ":a --step 0   # any other step\n";
+    sh += "gradtrace-diff --self " + archive + ":a --step 0   # any other step\n";
   }
-  s += "gradtrace-inspect --verify " + f.archive + "   # what each trace holds; every checksum\n```\n\n";
-  s += "Both read the archive in place; `tar xf " + f.archive + "` also unpacks it (a plain ustar file).\n\n";
+  sh += "gradtrace-inspect --verify " + archive + "   # what each trace holds; every checksum\n";
+  s += MarkdownCodeBlock("sh", sh) + "\n";
+  s += "Both read the archive in place; " + MarkdownCode("tar xf " + f.archive) +
+       " also unpacks it (a plain ustar file).\n\n";
   s += "## What is inside\n\n| member | what |\n| --- | --- |\n";
-  s += "| `a/rank-NNNNN.gtrace` | trace set A, one file per rank (`" + f.sources[0] + "`) |\n";
-  if (two) s += "| `b/rank-NNNNN.gtrace` | trace set B (`" + f.sources[1] + "`) |\n";
+  s += "| `a/rank-NNNNN.gtrace` | trace set A, one file per rank (" + MarkdownCode(f.sources[0], cell) + ") |\n";
+  if (two) s += "| `b/rank-NNNNN.gtrace` | trace set B (" + MarkdownCode(f.sources[1], cell) + ") |\n";
   s +=
       "| `report.json`, `report.md`, `report.html` | the diff of the packed traces (schema: diff/REPORT_SCHEMA.md) |\n";
   if (f.original_report) {
@@ -29,7 +38,9 @@ std::string RenderReadme(const ReadmeFacts& f) {
   s += "| `environment.json` | per set: framework, versions (torch, CUDA, NCCL, ...), producer, configuration, host, "
        "world; the pack's command line |\n";
   s += "| `pack.json` | the comparison to rerun, the size limit and the fidelity per parameter |\n";
-  for (const std::string& a : f.attachments) s += "| `attached/" + a + "` | attached by the reporter |\n";
+  for (const std::string& a : f.attachments) {
+    s += "| " + MarkdownCode("attached/" + a, cell) + " | attached by the reporter |\n";
+  }
   s += "\n## Fidelity\n\n";
   if (f.fidelity.empty()) {
     s += "Every trace is byte for byte the file captured (" + HumanBytes(f.captured_bytes) + ", limit " +
@@ -44,7 +55,10 @@ std::string RenderReadme(const ReadmeFacts& f) {
        "The scale factors in report.json are measured on what was kept; original-report.json has the "
        "full-value diff.\n\n";
   s += "| parameter | kept as | why |\n| --- | --- | --- |\n";
-  for (const Choice& c : f.fidelity) s += "| `" + c.name + "` | " + c.mode.ToString() + " | " + c.why + " |\n";
+  for (const Choice& c : f.fidelity) {
+    s += "| " + MarkdownCode(c.name, cell) + " | " + MarkdownText(c.mode.ToString()) + " | " + MarkdownText(c.why) +
+         " |\n";
+  }
   return s;
 }
 

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 
+#include "regular_file.h"
+
 namespace gradtrace::pack {
 
 Expected<std::unique_ptr<TarWriter>> TarWriter::Create(const std::string& path, const std::string& shown,
@@ -48,11 +50,12 @@ Status TarWriter::Add(const std::string& name, const std::string& content) {
 
 Status TarWriter::AddCopy(const std::string& name, const TraceSource& source,
                           const std::function<void(uint64_t)>& progress) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(source.path.c_str(), "rb"), &std::fclose);
-  if (!in) return Status::IoError(source.display() + ": cannot open: " + std::strerror(errno));
+  auto opened = OpenRegularFile(source.path, source.display());
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(*opened, &std::fclose);
   struct stat st;
-  if (fstat(fileno(in.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return Status::IoError(source.display() + ": not a regular file");
+  if (fstat(fileno(in.get()), &st) != 0) {
+    return Status::IoError(source.display() + ": cannot stat: " + std::strerror(errno));
   }
   const uint64_t real = static_cast<uint64_t>(st.st_size);
   if (source.offset > real) return Status::Truncated(source.display() + ": shorter than its window");

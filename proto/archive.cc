@@ -11,6 +11,8 @@
 #include <memory>
 #include <set>
 
+#include "regular_file.h"
+
 namespace gradtrace {
 namespace {
 
@@ -120,11 +122,11 @@ std::string BadMemberName(const std::string& name) {
 }
 
 Expected<Archive> Archive::Open(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+  auto opened = OpenRegularFile(path);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<std::FILE, FileCloser> f(*opened);
   struct stat st;
   if (fstat(fileno(f.get()), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return Status::IoError(path + ": not a regular file");
   Archive a;
   a.path_ = path;
   a.file_size_ = static_cast<uint64_t>(st.st_size);
@@ -191,8 +193,9 @@ Expected<std::string> Archive::Read(const ArchiveMember& m) const {
     return Status::LimitExceeded(NameOf(m) + ": " + std::to_string(m.size) + " bytes, more than a text member's " +
                                  std::to_string(kMaxTextMember));
   }
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path_.c_str(), "rb"));
-  if (!f) return Status::IoError(path_ + ": cannot open: " + std::strerror(errno));
+  auto opened = OpenRegularFile(path_);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<std::FILE, FileCloser> f(*opened);
   std::string out(m.size, '\0');
   if (m.size > 0 && !ReadAt(f.get(), m.offset, out.data(), out.size())) {
     return Status::IoError(NameOf(m) + ": read failed (archive changed while reading?)");

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "archive.h"
 #include "slice_codec.h"
+#include "text_escape.h"
 #include "trace_reader.h"
 
 namespace gradtrace {
@@ -70,35 +72,43 @@ std::string Fixed(double v) {
   return buf;
 }
 
+// Every string from a trace or a path is printed through T: regression, issue 20 (terminal escape sequences in
+// names and the producer went to the terminal as they were).
+std::string T(const std::string& s) { return TerminalSafe(s); }
+
 void PrintRunInfo(const TraceReader& r) {
   const pb::RunInfo& run = r.run_info();
-  std::printf("== %s\n", r.path().c_str());
-  std::printf("producer     %s %s\n", run.producer().c_str(), run.producer_version().c_str());
-  std::printf("run id       %s\n", run.run_id().c_str());
+  std::printf("== %s\n", T(r.path()).c_str());
+  std::printf("producer     %s %s\n", T(run.producer()).c_str(), T(run.producer_version()).c_str());
+  std::printf("run id       %s\n", T(run.run_id()).c_str());
   std::printf("rank         %d (dp_rank %d, sp_rank %d) on %s\n", run.rank(), run.dp_rank(), run.sp_rank(),
-              run.host().c_str());
+              T(run.host()).c_str());
   if (!run.framework().empty())
-    std::printf("framework    %s %s\n", run.framework().c_str(), run.framework_version().c_str());
+    std::printf("framework    %s %s\n", T(run.framework()).c_str(), T(run.framework_version()).c_str());
   if (!run.versions().empty()) {
     std::map<std::string, std::string> sorted(run.versions().begin(), run.versions().end());
     std::string line;
     for (const auto& [component, version] : sorted) line += (line.empty() ? "" : ", ") + component + " " + version;
-    std::printf("versions     %s\n", line.c_str());
+    std::printf("versions     %s\n", T(line).c_str());
   }
-  std::printf("config       %s\n", run.config().ShortDebugString().c_str());
+  std::printf("config       %s\n", T(run.config().ShortDebugString()).c_str());
+  // What the producer inferred rather than was told (an adapter's layout: expert parameters by name, ...).
+  if (auto it = run.extra().find("inferred"); it != run.extra().end()) {
+    std::printf("inferred     %s\n", T(it->second).c_str());  // one line, no escapes
+  }
   for (const pb::ProcessGroup& g : run.groups()) {
     std::string ranks;
     for (int i = 0; i < g.ranks_size(); ++i) ranks += (i ? ", " : "") + std::to_string(g.ranks(i));
-    std::printf("group        %-6s [%s]\n", g.name().c_str(), ranks.c_str());
+    std::printf("group        %-6s [%s]\n", T(g.name()).c_str(), ranks.c_str());
   }
-  std::printf("fingerprint  %s%s\n", run.model_fingerprint().c_str(),
+  std::printf("fingerprint  %s%s\n", T(run.model_fingerprint()).c_str(),
               run.model_fingerprint() == ModelFingerprint(run) ? "" : "  (does not match the parameter table!)");
   std::printf("index        %s\n", r.has_index() ? "yes" : "no (scanned)");
   std::printf("params       %d\n", run.params_size());
   std::printf("  %5s  %-48s %-20s %-5s %12s  %s\n", "id", "name", "shape", "dtype", "numel", "reduced");
   for (const pb::ParamInfo& p : run.params()) {
-    std::printf("  %5d  %-48s %-20s %-5s %12lld  %s\n", p.id(), p.name().c_str(), Shape(p).c_str(),
-                DTypeName(p.dtype()), static_cast<long long>(p.numel()), Reduction(p).c_str());
+    std::printf("  %5d  %-48s %-20s %-5s %12lld  %s\n", p.id(), T(p.name()).c_str(), Shape(p).c_str(),
+                DTypeName(p.dtype()), static_cast<long long>(p.numel()), T(Reduction(p)).c_str());
   }
   // Format 1.4: what tells a setup difference and compressed communication apart.
   int sketched = 0, compressed = 0;
@@ -110,7 +120,7 @@ void PrintRunInfo(const TraceReader& r) {
   if (run.config().comm_dtype() != pb::DTYPE_UNSPECIFIED || compressed > 0) {
     std::printf("comm         %s%s%s (%d parameters communicated in another dtype)\n",
                 DTypeName(run.config().comm_dtype()), run.config().comm_hook().empty() ? "" : " via ",
-                run.config().comm_hook().c_str(), compressed);
+                T(run.config().comm_hook()).c_str(), compressed);
   }
 }
 
@@ -163,6 +173,24 @@ Status InspectFile(const TraceSource& source, bool frames) {
                 f.raw_len, what.c_str());
   }
   std::printf("steps        %zu\n", steps.size());
+  // The micro-steps each optimizer step ran (its optimizer-step StepInfo carries the last one's index):
+  // gradtrace-diff takes them as gas when the config records none (diff/trace_set.cc, InferGas).
+  std::map<int64_t, int32_t> last_micro;  // per step, from the optimizer-step StepInfo and FINAL records
+  for (const pb::StepInfo& s : steps) {
+    if (s.optimizer_step()) last_micro[s.step()] = std::max(last_micro[s.step()], s.micro_step());
+  }
+  for (const auto& [key, tally] : buckets) {
+    if (std::get<2>(key) == pb::FINAL)
+      last_micro[std::get<0>(key)] = std::max(last_micro[std::get<0>(key)], std::get<1>(key));
+  }
+  std::set<int32_t> micro_counts;
+  for (const auto& [step, micro] : last_micro) micro_counts.insert(micro + 1);
+  if (micro_counts.size() == 1 && *micro_counts.begin() > 1 && r.run_info().config().gas() <= 1) {
+    std::printf(
+        "gas          %d micro-steps in every optimizer step, Config.gas records %d: gradtrace-diff infers "
+        "gas %d\n",
+        *micro_counts.begin(), r.run_info().config().gas(), *micro_counts.begin());
+  }
   if (!steps.empty())
     std::printf("  %6s %5s %14s %12s %12s %14s\n", "step", "micro", "loss", "valid_tokens", "lr", "grad_norm");
   for (const pb::StepInfo& s : steps) {
@@ -254,7 +282,7 @@ int Main(int argc, char** argv) {
   }
   int rc = 0;
   auto fail = [&rc](const Status& s) {
-    std::fprintf(stderr, "gradtrace-inspect: %s\n", s.message().c_str());
+    std::fprintf(stderr, "gradtrace-inspect: %s\n", T(s.message()).c_str());
     rc = 2;
   };
   for (const std::string& arg : paths) {

@@ -23,6 +23,7 @@
 #include "frame_io.h"
 #include "index_entry.h"
 #include "parse_limits.h"
+#include "regular_file.h"
 #include "validate.h"
 
 namespace gradtrace {
@@ -76,11 +77,12 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& sour
   std::unique_ptr<TraceReader> r(new TraceReader());
   const std::string& path = source.display();
   r->path_ = path;
-  r->file_ = std::fopen(source.path.c_str(), "rb");
-  if (r->file_ == nullptr) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+  // Regression (issue 20): a FIFO named rank-00001.gtrace blocked fopen() forever.
+  auto file = OpenRegularFile(source.path, path);
+  if (!file.ok()) return file.status();
+  r->file_ = *file;
   struct stat st;
   if (fstat(fileno(r->file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return Status::IoError(path + ": not a regular file");
   const uint64_t real_size = static_cast<uint64_t>(st.st_size);
   if (source.offset > real_size || source.size.value_or(0) > real_size - source.offset) {
     return Status::Truncated(path + ": window [" + std::to_string(source.offset) + ", +" +

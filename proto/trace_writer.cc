@@ -3,6 +3,10 @@
 // complete frames all read back.
 #include "trace_writer.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include <cerrno>
@@ -14,12 +18,76 @@
 #include "frame_io.h"
 #include "index_entry.h"
 #include "slice_codec.h"
+#include "trace_reader.h"
 #include "validate.h"
 
 namespace gradtrace {
 namespace {
 
 ZSTD_CCtx* Cctx(void* p) { return static_cast<ZSTD_CCtx*>(p); }
+
+// " (run 'ID' of PRODUCER on HOST)" from the RunInfo of the trace at `path`, or "" when it does not read.
+std::string RunOf(const std::string& path) {
+  auto r = TraceReader::Open(path);
+  if (!r.ok()) return "";
+  const pb::RunInfo& run = (*r)->run_info();
+  std::string s = " (run '" + run.run_id() + "'";
+  if (!run.producer().empty()) s += " of " + run.producer();
+  if (!run.host().empty()) s += " on " + run.host();
+  return s + ")";
+}
+
+// Whether a writer (of this process or another) holds `path`'s lock now.
+bool LockedByWriter(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // and with it the lock, if taken
+  return locked;
+}
+
+// `path` opened for writing as TraceWriter::Open's contract says: created exclusively (with `overwrite`, an
+// existing regular file truncated once this process holds its lock), and locked until closed.
+Expected<std::FILE*> CreateTraceFile(const std::string& path, bool overwrite) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  bool regular = true, truncate = false;
+  if (fd < 0 && errno == EEXIST) {
+    struct stat st;
+    const bool known = ::stat(path.c_str(), &st) == 0;
+    if (known && S_ISCHR(st.st_mode)) {
+      regular = false;
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    } else if (known && !S_ISREG(st.st_mode)) {
+      return Status::IoError(path + ": exists and is not a regular file");
+    } else if (LockedByWriter(path)) {
+      return Status::IoError(path + ": exists: another run is writing here now" + RunOf(path));
+    } else if (!overwrite) {
+      return Status::IoError(path + ": exists" + RunOf(path) + ": another run is writing here, or remove it first");
+    } else {
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      truncate = true;
+    }
+  }
+  if (fd < 0) return Status::IoError(path + ": cannot create: " + std::strerror(errno));
+  // The lock is what a later writer checks; released when the file is closed (or the process dies). On a
+  // filesystem without flock (ENOLCK, EINVAL, ENOSYS) the exclusive create alone keeps writers apart.
+  if (regular && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);  // another overwriting writer got here first
+    return Status::IoError(path + ": exists: another run is writing here now" + RunOf(path));
+  }
+  if (truncate && ::ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IoError(path + ": cannot truncate: " + std::strerror(err));
+  }
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (f == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IoError(path + ": cannot create: " + std::strerror(err));
+  }
+  return f;
+}
 
 }  // namespace
 
@@ -44,9 +112,9 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path
   if (Status s = ValidateRunInfo(info); !s.ok())
     return Status::InvalidArgument(path + ": invalid RunInfo: " + s.message());
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return Status::IoError(path + ": cannot create: " + std::strerror(errno));
-  std::unique_ptr<TraceWriter> w(new TraceWriter(path, f, options));
+  auto created = CreateTraceFile(path, options.overwrite);
+  if (!created.ok()) return created.status();
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, *created, options));
   w->run_ = std::move(info);
   w->zstd_ctx_ = ZSTD_createCCtx();
   if (w->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");

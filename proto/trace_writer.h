@@ -15,14 +15,25 @@ namespace gradtrace {
 struct WriterOptions {
   int zstd_level = 1;       // level 3 compresses gradients ~1% better at ~1.4x the CPU (docs/performance.md)
   bool write_index = true;  // index frame + footer at Close()
+  // false (the default): Open refuses a `path` that exists. true: it replaces a
+  // finished trace there -- never one another writer still holds open.
+  bool overwrite = false;
 };
 
 class TraceWriter {
  public:
-  // Creates (truncating) `path` and writes the file header and the RunInfo frame.
+  // Creates `path` and writes the file header and the RunInfo frame.
   // Fills in what the caller may leave empty: ParamInfo.numel (from shape) and
   // RunInfo.model_fingerprint; then checks RunInfo (validate.h) and refuses an
   // invalid one with InvalidArgument. IoError names the path and errno text.
+  // Two writers never share a file (two runs into one directory used to
+  // interleave their frames and corrupt both, each exiting 0): `path` is
+  // created exclusively, and the writer holds an exclusive lock (flock) on it
+  // until it closes. So IoError "<path>: exists: another run is writing here,
+  // or remove it first" (naming the run in it when its RunInfo reads), unless
+  // options.overwrite; and with it, IoError "<path>: another process is
+  // writing it now" while a writer holds the lock. A character device
+  // (/dev/null, /dev/full) is written as it is: it holds no trace to protect.
   static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path, const pb::RunInfo& run,
                                                      const WriterOptions& options = {});
   ~TraceWriter();  // closes without index if Close() was not called

@@ -115,7 +115,8 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
     }
     if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
     // 1.4 precision chain and initial-weight sketch.
-    for (auto [field, dtype] : {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}}) {
+    for (auto [field, dtype] :
+         {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}, {"accum_dtype", p.accum_dtype()}}) {
       if (dtype != pb::DTYPE_UNSPECIFIED && DTypeSize(dtype) == 0) {
         return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
       }

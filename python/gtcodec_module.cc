@@ -394,12 +394,14 @@ pb::Phase ParsePhase(const py::handle& h) {
 
 class PyWriter {
  public:
-  PyWriter(const std::string& path, const std::string& run_info_json, int zstd_level, bool write_index) {
+  PyWriter(const std::string& path, const std::string& run_info_json, int zstd_level, bool write_index,
+           bool overwrite) {
     pb::RunInfo run = RunInfoFromJson(run_info_json);
     if (run.model_fingerprint().empty()) run.set_model_fingerprint(ModelFingerprint(run));
     WriterOptions options;
     options.zstd_level = zstd_level;
     options.write_index = write_index;
+    options.overwrite = overwrite;
     Expected<std::unique_ptr<TraceWriter>> w = [&] {
       py::gil_scoped_release release;
       return TraceWriter::Open(path, run, options);
@@ -577,8 +579,9 @@ PYBIND11_MODULE(_gtcodec, m) {
       .def_property_readonly("raw_bytes", [](const PyReader& r) { return r.reader().raw_bytes(); });
 
   py::class_<PyWriter>(m, "Writer")
-      .def(py::init<const std::string&, const std::string&, int, bool>(), py::arg("path"), py::arg("run_info_json"),
-           py::arg("zstd_level") = WriterOptions{}.zstd_level, py::arg("write_index") = true)
+      .def(py::init<const std::string&, const std::string&, int, bool, bool>(), py::arg("path"),
+           py::arg("run_info_json"), py::arg("zstd_level") = WriterOptions{}.zstd_level, py::arg("write_index") = true,
+           py::arg("overwrite") = false)
       .def("run_info_json", &PyWriter::run_info_json)
       .def("write_step", &PyWriter::write_step, py::arg("step"))
       .def("write_bucket", &PyWriter::write_bucket, py::arg("header"), py::arg("slices"))

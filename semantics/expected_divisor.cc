@@ -1,6 +1,7 @@
 #include "expected_divisor.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "degrees.h"
 #include "loss_recipes.h"
@@ -25,6 +26,20 @@ double ExpectedDivisor(const pb::Config& c, pb::ParamKind kind, int group_size) 
   }
   if (SplitRanksSumToSequenceLoss(c.loss()) && group_size % split == 0) return group_size / double(split);
   return group_size;
+}
+
+bool ModelParallelReduction(const pb::ParamInfo& param, const std::string& group) {
+  if (group == "tp") return true;
+  static const char* const kDataParallel[] = {"dp",           "sp",    "cp",    "sdp",       "dp_cp",
+                                              "edp",          "world", "shard", "replicate", "dp_shard",
+                                              "dp_replicate", "fsdp",  "hsdp",  "ddp"};
+  if (param.kind() != pb::REPLICATED || group.empty() || group != param.grad_group()) return false;
+  return std::none_of(std::begin(kDataParallel), std::end(kDataParallel), [&](const char* n) { return group == n; });
+}
+
+double ExpectedDivisorOver(const pb::Config& c, const pb::ParamInfo& param, const ReductionOver& r) {
+  if (ModelParallelReduction(param, r.group)) return r.identical_inputs ? r.group_size : 1;
+  return ExpectedDivisor(c, param.kind(), r.group_size);
 }
 
 const char* ParamKindName(pb::ParamKind kind) {

@@ -95,13 +95,13 @@ class DDPCapture(Capture):
         self._pending = []  # (step, micro, bucket id, layout, PRE, future) of a user hook's buckets, until _flush
         model.register_comm_hook(self.hook_state, self._hook)
 
-    # Clean exits: nothing of gradtrace's runs or is released on the process group's thread. A
-    # fut.then(record) callback ran there, and torch released it there only after completing the future
-    # DDP waits on; when that thread had not got the GIL back before the main thread reached interpreter
-    # teardown, CPython ended it with pthread_exit inside a noexcept destructor: "terminate called
-    # without an active exception" (python/README.md, DDP). So the default all-reduce is waited for in
-    # the hook and a hook of the user's is recorded in an autograd final callback, both on the thread
-    # that runs backward.
+    # Clean exits: nothing of gradtrace's runs or is freed on the process group's thread. A
+    # fut.then(record) callback ran there, and torch freed it there only after completing the future
+    # DDP waits on; when that thread ran again only after the main thread had reached interpreter
+    # teardown, taking the GIL made CPython end it with pthread_exit inside a noexcept destructor:
+    # "terminate called without an active exception" (python/README.md, DDP). So the default
+    # all-reduce is waited for in the hook (its works kept in _LAST_WORKS) and a hook of the user's is
+    # recorded in an autograd final callback, both on the thread that runs backward.
     def _hook(self, state, bucket):
         rec = self.recorder
         if not (rec.wants("PRE_REDUCE") or rec.wants("POST_REDUCE")):
@@ -147,9 +147,8 @@ class DDPCapture(Capture):
         rec = self.recorder
         pending, self._pending = self._pending, []
         for step, micro, index, layout, pre, fut in pending:
-            result = fut.wait()
             if (step, micro) == (rec.step, rec.micro):  # else left by a backward that raised
-                self._write(index, layout, pre, result)
+                self._write(index, layout, pre, fut.wait())
 
     def _write(self, index, layout, pre, result):
         rec = self.recorder

@@ -40,6 +40,7 @@ import math
 
 from .adapter_base import Capture, make_layout
 from .dtensor import block_pieces, local_index
+from .dtypes import torch_dtype_name
 from .rank_recorder import RankRecorder
 
 log = logging.getLogger("gradtrace")
@@ -110,10 +111,15 @@ class FSDP2Capture(Capture):
         self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
         # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.
         self._flush_handle = model.register_forward_pre_hook(lambda *_: self.flush())
+        # MixedPrecisionPolicy: gradients computed in param_dtype and reduced in reduce_dtype (format 1.4's chain).
+        compute, reduce = self._mixed_precision()
+        precision = {"dtype": torch_dtype_name(compute)} if compute is not None else {}
+        options.setdefault("comm_dtype", reduce)
         recorder = RankRecorder(model.named_parameters(), out_dir, framework="pytorch-fsdp2",
                                 framework_version=torch.__version__.split("+")[0], layout=layout,
-                                optimizer=optimizer,
-                                config={"scaling": "mean", "zero_stage": 3, **options.pop("config", {})}, **options)
+                                optimizer=optimizer, grad_dtype=compute,
+                                config={"scaling": "mean", "zero_stage": 3, **precision, **options.pop("config", {})},
+                                **options)
         super().__init__(recorder, model, optimizer)
         self._handles.append(self._flush_handle)
         self.unrecordable: dict[str, str] = {}
@@ -177,6 +183,20 @@ class FSDP2Capture(Capture):
         divisor = float(world) if _is_avg(op) and self.group == "dp" else 0.0
         self._pending.append((bucket_id, mine, numel, divisor))
         return work
+
+    def _mixed_precision(self):
+        """(compute dtype, reduce dtype) of the model's MixedPrecisionPolicy: the coarsest param_dtype and
+        reduce_dtype over its FSDP parameters (None where the policy leaves the parameter's own)."""
+        import torch
+
+        def coarsest(dtypes):
+            dtypes = [d for d in dtypes if d is not None]
+            return max(dtypes, key=lambda d: torch.finfo(d).eps) if dtypes else None
+
+        # The modules' policies (FSDPParam copies them only at the lazy init of the first forward).
+        policies = [getattr(m._get_fsdp_state(), "_mp_policy", None) for m, _ in self.param_groups]
+        policies = [p for p in policies if p is not None]
+        return (coarsest(p.param_dtype for p in policies), coarsest(p.reduce_dtype for p in policies))
 
     def flush(self) -> None:
         """Writes the POST_REDUCE records whose reduce-scatter FSDP has finished."""

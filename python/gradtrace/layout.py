@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 
 DEGREES = ("dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate")  # conventional group names that are degrees
 KINDS = ("DENSE", "EXPERT", "TP_SHARD", "REPLICATED")
+# Expert parameters of the common MoE layouts, by name: HF Mixtral/Qwen-MoE `...experts.3.w1`, Megatron
+# `...experts.local_experts.0...`, DeepSpeed `...deepspeed_experts.0...`, torchtitan's grouped `moe.experts.w1`.
+# Not `shared_experts.` / `shared_expert.` (dense: every token passes them) nor the router (`gate`).
+EXPERT_NAMES = r"(^|\.)(local_|deepspeed_)?experts\."
 _RULE_KEYS = {"kind", "grad_group", "partition_dim", "shard_count"}
 
 
@@ -34,6 +38,18 @@ def group_ranks(group) -> list[int]:
     if group is None:
         return list(range(tdist.get_world_size()))
     return [int(r) for r in tdist.get_process_group_ranks(group)]
+
+
+def _edp_from_ep(ep: list[int], world: int, rank: int) -> list[int]:
+    """The ranks holding the same experts as this one: those at its position in their own ep group."""
+    import torch.distributed as tdist
+
+    groups = [ep]
+    if world > 1 and tdist.is_available() and tdist.is_initialized():
+        groups = [None] * world
+        tdist.all_gather_object(groups, list(ep))
+    mine = ep.index(rank)
+    return [r for r, g in enumerate(groups) if g and r in g and g.index(r) == mine] if world > 1 else [rank]
 
 
 def world_and_rank() -> tuple[int, int]:
@@ -61,6 +77,7 @@ class Layout:
     default_group: str = "dp"
     default_kind: str = "DENSE"
     gas_given: bool = True
+    inferred: list = field(default_factory=list)  # what infer() decided that no keyword said, one sentence each
 
     @classmethod
     def infer(cls, groups: dict | None = None, *, rules=(), default_group: str | None = None,
@@ -93,7 +110,20 @@ class Layout:
                      gas_given=gas is not None)
         for pattern, fields in rules:
             layout.add_rule(pattern, **fields)
+        if "ep" in resolved and not any(f.get("kind") == "EXPERT" for _, f in rules):
+            layout._infer_experts()
         return layout
+
+    def _infer_experts(self) -> None:
+        """Expert parallelism declared (an "ep" group) without an EXPERT rule: expert parameters are found
+        by name (EXPERT_NAMES) and reduced over their expert-data-parallel group, which, when not given, is
+        the ranks at this rank's position in their own ep group (a collective: every rank attaches)."""
+        if "edp" not in self.groups:
+            self.groups["edp"] = _edp_from_ep(self.groups["ep"], self.world, self.rank)
+            self.degrees.setdefault("edp", len(self.groups["edp"]))
+            self.inferred.append(f"edp group {self.groups['edp']} from every rank's ep group")
+        self.add_rule(EXPERT_NAMES, kind="EXPERT", grad_group="edp")
+        self.inferred.append(f"expert parameters by name ({EXPERT_NAMES}), reduced over edp")
 
     def add_rule(self, pattern: str, **fields) -> None:
         """Parameters whose name matches ``pattern`` (re.search) get these ParamInfo fields."""

@@ -140,7 +140,9 @@ class RankRecorder:
     ``params`` (a regex: only matching parameters are written; the table keeps them all so that
     fingerprints agree), ``phases``, ``run_id``, ``loss`` (the recipe's name), ``loss_description``
     (in words), ``config`` (more Config fields), ``extra`` (RunInfo.extra), ``shape_of`` (a parameter's
-    full shape when its tensor is a placeholder, as ZeRO-3's are).
+    full shape when its tensor is a placeholder, as ZeRO-3's are), and format 1.4's dtype chain:
+    ``comm_dtype`` (the dtype gradients are communicated in, e.g. a compression hook's), ``comm_hook``
+    (the hook's name), ``grad_dtype`` and ``accum_dtype`` (default: each parameter's own dtype).
 
     ``micro_steps``: the forwards (``begin_micro_step`` calls) of each optimizer step ended so far;
     ``inferred_gas`` their common count. :meth:`warn_unfinished` (adapters call it at close) warns
@@ -151,7 +153,8 @@ class RankRecorder:
                  layout: Layout | None = None, packages=(), mode: str = "full", steps=None, params: str | None = None,
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
-                 producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = ""):
+                 producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
+                 accum_dtype=None):
         import torch.distributed as tdist
 
         loss_recipes.check(loss)
@@ -191,7 +194,10 @@ class RankRecorder:
             shape = shape_of(p) if shape_of is not None else _full_shape(p)
             self.shapes.append([int(x) for x in shape])
             table.append({"name": name, "shape": shape, "dtype": torch_dtype_name(p.dtype),
-                          "grad_dtype": torch_dtype_name(p.dtype), **self.layout.param_fields(name),
+                          "grad_dtype": torch_dtype_name(grad_dtype if grad_dtype is not None else p.dtype),
+                          # .grad accumulates in the parameter's own dtype (FSDP2: in its sharded gradient's)
+                          "accum_dtype": torch_dtype_name(accum_dtype if accum_dtype is not None else p.dtype),
+                          **self.layout.param_fields(name),
                           **_comm_fields(comm_dtype), "init_sketch": init_sketch(p, shape)})
         self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
         run_id = agree_run_id(run_id)
@@ -213,7 +219,8 @@ class RankRecorder:
             "host": socket.gethostname(),
             "params": table,
             "created_unix_ns": time.time_ns(),
-            "extra": {"argv": " ".join(sys.argv)[:4096], **(extra or {})},
+            "extra": {"argv": " ".join(sys.argv)[:4096],
+                      **({"inferred": "; ".join(self.layout.inferred)} if self.layout.inferred else {}), **(extra or {})},
             **self.layout.run_fields(),
         }
         os.makedirs(out_dir, exist_ok=True)

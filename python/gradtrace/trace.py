@@ -63,7 +63,7 @@ def _run_info_to_json(run_info: dict) -> str:
         p.setdefault("id", i)
         p["shape"] = [int(d) for d in p.get("shape", [])]
         p.setdefault("numel", int(np.prod(p["shape"], dtype=np.int64)))
-        for key in ("dtype", "grad_dtype", "comm_dtype"):
+        for key in ("dtype", "grad_dtype", "comm_dtype", "accum_dtype"):
             if key in p:
                 p[key] = _proto_dtype(p[key])
         params.append(p)
@@ -243,8 +243,11 @@ def _trace_error(message: str, code: str) -> Exception:
 class TraceWriter:
     """Writes one rank's trace file through the C++ codec.
 
-    ``TraceWriter(path, run_info)`` creates (truncates) ``path`` and writes
-    the file header and the RunInfo frame. ``run_info`` is a dict in the shape
+    ``TraceWriter(path, run_info)`` creates ``path`` and writes the file
+    header and the RunInfo frame. ``path`` must not exist (TraceError
+    "<path>: exists ...", naming the run in it): two runs writing one file
+    would corrupt both. ``overwrite=True`` replaces a finished trace on
+    purpose; a file another writer still holds open is refused even then. ``run_info`` is a dict in the shape
     :attr:`TraceReader.run_info` returns (proto field names; see
     proto/gradtrace.proto), with conveniences: each parameter's ``id``
     defaults to its index and ``numel`` to the product of its ``shape``;
@@ -260,12 +263,12 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike, run_info: dict, *, mode: str = "full", zstd_level: int | None = None,
-                 write_index: bool = True):
+                 write_index: bool = True, overwrite: bool = False):
         self.path = os.fspath(path)
         self.mode = _gtcodec.parse_capture_mode(mode)
         # None: the C++ writer's default (WriterOptions, docs/performance.md), not a copy of it.
         args = (self.path, _run_info_to_json(run_info)) + (() if zstd_level is None else (zstd_level,))
-        self._writer = _gtcodec.Writer(*args, write_index=write_index)
+        self._writer = _gtcodec.Writer(*args, write_index=write_index, overwrite=overwrite)
         self.run_info: dict = _run_info_from_json(self._writer.run_info_json())
         self.closed = False
 

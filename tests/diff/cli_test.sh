@@ -205,9 +205,102 @@ grep -q "Verdict over 3 steps: ok" "$work/out" || fail "--self --step all: no ve
 grep -q '"mode": "self-steps"' "$work/self_steps.json" || fail "--self --step all: JSON mode is not self-steps"
 expect 2 "$diff_bin" "$work/ref3" "$work/ref3" --step all --shard 0/2 --json "$work/part.json"
 expect_one_line_error "--step all does not take --shard"
+# gas left unrecorded (issue 19): inspect shows the micro-steps and the inference, the diff states it.
+"$synth" "$work/gas4" --gas 4 --recorded-gas 1
+"$inspect_bin" "$work/gas4/rank-00000.gtrace" > "$work/inspect_gas4.txt" || fail "inspect gas4: exit $?"
+grep -q "gas          4 micro-steps in every optimizer step, Config.gas records 1: gradtrace-diff infers gas 4" \
+  "$work/inspect_gas4.txt" || fail "inspect: no gas inference line"
+expect 0 "$diff_bin" "$work/ref" "$work/gas4" --json "$work/gas4.json"
+grep -q "B: gas 4 inferred from the 4 micro-steps" "$work/gas4.json" || fail "diff: the gas inference is not said"
 # Without --step every common step is compared (issue 19): the 3-step pair gets a row per step.
 expect 0 "$diff_bin" "$work/ref3" "$work/ref3" --json "$work/default_steps.json"
 grep -q "Step 0, the first" "$work/out" || fail "default diff: no step table"
+
+# Issue 20: nothing received can hang, crash or inject. Errors are exit 2 and exactly one line.
+expect_stderr() {  # LINE: stderr is exactly LINE
+  [ "$(cat "$work/err")" = "$1" ] || fail "stderr is '$(cat "$work/err")', want '$1'"
+}
+# A FIFO named like a trace (or given directly) blocked every reader in open() forever.
+mkdir "$work/fifo" && cp "$work/sp2/rank-00000.gtrace" "$work/fifo/" && mkfifo "$work/fifo/rank-00001.gtrace"
+expect 2 timeout 20 "$diff_bin" --self "$work/fifo"
+expect_stderr "gradtrace-diff: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+expect 2 timeout 20 "$diff_bin" "$work/ref" "$work/fifo"
+expect_stderr "gradtrace-diff: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+expect 2 timeout 20 "$inspect_bin" --verify "$work/fifo"
+expect_stderr "gradtrace-inspect: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+grep -q '^verify       ok' "$work/out" || fail "inspect --verify: the regular rank beside the FIFO was not verified"
+expect 2 timeout 20 "$inspect_bin" "$work/fifo/rank-00001.gtrace"
+expect_stderr "gradtrace-inspect: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+expect 2 timeout 20 "$diff_bin" --merge "$work/fifo/rank-00001.gtrace"
+expect_stderr "gradtrace-diff: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+# Invalid UTF-8 (a directory named with byte 0xFF; a rename that cuts the two-byte 'é') aborted the JSON
+# output with nlohmann's type_error.316 (exit 134): each invalid byte is written as U+FFFD.
+ff="$work/d"$'\xff'
+cp -r "$work/ref" "$ff"
+expect 0 "$diff_bin" --self "$ff" --json "$work/ff.json"
+grep -qF "\"dir\": \"$work/d"$'\xef\xbf\xbd'"\"," "$work/ff.json" || fail "0xFF in a path: not U+FFFD in the JSON"
+"$synth" "$work/ete" --prefix 'été.'
+"$synth" "$work/ete2" --prefix 'été.' --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean
+expect 1 "$diff_bin" "$work/ete" "$work/ete2" --rename $'^(.)\xa9=$1' --json "$work/ete.json"
+grep -qF '"name": "'$'\xef\xbf\xbd''té.head.weight",' "$work/ete.json" || fail "cut character: not U+FFFD in the JSON"
+"$python" -c 'import json, sys; json.load(open(sys.argv[1], encoding="utf-8"))' "$work/ete.json" \
+  || fail "cut character: the JSON is not UTF-8"
+# Names, the recorded scaling and the run id from a trace went out as raw HTML and terminal escapes; a
+# backtick closed the name's code span and a carriage return ended its table row.
+hostile=$'a`b\r|<img src=x onerror=alert(1)>\x1b[2J.'
+"$synth" "$work/inj" --prefix "$hostile"
+"$synth" "$work/inj2" --prefix "$hostile" --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean \
+  --recorded-scaling '<svg onload=alert(1)>|x' --run-id $'r\x1b]0;title\x07'
+expect 1 "$diff_bin" "$work/inj" "$work/inj2" --markdown "$work/inj.md"
+grep -q $'[\033\r]' "$work/out" && fail "a control byte from a trace reached the terminal: $(cat -v "$work/out")"
+grep -qF 'scaled     ...mg src=x onerror=alert(1)>\x1b[2J.head.weight ' "$work/out" \
+  || fail "text report: the name's control bytes not shown as escapes: $(sed -n 6,7p "$work/out")"
+expect 0 "$inspect_bin" "$work/inj2/rank-00000.gtrace"
+grep -q $'[\033\r\a]' "$work/out" && fail "inspect: a control byte from a trace reached the terminal"
+grep -qF 'run id       r\x1b]0;title\x07' "$work/out" || fail "inspect: run id not escaped: $(grep run "$work/out")"
+if "$python" -c 'import markdown_it' 2>/dev/null; then
+  # Rendered as GitHub does (tables) and with raw HTML allowed, as markdown-it can be configured.
+  "$python" - "$work/inj.md" <<'PY' || fail "Markdown report: renders hostile trace strings unsafely"
+import html.parser, sys
+from markdown_it import MarkdownIt
+rendered = MarkdownIt("commonmark", {"html": True}).enable("table").render(open(sys.argv[1], encoding="utf-8").read())
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.code, self.cells, self.open = set(), [], [], None
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if tag in ("code", "td"):
+            self.open = tag
+            (self.code if tag == "code" else self.cells).append("")
+    def handle_endtag(self, tag):
+        self.open = None if tag == self.open else self.open
+    def handle_data(self, data):
+        if self.open:
+            (self.code if self.open == "code" else self.cells)[-1] += data
+page = Page()
+page.feed(rendered)
+assert not page.tags & {"img", "svg", "script"}, page.tags
+names = [c for c in page.code if c.startswith("a`b\\x0d|<img src=x onerror=alert(1)>\\x1b[2J.")]
+assert len(names) == 14 and "a`b\\x0d|<img src=x onerror=alert(1)>\\x1b[2J.head.weight" in names, page.code
+assert page.cells.count("scaled") == 14, page.cells  # one table row per parameter
+assert "<svg onload=alert(1)>|x" in page.cells, page.cells  # the recorded scaling, as text
+PY
+else
+  echo "note: markdown-it-py not installed in $python; Markdown rendering not checked" >&2
+fi
+# --merge on crafted partial reports: 50,000 nested arrays overflowed the stack (SIGSEGV); shard.n = 2^31-1
+# and param_count = 1e9 sized vectors before any check (bad_alloc, SIGABRT).
+head -c 50000 /dev/zero | tr '\0' '[' >"$work/deep.json"
+expect 2 "$diff_bin" --merge "$work/deep.json"
+expect_stderr "gradtrace-diff: $work/deep.json: nested deeper than 64 arrays and objects (byte 64)"
+sed 's/^    "n": 3$/    "n": 2147483647/' "$work/parts3/part-0.json" >"$work/huge-n.json"
+expect 2 "$diff_bin" --merge "$work/huge-n.json"
+expect_stderr "gradtrace-diff: --merge: shard 1/2147483647 missing (parts given: $work/huge-n.json)"
+sed 's/^  "param_count": [0-9]*,$/  "param_count": 1000000000,/' "$work/parts3/part-0.json" >"$work/huge-count.json"
+expect 2 "$diff_bin" --merge "$work/huge-count.json" "$work/parts3/part-1.json" "$work/parts3/part-2.json"
+expect_stderr "gradtrace-diff: --merge: parameter index 14 of 1000000000 is in no part (parts given: \
+$work/huge-count.json, $work/parts3/part-1.json, $work/parts3/part-2.json)"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2

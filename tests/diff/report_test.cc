@@ -93,6 +93,57 @@ TEST(Reports, SelfCheckRendersToo) {
   EXPECT_NE(RenderMarkdown(*r).find("| divisor |"), std::string::npos);
 }
 
+// Issue 20: every string from a trace goes out escaped for its output. These names hold a backtick (it closed
+// the code span), a carriage return and a '|' (they ended the table row), raw HTML, and a terminal escape
+// sequence (it cleared the screen); the recorded scaling holds raw HTML too.
+constexpr char kHostilePrefix[] = "a`b\r|<img src=x onerror=alert(1)>\x1b[2J.";
+
+Report HostileReport() {
+  testing::SynthSpec a = Reference(), b = Config(1, 2, 2, "ds-4530", "local-mean");
+  a.name_prefix = b.name_prefix = kHostilePrefix;
+  b.recorded_scaling = "<svg onload=alert(1)>|x";
+  auto r = RunDiff(Synth("hostile-a", a), Synth("hostile-b", b), {});
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return std::move(*r);
+}
+
+TEST(Reports, MarkdownEscapesEveryStringFromATrace) {
+  const std::string m = RenderMarkdown(HostileReport());
+  EXPECT_EQ(Count(m, "<img"), 14);  // inside the 14 code spans below, where it is text
+  EXPECT_EQ(m.find("<svg"), std::string::npos);
+  EXPECT_EQ(m.find('\r'), std::string::npos);
+  EXPECT_EQ(m.find('\x1b'), std::string::npos);
+  // One row per parameter, its name one code span (fenced past the backtick) that shows it as it is.
+  EXPECT_EQ(Count(m, "\n| scaled | ``a`b\\x0d\\|<img src=x onerror=alert(1)>\\x1b[2J."), 14) << m;
+  EXPECT_NE(m.find("\n| scaled | ``a`b\\x0d\\|<img src=x onerror=alert(1)>\\x1b[2J.head.weight`` | 1024 | 2 |"),
+            std::string::npos);
+  EXPECT_NE(m.find("\n| scaling | mean | &lt;svg onload=alert(1)&gt;\\|x |\n"), std::string::npos) << m;
+}
+
+TEST(Reports, TextShowsControlBytesFromATraceAsEscapes) {
+  const Report r = HostileReport();
+  for (bool colour : {false, true}) {
+    const std::string t = RenderText(r, colour);
+    EXPECT_EQ(t.find('\r'), std::string::npos);
+    EXPECT_EQ(t.find("\x1b[2J"), std::string::npos);  // ESC [ 2 J: erase the screen
+    EXPECT_EQ(Count(t, "\\x1b[2J."), 14);
+  }
+  EXPECT_EQ(RenderText(r, false).find('\x1b'), std::string::npos);
+}
+
+// Issue 20: a directory named with byte 0xFF, or a rename that cuts a two-byte character, ended in nlohmann's
+// uncaught type_error.316 (SIGABRT). Invalid bytes are written as U+FFFD.
+TEST(Reports, JsonReplacesInvalidUtf8InPathsAndNames) {
+  Report r = Sp2Report();
+  r.a.dir = "traces/d\xff";
+  r.params[0].name = "\xc3t\xc3\xa9";  // 'ete' with its first two-byte character cut after one byte
+  std::string text;
+  ASSERT_NO_THROW(text = RenderJson(r));
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["trace_a"]["dir"], "traces/d\xef\xbf\xbd");
+  EXPECT_EQ(j["params"][0]["name"], "\xef\xbf\xbdt\xc3\xa9");
+}
+
 TEST(AtomicFile, ReplacesWholeOrLeavesUntouched) {
   std::string dir = testing::FreshDir("out");
   std::filesystem::create_directories(dir);

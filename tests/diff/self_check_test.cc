@@ -132,6 +132,50 @@ TEST(SelfCheck, ExpectedDivisorOfExperts) {
   EXPECT_EQ(semantics::ExpectedDivisor(t, pb::EXPERT, 4), 4);
 }
 
+// Issue 19: the divisor depends on the group a reduction ran over. Megatron-style TP + sequence
+// parallelism: a norm replicated on every tp rank holds each rank's tokens' partial sum, summed over
+// tp (divisor 1), then averaged over dp (tests/python/test_megatron_self.py measures both).
+TEST(SelfCheck, ExpectedDivisorDependsOnTheReductionsGroup) {
+  pb::Config c;
+  c.set_dp(4);
+  c.set_tp(2);
+  c.set_loss("local-mean");
+  pb::ParamInfo norm;
+  norm.set_kind(pb::REPLICATED);
+  norm.set_grad_group("tp");
+  EXPECT_TRUE(semantics::ModelParallelReduction(norm, "tp"));
+  EXPECT_FALSE(semantics::ModelParallelReduction(norm, "dp"));
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, norm, {"tp", 2, false}), 1);
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, norm, {"dp", 4, false}), 4);
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, norm, {"dp", 4, false}),
+            semantics::ExpectedDivisor(c, pb::REPLICATED, 4));
+  // Identical copies over tp (no sequence parallelism: every tp rank computed the whole gradient):
+  // only their mean keeps it; summing them is tp x.
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, norm, {"tp", 2, true}), 2);
+  // A data-parallel reduction is judged as before, identical inputs or not.
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, norm, {"dp", 4, true}), 4);
+  // Any parameter reduced over "tp" (a norm left DENSE over dp by the adapter's default) ...
+  pb::ParamInfo dense;
+  dense.set_kind(pb::DENSE);
+  dense.set_grad_group("dp");
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, dense, {"tp", 2, false}), 1);
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, dense, {"dp", 4, false}), 4);
+  // ... and a REPLICATED parameter over its own model-parallel grad_group, whatever its name (a
+  // DeviceMesh dim), but not over a data-parallel group it names.
+  pb::ParamInfo mesh = norm;
+  mesh.set_grad_group("model");
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, mesh, {"model", 2, false}), 1);
+  pb::ParamInfo over_dp = norm;
+  over_dp.set_grad_group("dp");
+  EXPECT_FALSE(semantics::ModelParallelReduction(over_dp, "dp"));
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, over_dp, {"dp", 4, false}), 4);
+  pb::ParamInfo shard_group = norm;
+  shard_group.set_grad_group("shard");
+  EXPECT_FALSE(semantics::ModelParallelReduction(shard_group, "shard"));
+  // Unrecorded kinds (format 1.0/1.1) over a data-parallel group: the recipe's divisor, as before.
+  EXPECT_EQ(semantics::ExpectedDivisorOver(c, pb::ParamInfo(), {"dp", 4, false}), 4);
+}
+
 SynthSpec ExpertSpec(bool correct) {
   SynthSpec s = Config(4, 1, 0, "mean", "token-weighted");
   s.experts = {"layers.1.mlp.fc1.weight", "layers.1.mlp.fc2.weight"};

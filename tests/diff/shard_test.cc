@@ -4,6 +4,8 @@
 #include "shard.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "atomic_file.h"
 #include "diff_engine.h"
+#include "json_io.h"
 #include "merge.h"
 #include "partial_report.h"
 #include "test_dirs.h"
@@ -385,7 +388,8 @@ TEST_F(MergeErrors, MalformedFilesAreOneLineNamingTheFile) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().message().rfind(cut + ": not JSON: parse error at line ", 0), 0u) << m.status().message();
 
-  ExpectError({parts_[0], parts_[1], dir_ + "/absent.json"}, dir_ + "/absent.json: cannot open");
+  ExpectError({parts_[0], parts_[1], dir_ + "/absent.json"},
+              dir_ + "/absent.json: cannot open: No such file or directory");
   std::string path = Edited([](json& j) { j["params"][0]["scale"] = "two"; });
   ExpectError({parts_[0], parts_[1], path},
               path +
@@ -412,6 +416,58 @@ TEST_F(MergeErrors, MalformedFilesAreOneLineNamingTheFile) {
   ExpectError({full}, full +
                           ": not a gradtrace-diff partial report: kind: missing: this is a full report; --merge "
                           "reads the files --shard K/N --json wrote");
+}
+
+// Issue 20: --merge crashed on crafted partial reports. Each is now one line naming the file, with nothing
+// allocated from a count the file states.
+TEST_F(MergeErrors, DeepNestingIsRefusedBeforeParsing) {
+  // 50,000 nested arrays overflowed the stack (SIGSEGV).
+  const std::string path = dir_ + "/deep.json";
+  ASSERT_TRUE(WriteFileAtomic(path, std::string(50000, '[') + std::string(50000, ']')).ok());
+  ExpectError({parts_[0], parts_[1], path}, path + ": nested deeper than 64 arrays and objects (byte 64)");
+  // Brackets in a string are text, not nesting.
+  const std::string quoted = Edited([](json& j) { j["notes"].push_back(std::string(1000, '[')); });
+  EXPECT_TRUE(MergeParts({parts_[0], parts_[1], quoted}).ok());
+}
+
+TEST_F(MergeErrors, AHugeShardCountAllocatesNothing) {
+  // shard.n = 2^31-1 sized a vector of n entries before any check: bad_alloc, SIGABRT.
+  const std::string path = Edited([](json& j) { j["shard"] = {{"k", 2}, {"n", 2147483647}}; });
+  ExpectError({path}, "--merge: shard 0/2147483647 missing (parts given: " + path + ")");
+  const std::string beyond = Edited([](json& j) { j["shard"] = {{"k", 2}, {"n", 2147483648}}; });
+  ExpectError({beyond}, beyond + ": not a gradtrace-diff partial report: shard: 2/2147483648 is not K/N");
+}
+
+TEST_F(MergeErrors, AHugeParameterCountAllocatesNothing) {
+  // param_count = 1e9 sized a vector of 1e9 entries before any check: bad_alloc, SIGABRT.
+  size_t given = 0;
+  for (const std::string& part : parts_) given += json::parse(ReadFile(part))["params"].size();
+  json j = json::parse(ReadFile(parts_[0]));  // the merged report takes shard 0's count
+  j["param_count"] = 1000000000;
+  const std::string first = dir_ + "/count.json";
+  ASSERT_TRUE(WriteFileAtomic(first, j.dump(2)).ok());
+  ExpectError({first, parts_[1], parts_[2]}, "--merge: parameter index " + std::to_string(given) +
+                                                 " of 1000000000 is in no part (parts given: " + first + ", " +
+                                                 parts_[1] + ", " + parts_[2] + ")");
+}
+
+TEST_F(MergeErrors, AHugeStringIsRefusedBeforeParsing) {
+  // A 190 MB string cost 1.37 GB; no string gradtrace writes comes near kMaxJsonString (1 MiB).
+  const std::string path = Edited([](json& j) { j["noise_dir"] = std::string(kMaxJsonString + 1, 'x'); });
+  const size_t at = ReadFile(path).find("\"xxx");
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": string longer than 1048576 bytes (byte " + std::to_string(at) + ")");
+  const std::string fits = Edited([](json& j) { j["noise_dir"] = std::string(kMaxJsonString, 'x'); });
+  EXPECT_TRUE(ReadPartialJson(fits).ok());
+}
+
+TEST_F(MergeErrors, AFifoIsRefusedWithoutBlocking) {
+  // A FIFO blocked the read in open() until some process opened it for writing: forever.
+  const std::string fifo = dir_ + "/part-fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(20);  // a regression fails (SIGALRM) instead of hanging
+  ExpectError({parts_[0], parts_[1], fifo}, fifo + ": not a regular file (a FIFO)");
+  ::alarm(0);
 }
 
 TEST_F(MergeErrors, AParameterInTwoPartsIsRefused) {

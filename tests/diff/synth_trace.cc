@@ -144,6 +144,12 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     const bool expert = spec.experts.count(spec.params[i].name) > 0;
     p->set_kind(expert ? pb::EXPERT : pb::DENSE);
     p->set_grad_group(expert ? "edp" : "sdp");
+    if (!spec.accum_dtype.empty()) {
+      pb::DType accum = pb::DTYPE_UNSPECIFIED;
+      if (!ParseDType(spec.accum_dtype, &accum))
+        return Status::InvalidArgument("accum dtype '" + spec.accum_dtype + "'");
+      p->set_accum_dtype(accum);
+    }
     if (spec.init_seed != 0) {
       for (int64_t pos : InitSketchPositions(p->numel())) {
         p->add_init_sketch(RoundFp32(Unit(spec.init_seed * 7919 + HashName(p->name()) + pos * 131) - 0.5));

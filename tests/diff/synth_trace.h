@@ -75,6 +75,7 @@ struct SynthSpec {
   std::string comm_dtype;           // "fp16"/"bf16": every POST_REDUCE value rounds through it (Config.comm_dtype)
   std::string comm_hook;            // Config.comm_hook
   bool record_comm_dtype = true;    // false: round through comm_dtype without saying so (a 1.3 producer)
+  std::string accum_dtype;          // ParamInfo.accum_dtype of every parameter ("" = not recorded)
 };
 
 // Writes rank-NNNNN.gtrace files for `spec` into `dir` (created if needed).

@@ -170,6 +170,26 @@ TEST(UnseenClients, CompressedCommunicationIsJudgedWithItsPrecision) {
   EXPECT_NEAR(2.0, *twice->groups[0].scale, 0.01);
 }
 
+// Gradients accumulated in bf16 (ParamInfo.accum_dtype) of fp32 parameters: judged with bf16's rounding,
+// and the inference said.
+TEST(UnseenClients, AccumulationDtypeSetsThePrecision) {
+  SynthSpec b = testing::Config(2, 1, 0, "mean", "local-mean");
+  b.comm_dtype = "bf16";  // the values carry bf16 rounding...
+  b.record_comm_dtype = false;
+  b.accum_dtype = "bf16";  // ...which the trace attributes to accumulation
+  auto r = Diff(Synth("ref", Reference()), Synth("accum", b));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ("match", r->verdict) << r->summary;
+  EXPECT_EQ("all 14 parameters match within bf16 rounding (B trains in bf16)", r->summary);
+  bool said = false;
+  for (const Finding& f : r->findings) {
+    said |= f.message ==
+            "B: gradients accumulated in bf16 (ParamInfo.accum_dtype) while Config.dtype is fp32: judged "
+            "with bf16's rounding";
+  }
+  EXPECT_TRUE(said);
+}
+
 TEST(UnseenClients, PowerSgdMismatchIsNamedAsLossyCompression) {
   SynthSpec b = testing::Config(2, 1, 0, "mean", "local-mean");
   b.comm_hook = "powerSGD_hook";
@@ -194,6 +214,22 @@ TEST(UnseenClients, NegativeScalesKeepTheTextColumnsApart) {
   ASSERT_NE(std::string::npos, at) << text;
   const std::string line = text.substr(at, text.find('\n', at) - at);
   EXPECT_NE(std::string::npos, line.find(" -1.23457e-05 ")) << line;
+}
+
+// The chart's x axis names its parameters (14 fit: every one, names over 24 bytes by their last 23).
+TEST(UnseenClients, HtmlChartNamesItsParameters) {
+  SynthSpec a = Reference(), b = testing::Config(1, 2, 2, "ds-4530", "local-mean");
+  a.name_prefix = b.name_prefix = "module.model.";  // names of 25 to 37 bytes: over the 24 a tick shows
+  auto r = Diff(Synth("ref", a), Synth("b", b));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const std::string html = RenderHtml(*r);
+  size_t ticks = 0;
+  for (size_t at = html.find("class=\"tick\""); at != std::string::npos; at = html.find("class=\"tick\"", at + 1)) {
+    ++ticks;
+  }
+  EXPECT_EQ(14u, ticks);
+  EXPECT_NE(std::string::npos, html.find(">\u2026ayers.1.attn.qkv.weight</text>")) << "a long name keeps its tail";
+  EXPECT_NE(std::string::npos, html.find(">\u2026el.layers.0.norm.weight</text>"));
 }
 
 }  // namespace

@@ -166,6 +166,60 @@ expect_one_line_error gradtrace-pack "ref-copy/rank-00000.gtrace: is one of the 
 cmp -s ref/rank-00000.gtrace ref-copy/rank-00000.gtrace || fail "packing over an input trace changed it"
 ls | grep -q 'tmp\|reencode' && fail "temporary files left: $(ls)"
 
+# Issue 20: a set directory named with byte 0xFF aborted the pack (nlohmann type_error.316, exit 134) and
+# left ff.gtpack.tmp.PID behind. Invalid bytes are written as U+FFFD; no temporary file is left.
+ff="d"$'\xff'
+cp -r ref "$ff"
+expect 0 "$pack" "$ff" sp2 -o ff.gtpack
+ls | grep -q 'tmp\|fit\|reencode' && fail "temporary files left: $(ls)"
+py ff.gtpack <<'PY' || fail "0xFF in a set's path: not U+FFFD in the archive's JSON"
+import json, sys, tarfile
+t = tarfile.open(sys.argv[1])
+assert json.load(t.extractfile("environment.json"))["sets"]["a"]["source"] == "d\ufffd"
+assert json.load(t.extractfile("pack.json"))["sets"]["a"] == "d\ufffd"
+PY
+expect 1 "$diff_bin" ff.gtpack  # the packed comparison reruns: B is sp2, 2x the reference
+# A FIFO in a set is refused at once, and leaves nothing behind.
+mkdir fifo-set && cp sp2/rank-00000.gtrace fifo-set/ && mkfifo fifo-set/rank-00001.gtrace
+expect 2 timeout 20 "$pack" ref fifo-set -o fifo.gtpack
+[ "$(tail -1 err)" = "gradtrace-pack: fifo-set/rank-00001.gtrace: not a regular file (a FIFO)" ] \
+  || fail "FIFO in a set: $(cat err)"
+ls | grep -q 'tmp\|fit\|reencode\|fifo.gtpack' && fail "temporary files left: $(ls)"
+# The README quotes the sets' paths: a backtick closed their code span, a newline and '|' ended the table
+# row, and HTML went out raw.
+hostile=$'h`x\n|<img src=x onerror=alert(1)>'
+cp -r ref "$hostile"
+expect 0 "$pack" "$hostile" sp2 -o hostile.gtpack
+if "$python" -c 'import markdown_it' 2>/dev/null; then
+  py hostile.gtpack <<'PY' || fail "README: renders a hostile path unsafely"
+import html.parser, sys, tarfile
+from markdown_it import MarkdownIt
+readme = tarfile.open(sys.argv[1]).extractfile("README.md").read().decode()
+rendered = MarkdownIt("commonmark", {"html": True}).enable("table").render(readme)
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.code, self.in_code = set(), [], False
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if tag == "code":
+            self.in_code = True
+            self.code.append("")
+    def handle_endtag(self, tag):
+        self.in_code = self.in_code and tag != "code"
+    def handle_data(self, data):
+        if self.in_code:
+            self.code[-1] += data
+page = Page()
+page.feed(rendered)
+assert not page.tags & {"img", "svg", "script"}, page.tags
+shown = "h`x\\x0a|<img src=x onerror=alert(1)>"
+assert page.code.count(shown) == 2, page.code  # the first line and the table row of set A
+rows = rendered.count("<tr>")  # the header, then a row per member: a, b, the reports, environment, pack.json
+assert rows == 6 and rendered.count("<td>") == 2 * (rows - 1), rendered
+PY
+fi
+
 # Damaged archives.
 damage() {  # NAME PYTHON-EDIT: copies bug.gtpack to NAME after the edit of bytes `b`
   py "$1" "$2" <<'PY'

@@ -1,6 +1,8 @@
 // Writing and reading whole trace files: round trips, the index, the scanning
 // fallback, chunked records, and writer-side errors.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -120,6 +122,81 @@ TEST(TraceFile, UnwritableDirectoryIsAnIoErrorNamingThePath) {
   EXPECT_EQ(Status::Code::kIoError, w.status().code());
   EXPECT_EQ("/nonexistent-gradtrace-dir/rank-00000.gtrace: cannot create: No such file or directory",
             w.status().message());
+}
+
+// Issue 20: two runs writing into one directory both exited 0 and left files that read as "checksum mismatch at
+// offset 69254", nothing pointing at the cause. Now the second writer fails at Open, naming the file and the run
+// in it, and a finished trace is replaced only on purpose (WriterOptions.overwrite).
+TEST(TraceFile, SecondWriterOfAFileFailsAtOpenNamingIt) {
+  TempDir dir;
+  const std::string path = dir.File("rank-00001.gtrace");
+  pb::RunInfo second = testing::SmallRun();
+  second.set_run_id("run-2");
+  auto first = TraceWriter::Open(path, testing::SmallRun());
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_TRUE((*first)->WriteStep(testing::Step(0)).ok());
+
+  auto w = TraceWriter::Open(path, second);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(Status::Code::kIoError, w.status().code());
+  EXPECT_EQ(path + ": exists: another run is writing here now (run 'run-1' of gradtrace-test on localhost)",
+            w.status().message());
+  WriterOptions overwrite;
+  overwrite.overwrite = true;  // not even on purpose while its writer holds it
+  w = TraceWriter::Open(path, second, overwrite);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(path + ": exists: another run is writing here now (run 'run-1' of gradtrace-test on localhost)",
+            w.status().message());
+
+  ASSERT_TRUE((*first)->Close().ok());
+  w = TraceWriter::Open(path, second);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(path +
+                ": exists (run 'run-1' of gradtrace-test on localhost): another run is writing here, or remove "
+                "it first",
+            w.status().message());
+  // The first run's trace is intact.
+  testing::ReadResult res = ReadAll(path);
+  EXPECT_TRUE(res.status.ok()) << res.status.message();
+  EXPECT_EQ(res.messages.size(), 1u);
+
+  w = TraceWriter::Open(path, second, overwrite);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_TRUE((*w)->Close().ok());
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->run_info().run_id(), "run-2");
+  EXPECT_TRUE(ReadAll(path).messages.empty());
+}
+
+TEST(TraceFile, WriterRefusesAnExistingFileThatIsNoTrace) {
+  TempDir dir;
+  testing::WriteBytes(dir.File("notes.txt"), "not a trace");
+  auto w = TraceWriter::Open(dir.File("notes.txt"), testing::SmallRun());
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(dir.File("notes.txt") + ": exists: another run is writing here, or remove it first", w.status().message());
+  EXPECT_EQ(testing::ReadBytes(dir.File("notes.txt")), "not a trace");
+  // A FIFO is not opened at all: opening it for writing would block until a reader came.
+  const std::string fifo = dir.File("rank-00002.gtrace");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(20);  // a regression fails (SIGALRM) instead of hanging
+  w = TraceWriter::Open(fifo, testing::SmallRun());
+  ::alarm(0);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(fifo + ": exists and is not a regular file", w.status().message());
+}
+
+// Issue 20: a FIFO named like a trace blocked the reader in open() until some process opened it for writing.
+TEST(TraceFile, ReaderRefusesAFifoWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.File("rank-00001.gtrace");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::alarm(20);  // a regression fails (SIGALRM) instead of hanging
+  testing::ReadResult res = ReadAll(fifo);
+  ::alarm(0);
+  EXPECT_FALSE(res.opened);
+  EXPECT_EQ(Status::Code::kIoError, res.status.code());
+  EXPECT_EQ(fifo + ": not a regular file (a FIFO)", res.status.message());
 }
 
 TEST(TraceFile, DiskFullIsAnIoErrorAndSticky) {

@@ -65,28 +65,16 @@ def run_accelerate_rank(rank, world, out, port):
     cap.close()
 
 
-def run_and_exit(rank, name, world, out, port):
-    """Runs rank function ``name`` and exits without the interpreter's teardown: torch 2.15.0's
-    teardown aborts now and then after a gloo comm hook that chains ``.then()`` (the DDP adapter's;
-    "terminate called without an active exception", as adapter_runs.end_process says). Seen here on
-    the accelerate run: 1 abort in a full ./tools/test, after every trace was written and closed."""
-    globals()[name](rank, world, out, port)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def main():
     world, out = int(sys.argv[1]), sys.argv[2]
-    name = "run_accelerate_rank" if sys.argv[3:] == ["accelerate"] else "run_rank"
-    target = globals()[name]
+    target = run_accelerate_rank if sys.argv[3:] == ["accelerate"] else run_rank
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     if world == 1:
         target(0, 1, out, port)
     else:
-        mp.spawn(run_and_exit, args=(name, world, out, port), nprocs=world, join=True)
+        mp.spawn(target, args=(world, out, port), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """The package's smaller entry points: trace sets, sketch positions, the model
 fingerprint, argument checking, torch tensors."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -32,6 +35,41 @@ def test_read_trace_set_errors(tmp_path):
         gradtrace.read_trace_set(tmp_path)
     with pytest.raises(gradtrace.TraceError):
         gradtrace.read_trace_set(tmp_path / "absent")
+
+
+def test_read_trace_set_refuses_a_fifo_without_blocking(tmp_path):
+    """Issue 20: a FIFO named rank-00001.gtrace blocked read_trace_set in open() until some process opened it
+    for writing: forever."""
+    _trace(tmp_path / "rank-00000.gtrace", 0)
+    fifo = tmp_path / "rank-00001.gtrace"
+    os.mkfifo(fifo)
+    signal.alarm(20)  # a regression ends the run (SIGALRM) instead of hanging it
+    try:
+        with pytest.raises(gradtrace.TraceError) as e:
+            gradtrace.read_trace_set(tmp_path)
+    finally:
+        signal.alarm(0)
+    assert e.value.code == "io_error" and str(e.value) == f"{fifo}: not a regular file (a FIFO)"
+
+
+def test_a_second_writer_of_a_file_is_refused(tmp_path):
+    """Issue 20: two runs writing one trace file both succeeded, and their interleaved frames read as checksum
+    mismatches with nothing pointing at the cause. A file is replaced only on purpose, and never while written."""
+    path = tmp_path / "rank-00000.gtrace"
+    first = gradtrace.TraceWriter(path, dict(INFO, run_id="first"))
+    second = dict(INFO, run_id="second")
+    for overwrite in (False, True):
+        with pytest.raises(gradtrace.TraceError) as e:
+            gradtrace.TraceWriter(path, second, overwrite=overwrite)
+        assert e.value.code == "io_error"
+        assert str(e.value) == f"{path}: exists: another run is writing here now (run 'first')"
+    first.close()
+    with pytest.raises(gradtrace.TraceError) as e:
+        gradtrace.TraceWriter(path, second)
+    assert str(e.value) == f"{path}: exists (run 'first'): another run is writing here, or remove it first"
+    assert gradtrace.TraceReader(path).run_info["run_id"] == "first"
+    gradtrace.TraceWriter(path, second, overwrite=True).close()
+    assert gradtrace.TraceReader(path).run_info["run_id"] == "second"
 
 
 def test_sketch_positions_match_written_sketch(tmp_path):

@@ -27,6 +27,8 @@ def runs(tmp_path_factory):
     out = {"ref": _run(d / "ref", "ref-dense", 1, "--steps", "3")}
     for hook in ("fp16", "bf16", "powersgd"):
         out[hook] = _run(d / hook, "ddp", 2, "--steps", "3", "--hook", hook)
+    for mp in ("bf16", "bf16-reduce"):
+        out[f"fsdp2-{mp}"] = _run(d / f"fsdp2-{mp}", "fsdp2", 2, "--steps", "3", "--mp", mp)
     out["tmp"] = d
     return out
 
@@ -91,3 +93,20 @@ def test_powersgd_self_check_claims_no_divisor_for_a_non_multiple(runs):
     (inc,) = [g for g in r["groups"] if g["kind"] == "inconsistent"]
     assert inc["cause"] == "lossy-compression" and "no divisor is claimed" in inc["explanation"]
     assert r["summary"] == inc["explanation"]
+
+
+@pytest.mark.parametrize("mp", ["bf16", "bf16-reduce"])
+def test_fsdp2_mixed_precision_matches_within_bf16_rounding(runs, mp):
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32 or bf16): the adapter records
+    bf16 training (Config.dtype) and the reduce dtype; against the fp32 reference every step matches
+    within bf16 rounding (exit 0). Unrecorded, the fp32 bound would call it a mismatch."""
+    (r0,) = [r for r in gradtrace.read_trace_set(runs[f"fsdp2-{mp}"]) if r.rank == 0]
+    cfg = r0.run_info["config"]
+    assert cfg["dtype"] == "BF16" and cfg["comm_dtype"] == ("BF16" if mp == "bf16-reduce" else "FP32")
+    assert all(p["grad_dtype"] == "BF16" and p["dtype"] == "FP32" for p in r0.run_info["params"])
+    rc, r, out = _report(runs, f"fsdp2-{mp}")
+    assert rc == 0, out
+    assert r["summary"].endswith("match within bf16 rounding (B trains in bf16)"), r["summary"]
+    worst = max(p["residual"] for p in r["params"] if p["residual"] is not None)
+    assert 1e-4 < worst < r["tolerance"]["rtol"], (worst, r["tolerance"])
+    print(f"fsdp2 {mp}: worst residual {worst:.3g}, rtol {r['tolerance']['rtol']:.3g}")

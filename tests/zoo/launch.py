@@ -56,9 +56,6 @@ def run_rank(rank, out, port, names):
         if rank == 0:
             print(f"zoo: {sc.name} {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter teardown: see adapter_runs.end_process
 
 
 def free_port():

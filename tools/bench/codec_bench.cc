@@ -60,6 +60,7 @@ std::string BenchPath() { return "/tmp/gradtrace-codec-bench-" + std::to_string(
 void WriteTrace(const std::string& path, int zstd_level) {
   WriterOptions wo;
   wo.zstd_level = zstd_level;
+  wo.overwrite = true;  // the same file every iteration
   auto w = TraceWriter::Open(path, Run(), wo);
   const pb::RunInfo run = Run();
   pb::BucketRecord rec;

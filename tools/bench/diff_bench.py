@@ -441,7 +441,7 @@ def bench_write(args, gt, case: Case, a_dir: str, frames: list[FrameRef], work: 
         best = None
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            with gt.TraceWriter(dst, run, zstd_level=level) as w:
+            with gt.TraceWriter(dst, run, zstd_level=level, overwrite=True) as w:  # zstd's output, the last repeat
                 w.write_bucket({"step": 0, "phase": "FINAL", "slices": slices})
             s = time.perf_counter() - t0
             best = s if best is None else min(best, s)

@@ -1,0 +1,62 @@
+// The escaping of every string from a trace, an archive or a path, per output
+// format (issue 20: raw HTML, broken tables and terminal escape sequences).
+#include "text_escape.h"
+
+#include <gtest/gtest.h>
+
+namespace gradtrace {
+namespace {
+
+TEST(TerminalSafe, ControlBytesBecomeVisibleEscapes) {
+  EXPECT_EQ(TerminalSafe("embed.weight"), "embed.weight");
+  EXPECT_EQ(TerminalSafe("a\x1b[2Jb"), "a\\x1b[2Jb");  // erase the screen
+  EXPECT_EQ(TerminalSafe("run\x1b]0;title\x07"), "run\\x1b]0;title\\x07");
+  EXPECT_EQ(TerminalSafe("a\r\nb\tc\x7f"), "a\\x0d\\x0ab\\x09c\\x7f");
+  EXPECT_EQ(TerminalSafe(std::string("a\0b", 3)), "a\\x00b");
+  // C1 controls as UTF-8 (U+009B is CSI on some terminals); other UTF-8 and invalid bytes pass.
+  EXPECT_EQ(TerminalSafe("a\xc2\x9b"
+                         "2Jb"),
+            "a\\u009b2Jb");
+  EXPECT_EQ(TerminalSafe("\xc3\xa9t\xc3\xa9 \xc2\xa0 \xff \xc2"), "\xc3\xa9t\xc3\xa9 \xc2\xa0 \xff \xc2");
+}
+
+TEST(HtmlEscape, EscapesMarkupAndBothQuotes) {
+  EXPECT_EQ(HtmlEscape("<img src=x onerror=\"a('b')\"> & more"),
+            "&lt;img src=x onerror=&quot;a(&#39;b&#39;)&quot;&gt; &amp; more");
+}
+
+TEST(MarkdownText, NoRawHtmlEntityOrMarkupSurvives) {
+  EXPECT_EQ(MarkdownText("ds-4530 (loss / sp) 2.000"), "ds-4530 (loss / sp) 2.000");
+  EXPECT_EQ(MarkdownText("<svg onload=alert(1)>"), "&lt;svg onload=alert(1)&gt;");
+  EXPECT_EQ(MarkdownText("&lt; &#60;"), "&amp;lt; &amp;#60;");
+  EXPECT_EQ(MarkdownText("a|b\r\nc"), "a\\|b\\x0d\\x0ac");  // one table cell, one line
+  EXPECT_EQ(MarkdownText("`code` *em* _em_ [link](x) ~~s~~ \\"),
+            "\\`code\\` \\*em\\* \\_em\\_ \\[link\\](x) \\~\\~s\\~\\~ \\\\");
+}
+
+TEST(MarkdownCode, FencedPastEveryBacktickRunAndShownVerbatim) {
+  EXPECT_EQ(MarkdownCode("layers.0.attn.qkv.weight"), "`layers.0.attn.qkv.weight`");
+  EXPECT_EQ(MarkdownCode("a`b"), "``a`b``");
+  EXPECT_EQ(MarkdownCode("a``b`"), "``` a``b` ```");  // padded: it ends with a backtick
+  EXPECT_EQ(MarkdownCode("`a"), "`` `a ``");
+  EXPECT_EQ(MarkdownCode(" a "), "`  a  `");  // CommonMark strips one space from each end
+  EXPECT_EQ(MarkdownCode("   "), "`   `");
+  EXPECT_EQ(MarkdownCode(""), "` `");
+  EXPECT_EQ(MarkdownCode("<img src=x>&amp;"), "`<img src=x>&amp;`");  // a code span shows markup as text
+  EXPECT_EQ(MarkdownCode("a\rb\x1b"), "`a\\x0db\\x1b`");
+}
+
+TEST(MarkdownCode, PipesAreEscapedInTableCellsOnly) {
+  EXPECT_EQ(MarkdownCode("a|b"), "`a|b`");
+  EXPECT_EQ(MarkdownCode("a|b", MarkdownPlace::kTableCell), "`a\\|b`");
+  // GFM drops the backslash before every '|' of a cell, so "a\|b" comes back as itself.
+  EXPECT_EQ(MarkdownCode("a\\|b", MarkdownPlace::kTableCell), "`a\\\\|b`");
+}
+
+TEST(MarkdownCodeBlock, FenceOutlastsTheBody) {
+  EXPECT_EQ(MarkdownCodeBlock("sh", "gradtrace-diff bug.gtpack\n"), "```sh\ngradtrace-diff bug.gtpack\n```\n");
+  EXPECT_EQ(MarkdownCodeBlock("sh", "x ````` y"), "``````sh\nx ````` y\n``````\n");
+}
+
+}  // namespace
+}  // namespace gradtrace
