@@ -86,6 +86,7 @@ Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool i
   run.set_dp_rank(rank);
   WriterOptions options;
   options.write_index = index;
+  options.overwrite = true;  // seeds are rewritten on purpose: one memfd per process, the corpus on every run
   auto w = TraceWriter::Open(path, run, options);
   if (!w.ok()) return w.status();
   for (int step = 0; step < 2; ++step) {

@@ -36,7 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Round trip through a file (index included): what validates, the writer writes and the reader reads back.
   {
-    Expected<std::unique_ptr<TraceWriter>> w = TraceWriter::Open(file->path(), run);
+    WriterOptions options;
+    options.overwrite = true;  // the same memfd every input
+    Expected<std::unique_ptr<TraceWriter>> w = TraceWriter::Open(file->path(), run, options);
     if (!w.ok()) fuzz::Fail("the writer refuses a valid RunInfo: " + w.status().message());
     if (Status s = (*w)->Close(); !s.ok()) fuzz::Fail("close failed: " + s.message());
   }
