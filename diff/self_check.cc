@@ -801,10 +801,18 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   return report;
 }
 
-Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options) {
+namespace {
+
+LoadOptions Loading(const SelfOptions& options) {
   LoadOptions lo;
   lo.threads = options.threads;
-  auto set = TraceSet::Load(dir, lo);
+  return lo;
+}
+
+}  // namespace
+
+Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
   if (!set.ok()) return set.status();
   return SelfCheckSet(*set, options);
 }
@@ -818,12 +826,6 @@ std::vector<int64_t> SelfSteps(const TraceSet& set, const SelfOptions& options) 
   std::set_intersection(post.begin(), post.end(), pre.begin(), pre.end(), std::back_inserter(both));
   if (both.empty() && options.replicas && (post.empty() || pre.empty())) return StepsWithPhase(set, pb::FINAL);
   return both;
-}
-
-LoadOptions Loading(const SelfOptions& options) {
-  LoadOptions lo;
-  lo.threads = options.threads;
-  return lo;
 }
 
 }  // namespace

@@ -331,13 +331,13 @@ def bench_case(args, gt, case: Case) -> dict:
     common = final_steps(gt, a_dir) & final_steps(gt, b_dir)
     if not common:
         raise RuntimeError(f"{case.label}: A and B share no step with FINAL records")
-    step = min(common)  # gradtrace-diff's default: the first step both sets recorded
+    step = min(common)  # one step: the first both sets recorded (gradtrace-diff --step; its default is every step)
     work = os.path.join(args.out, "work", os.path.basename(a_dir) + "-" + os.path.basename(b_dir))
     os.makedirs(work, exist_ok=True)
     frames = {"A": final_frames(gt, a_dir, step), "B": final_frames(gt, b_dir, step)}
 
     row = pair_facts(gt, case, a_dir, b_dir, step, frames)
-    report = time_diff(args, case, a_dir, b_dir, work, row)
+    report = time_diff(args, case, a_dir, b_dir, work, row, step)
     if args.zstd:
         time_zstd_d(args, case, frames, work, row)
     time_numpy(args, gt, case, {"A": a_dir, "B": b_dir}, frames, work, report, row)
@@ -366,12 +366,13 @@ def pair_facts(gt, case: Case, a_dir: str, b_dir: str, step: int, frames: dict) 
     }
 
 
-def time_diff(args, case: Case, a_dir: str, b_dir: str, work: str, row: dict) -> dict:
-    """gradtrace-diff at each thread count asked for; returns its JSON report."""
+def time_diff(args, case: Case, a_dir: str, b_dir: str, work: str, row: dict, step: int) -> dict:
+    """gradtrace-diff of `step` (the bytes the baselines measure; without --step the diff compares every
+    common step) at each thread count asked for; returns its JSON report."""
     report = os.path.join(work, "diff.json")
     row["diff"] = {}
     for threads in args.threads:
-        cmd = [args.bin("gradtrace-diff"), a_dir, b_dir, "--json", report]
+        cmd = [args.bin("gradtrace-diff"), a_dir, b_dir, "--json", report, "--step", str(step)]
         if threads:
             cmd += ["--threads", str(threads)]
         log(f"{case.label}: {' '.join(cmd)} (best of {args.repeat})")
