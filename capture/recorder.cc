@@ -1,8 +1,13 @@
 #include "recorder.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -14,6 +19,7 @@
 
 #include "device_slice.h"
 #include "host_slice.h"
+#include "name_pattern.h"
 #include "trace_writer.h"
 #include "validate.h"
 
@@ -71,6 +77,15 @@ double ThreadCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Whether a trace writer holds `path`'s lock (TraceWriter::Open takes it for as long as it writes).
+bool HeldByAnotherWriter(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 }  // namespace
 
 std::string RankFileName(int rank) {
@@ -110,7 +125,14 @@ struct Recorder::Impl {
     if (!error.ok()) return;
     error = st;
     if (options.on_error == OnCaptureError::kDisable) {
-      std::fprintf(stderr, "gradtrace: capture disabled after write error: %s\n", st.message().c_str());
+      // One warning per rank, whatever fails after it (later frames, the index at Close).
+      const std::string kept = writer ? options.path + " keeps the frames written before: a truncated trace"
+                                      : "no trace is written for this rank";
+      std::fprintf(stderr,
+                   "gradtrace: WARNING: rank %lld: capture disabled after a write error: %s; training continues "
+                   "without capture (%s)\n",
+                   static_cast<long long>(run.rank()), st.message().c_str(), kept.c_str());
+      std::fflush(stderr);
       enabled = false;
     }
   }
@@ -239,23 +261,28 @@ Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& option
   Impl& im = *rec->impl_;
   im.options = options;
   im.run = std::move(run);
-  std::regex re;
+  std::optional<NamePattern> wanted;
   if (!options.param_regex.empty()) {
-    try {
-      re = std::regex(options.param_regex);
-    } catch (const std::regex_error& e) {
-      return Status::InvalidArgument("bad parameter regex '" + options.param_regex + "': " + e.what());
+    auto compiled = NamePattern::Compile(options.param_regex);
+    if (!compiled.ok()) {
+      return Status::InvalidArgument("bad parameter regex '" + options.param_regex +
+                                     "': " + compiled.status().message());
     }
+    wanted = std::move(compiled).value();
   }
-  for (const pb::ParamInfo& p : im.run.params()) {
-    im.wanted_params.push_back(options.param_regex.empty() || std::regex_search(p.name(), re));
-  }
+  for (const pb::ParamInfo& p : im.run.params()) im.wanted_params.push_back(!wanted || wanted->Search(p.name()));
   im.sketch_positions.resize(im.run.params_size());
   WriterOptions wopts;
   wopts.zstd_level = options.zstd_level;
+  wopts.overwrite = options.overwrite;
+  // A trace already there (a finished run without overwrite, or a live writer's) is the caller's choice to
+  // make, not a write error: refused under kDisable too.
+  struct stat before;
+  const bool existed = ::lstat(options.path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
   auto writer = TraceWriter::Open(options.path, im.run, wopts);
   if (!writer.ok()) {
-    if (options.on_error == OnCaptureError::kAbort) return writer.status();
+    const bool refused = existed && (!options.overwrite || HeldByAnotherWriter(options.path));
+    if (options.on_error == OnCaptureError::kAbort || refused) return writer.status();
     im.Fail(writer.status());
     return rec;
   }

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,16 +23,23 @@
 
 namespace gradtrace::capture {
 
+// What a write error (a full disk, EFBIG, permission, I/O) does. kDisable (the
+// default): one warning on stderr naming the rank, the file and the error,
+// then capture stops and training goes on; the file keeps every complete frame
+// written before (it reads as truncated). kAbort: Record*/Close return it.
+// Either way an existing trace at `path` (without `overwrite`) or one another
+// writer holds is refused at Open: a choice the caller has to make.
 enum class OnCaptureError { kAbort, kDisable };
 
 struct RecorderOptions {
   std::string path;                        // this rank's trace file, e.g. DIR/rank-00003.gtrace
   CaptureMode mode;                        // full, sketch:K, stats
   std::optional<std::set<int64_t>> steps;  // unset: every step
-  std::string param_regex;                 // empty: every parameter (std::regex_search on the name)
+  std::string param_regex;                 // empty: every parameter (a match anywhere in the name; RE2 syntax)
   int writer_threads = 1;
   int64_t max_queue_bytes = 256ll << 20;
-  OnCaptureError on_error = OnCaptureError::kAbort;
+  OnCaptureError on_error = OnCaptureError::kDisable;
+  bool overwrite = false;           // replace a finished trace at `path` (WriterOptions::overwrite); never a live one
   int zstd_level = 1;               // docs/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
   bool device_path_on_cpu = false;  // tests: take the device path (device_slice.h) for CPU tensors too
 };
@@ -70,7 +76,8 @@ class Recorder {
   bool enabled() const;  // false after a write error with kDisable
 
   // Both return a write error only with OnCaptureError::kAbort; with kDisable
-  // the first error is logged once to stderr and capture stops.
+  // the first error is reported once to stderr and capture stops (these then
+  // return Ok and record nothing; Close too).
   Status RecordStep(const pb::StepInfo& step);
   // Slices of unwanted parameters are dropped; nothing is written when none remain.
   Status RecordBucket(const BucketMeta& meta, const std::vector<SliceRef>& slices);

@@ -105,11 +105,20 @@ void AddGroup(const gc::NamedGroup& g, pb::RunInfo* run) {
 }
 
 // Creates --out and opens this rank's recorder. Returns 0, or the exit code
-// after printing why (a failure under --on-capture-error disable leaves
-// `recorder` empty and returns 0: training goes on without capture).
+// after printing why. Under --on-capture-error disable a write error at open
+// (--out cannot be created, the file cannot be written) is one warning and
+// training goes on without capture (`recorder` empty, or one that records
+// nothing); a trace already in --out (without --overwrite, or one a live run
+// writes) is refused either way.
 int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, std::unique_ptr<gc::Recorder>* recorder) {
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
+  if (ec && o.on_capture_error == "disable") {  // as the recorder reports a write error: train on without capture
+    std::cerr << "gradtrace: WARNING: rank " << rank << ": capture disabled after a write error: cannot create --out "
+              << o.out << ": " << ec.message() << "; training continues without capture (no trace is written for "
+              << "this rank)\n";
+    return 0;
+  }
   if (ec) {
     std::cerr << "gradtrace-train: rank " << rank << ": cannot create --out " << o.out << ": " << ec.message() << "\n";
     return 1;
@@ -123,13 +132,14 @@ int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, st
   }
   ro.param_regex = o.capture_params;
   ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
+  ro.overwrite = o.overwrite;
   ro.zstd_level = o.zstd_level;
   ro.writer_threads = o.writer_threads;
   ro.max_queue_bytes = o.capture_queue_mb << 20;
   auto opened = gc::Recorder::Open(ro, run);
   if (!opened.ok()) {
     std::cerr << "gradtrace-train: rank " << rank << ": " << opened.status().message() << "\n";
-    return o.on_capture_error == "abort" ? 1 : 0;
+    return 1;
   }
   *recorder = std::move(opened).value();
   return 0;
@@ -268,7 +278,10 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   if (env.rank == 0) {
     char loss[64];
     std::snprintf(loss, sizeof(loss), "%.17g", result.losses.empty() ? 0.0 : result.losses.back());
-    if (recorder) {
+    if (!gc::CaptureOff(o) && (!recorder || !recorder->enabled())) {
+      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; rank 0's capture was disabled after a write "
+                << "error (its warning above says what " << o.out << " holds; run " << run_id << ")\n";
+    } else if (recorder) {
       std::cerr << "gradtrace-train: " << CaptureSummary(recorder->stats()) << "\n";
       std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; wrote " << env.world << " trace file(s) to "
                 << o.out << " (run " << run_id << ")\n";
@@ -282,6 +295,9 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (RLIMIT_FSIZE) makes a trace write fail with EFBIG, a write error like a full disk,
+  // instead of killing the rank with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   auto parsed = gc::ParseTrainOptions(argc, argv);
   if (!parsed.ok()) {
     if (parsed.status().message().empty()) return 0;  // --help

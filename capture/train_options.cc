@@ -5,6 +5,7 @@
 #include <regex>
 #include <sstream>
 
+#include "name_pattern.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
 
@@ -57,9 +58,13 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--capture", o.capture,
                  "capture mode: full, sketch:K, stats, or off (train without recording: no trace, --out optional)");
   app.add_option("--capture-steps", o.capture_steps, "steps to capture, e.g. 0,2-4 (default: all)");
-  app.add_option("--capture-params", o.capture_params, "regex on parameter names to capture (default: all)");
-  app.add_option("--on-capture-error", o.on_capture_error, "stop training or continue without capture")
+  app.add_option("--capture-params", o.capture_params, "regex (RE2) on parameter names to capture (default: all)");
+  app.add_option("--on-capture-error", o.on_capture_error,
+                 "on a write error (disk full, EFBIG, permission, I/O): disable (the default: warn once, keep the "
+                 "trace written so far, train on without capture) or abort (exit 1)")
       ->check(CLI::IsMember({"abort", "disable"}));
+  app.add_flag("--overwrite", o.overwrite,
+               "replace the rank-NNNNN.gtrace files a finished run left in --out (a run still writing is refused)");
   app.add_option("--zstd-level", o.zstd_level, "zstd level of trace frames")->check(CLI::Range(1, 19));
   app.add_option("--writer-threads", o.writer_threads, "recorder threads that encode, compress and write")
       ->check(CLI::Range(1, 64));
@@ -145,10 +150,8 @@ Status ValidateTrainOptions(const TrainOptions& o) {
   }
   if (auto s = ParseStepList(o.capture_steps); !s.ok()) return s.status();
   if (!o.capture_params.empty()) {
-    try {
-      std::regex re(o.capture_params);
-    } catch (const std::regex_error& e) {
-      return bad("--capture-params: invalid regex '" + o.capture_params + "': " + e.what());
+    if (auto re = NamePattern::Compile(o.capture_params); !re.ok()) {
+      return bad("--capture-params: invalid regex '" + o.capture_params + "': " + re.status().message());
     }
   }
   if (o.out.empty() && o.export_init.empty() && !CaptureOff(o)) return bad("--out DIR is required");

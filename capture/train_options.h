@@ -51,12 +51,13 @@ struct TrainOptions {
   std::string data_file;  // whitespace-separated token ids; empty: synthetic
 
   // Capture.
-  std::string out;                         // trace directory
-  std::string capture = "full";            // full | sketch:K | stats | off (train only: no recorder, no trace)
-  std::string capture_steps;               // "0,2,5"; empty: every step
-  std::string capture_params;              // regex on parameter names; empty: all
-  std::string on_capture_error = "abort";  // abort | disable
-  std::string final_mode = "gather";       // gather: FINAL is the full gradient; partition: owned slices only
+  std::string out;                           // trace directory
+  std::string capture = "full";              // full | sketch:K | stats | off (train only: no recorder, no trace)
+  std::string capture_steps;                 // "0,2,5"; empty: every step
+  std::string capture_params;                // regex on parameter names; empty: all
+  std::string on_capture_error = "disable";  // disable (warn once, train on without capture) | abort
+  bool overwrite = false;                    // replace finished traces in --out (never a live writer's)
+  std::string final_mode = "gather";         // gather: FINAL is the full gradient; partition: owned slices only
   int zstd_level = 1;
   int writer_threads = 1;          // recorder threads that encode, compress and write
   int64_t capture_queue_mb = 256;  // full mode: host copies waiting for the writer before training blocks

@@ -123,13 +123,12 @@ int main(int argc, char** argv) {
                  "a lone archive reruns the comparison packed in it");
   app.add_option("B", b_dir, "trace set to compare against A");
   app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
-  app.add_option("--phase", phase, "phase to compare: final, post or pre")
-      ->check(CLI::IsMember({"final", "post", "pre"}));
+  // --phase, --step, --rtol and --rename are checked by diff::ValidateDiffOptions, as an archive's are.
+  app.add_option("--phase", phase, "phase to compare: final, post or pre");
   app.add_option("--step", step_text,
                  "step to compare, or 'all' for a table with a row per step (default: every step both sets recorded, "
                  "reporting the first that differs; --shard: the first step both recorded)");
-  app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)");
   app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
   app.add_option("--rename", renames, "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
   app.add_option("--shard", shard_text,
@@ -179,6 +178,13 @@ int main(int argc, char** argv) {
     step = n;
   }
   if (all_steps && !shard_text.empty()) return Fail("--step all does not take --shard");
+  if (merge_paths.empty()) {
+    diff::PackedDiff asked{
+        .mode = self_dir.empty() ? "diff" : "self", .phase = phase, .step = step, .rtol = rtol, .renames = renames};
+    if (Status st = diff::ValidateDiffOptions(asked, diff::OptionSource::kCommandLine); !st.ok()) {
+      return Fail(st.message());
+    }
+  }
 
   Expected<diff::Report> report = Status::InvalidArgument("");
   if (!merge_paths.empty()) {
@@ -194,9 +200,7 @@ int main(int argc, char** argv) {
     report = diff::JudgeComparison(*merged);
   } else if (!self_dir.empty()) {
     if (!a_dir.empty() || !b_dir.empty()) return Fail("--self takes one trace set and no positional A B");
-    if (!noise.empty() || !renames.empty() || phase != "final") {
-      return Fail("--self does not take --noise, --rename or --phase");
-    }
+    if (!noise.empty()) return Fail("--self does not take --noise");
     // The self-check's unit of work is one bucket's reduction over a group, not a parameter.
     if (!shard_text.empty()) return Fail("--self does not take --shard");
     diff::SelfOptions o;

@@ -1,8 +1,58 @@
 #include "packed_run.h"
 
+#include <cmath>
+#include <cstdio>
+
 #include "archive.h"
+#include "rename.h"
 
 namespace gradtrace::diff {
+namespace {
+
+// A value from the command line or a file, quoted in a one-line message: at most 64 bytes (cut at a UTF-8
+// boundary). The command line's Fail escapes control bytes.
+std::string QuotedValue(const std::string& v) {
+  constexpr size_t kMax = 64;
+  if (v.size() <= kMax) return "'" + v + "'";
+  size_t n = kMax;
+  while (n > 0 && (static_cast<unsigned char>(v[n]) & 0xc0) == 0x80) --n;
+  return "'" + v.substr(0, n) + "'...";
+}
+
+std::string OptionName(OptionSource source, const char* option) {
+  if (source == OptionSource::kPackJson) return std::string("diff.") + option;
+  return std::string("--") + (std::string(option) == "renames" ? "rename" : option);
+}
+
+}  // namespace
+
+Status ValidateDiffOptions(const PackedDiff& d, OptionSource source) {
+  auto bad = [&](const char* option, const std::string& what) {
+    return Status::InvalidArgument(OptionName(source, option) + ": " + what);
+  };
+  const bool self = d.mode == "self";
+  if (!self && d.mode != "diff") return bad("mode", "expected diff or self, got " + QuotedValue(d.mode));
+  if (d.phase != "final" && d.phase != "post" && d.phase != "pre") {
+    return bad("phase", "expected final, post or pre, got " + QuotedValue(d.phase));
+  }
+  if (self && d.phase != "final") {
+    return bad("phase", "a self check (one trace set) takes no phase, got " + QuotedValue(d.phase));
+  }
+  if (d.step && *d.step < 0) return bad("step", "expected a step number >= 0, got " + std::to_string(*d.step));
+  if (d.rtol && !(std::isfinite(*d.rtol) && *d.rtol > 0)) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", *d.rtol);
+    return bad("rtol", std::string("expected a positive number, got ") + got);
+  }
+  if (self && !d.renames.empty()) return bad("renames", "a self check (one trace set) takes no rename rule");
+  for (size_t i = 0; i < d.renames.size(); ++i) {
+    auto rule = ParseRenameRule(d.renames[i]);
+    if (rule.ok()) continue;
+    if (source == OptionSource::kCommandLine) return rule.status();  // "--rename 'RULE': why"
+    return Status::InvalidArgument("diff.renames[" + std::to_string(i) + "]: " + rule.status().message());
+  }
+  return Status::Ok();
+}
 
 Json PackedDiffToJson(const PackedDiff& d) {
   Json j = Json::object();
@@ -39,7 +89,6 @@ Expected<PackedDiff> ReadPackedDiff(const std::string& archive_path) {
   auto bad = [&](const char* key) { return Status::Corruption(where + "diff." + key + " has the wrong type"); };
   if (!d.contains("mode") || !d["mode"].is_string()) return bad("mode");
   out.mode = d["mode"].get<std::string>();
-  if (out.mode != "diff" && out.mode != "self") return Status::Corruption(where + "diff.mode is not diff or self");
   if (d.contains("phase")) {
     if (!d["phase"].is_string()) return bad("phase");
     out.phase = d["phase"].get<std::string>();
@@ -58,6 +107,11 @@ Expected<PackedDiff> ReadPackedDiff(const std::string& archive_path) {
       if (!r.is_string()) return bad("renames");
       out.renames.push_back(r.get<std::string>());
     }
+  }
+  // Exactly the command line's checks: rtol 0 or -1 made every parameter a mismatch, and an unknown phase
+  // became final.
+  if (Status st = ValidateDiffOptions(out, OptionSource::kPackJson); !st.ok()) {
+    return Status::InvalidArgument(where + st.message());
   }
   return out;
 }

@@ -28,9 +28,24 @@ struct PackedDiff {
   std::vector<std::string> renames;
 };
 
+// Where diff options come from, which decides how an error spells them.
+enum class OptionSource {
+  kCommandLine,  // gradtrace-diff's or gradtrace-pack's: --phase, --step, --rtol, --rename
+  kPackJson,     // an archive's pack.json: diff.phase, diff.step, diff.rtol, diff.renames[i]
+};
+
+// The one check of the diff options, wherever they come from, so that a
+// packed archive cannot ask for what the command line refuses (issue 20): mode
+// "diff" or "self"; phase "final", "post" or "pre"; step >= 0; rtol a positive
+// finite number; each rename rule one ParseRenameRule accepts; a self check
+// only phase "final" and no rename rule. InvalidArgument, one line naming the
+// option as `source` spells it and the value refused.
+Status ValidateDiffOptions(const PackedDiff& d, OptionSource source);
+
 Json PackedDiffToJson(const PackedDiff& d);
-// Reads pack.json's "diff" object from the archive at `archive_path`. Errors
-// are one line naming the archive and member.
+// Reads pack.json's "diff" object from the archive at `archive_path` and
+// checks it with ValidateDiffOptions. Errors are one line naming the archive
+// and member.
 Expected<PackedDiff> ReadPackedDiff(const std::string& archive_path);
 
 }  // namespace gradtrace::diff

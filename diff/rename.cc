@@ -1,5 +1,7 @@
 #include "rename.h"
 
+#include "text_escape.h"
+
 namespace gradtrace::diff {
 
 Expected<RenameRule> ParseRenameRule(const std::string& text) {
@@ -15,25 +17,23 @@ Expected<RenameRule> ParseRenameRule(const std::string& text) {
     }
   }
   if (eq == std::string::npos) {
-    return Status::InvalidArgument("--rename '" + text + "': expected REGEX=REPLACEMENT");
+    return Status::InvalidArgument("--rename '" + TerminalSafe(text) + "': expected REGEX=REPLACEMENT");
   }
   std::string pattern = text.substr(0, eq);
-  // '\=' only escapes the separator; std::regex would reject it.
+  // '\=' only escapes the separator.
   for (size_t i; (i = pattern.find("\\=")) != std::string::npos;) pattern.erase(i, 1);
-  RenameRule rule;
-  rule.text = text;
-  rule.replacement = text.substr(eq + 1);
-  try {
-    rule.pattern = std::regex(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return Status::InvalidArgument("--rename '" + text + "': bad regular expression: " + e.what());
+  auto compiled = NamePattern::Compile(pattern);
+  if (!compiled.ok()) {
+    // A rule may come from a stranger's archive: quoted, like RE2's message (which quotes the pattern), as one line.
+    return Status::InvalidArgument("--rename '" + TerminalSafe(text) +
+                                   "': bad regular expression: " + TerminalSafe(compiled.status().message()));
   }
-  return rule;
+  return RenameRule{text, std::move(compiled).value(), text.substr(eq + 1)};
 }
 
 std::string ApplyRenames(const std::vector<RenameRule>& rules, const std::string& name) {
   std::string out = name;
-  for (const auto& r : rules) out = std::regex_replace(out, r.pattern, r.replacement);
+  for (const auto& r : rules) out = r.pattern.ReplaceAll(out, r.replacement);
   return out;
 }
 

@@ -1,19 +1,21 @@
 // Rename rules ('REGEX=REPL'), applied in order to parameter names on both
 // sides before alignment, e.g. 'module\.=' strips the prefix DeepSpeed's
-// engine wrapper adds. REPL may use $1-style back-references (ECMAScript).
+// engine wrapper adds. REGEX is RE2 syntax (linear-time: a rule from a
+// stranger's archive cannot hang the diff); REPL may use $1-style
+// back-references (proto/name_pattern.h).
 #pragma once
 
-#include <regex>
 #include <string>
 #include <vector>
 
+#include "name_pattern.h"
 #include "status.h"
 
 namespace gradtrace::diff {
 
 struct RenameRule {
   std::string text;  // as given
-  std::regex pattern;
+  NamePattern pattern;
   std::string replacement;
 };
 

@@ -334,6 +334,22 @@ Expected<int> CheckWorld(const pb::RunInfo& run0, const std::map<int, size_t>& s
   return world;
 }
 
+// Group members index the set's ranks. The reader checks them against a recorded world (proto/validate.cc);
+// a world left unrecorded is the number of rank files, known only here.
+Status CheckGroupMembers(const std::vector<ScanResult>& results, const std::vector<std::string>& paths, int world) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    for (const pb::ProcessGroup& g : results[i].run.groups()) {
+      for (int32_t m : g.ranks()) {
+        if (m >= world) {
+          return Status::Corruption(paths[i] + ": group '" + g.name() + "': rank " + std::to_string(m) +
+                                    " outside world " + std::to_string(world));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Param ids in slices must index the table (hostile or buggy producers).
 Status CheckParamIds(const std::vector<ScanResult>& results, const std::vector<std::string>& paths, int params) {
   for (size_t i = 0; i < results.size(); ++i) {
@@ -370,6 +386,7 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
   const pb::RunInfo& run0 = results[0].run;
   auto world = CheckWorld(run0, seen, dir, paths[0], paths);
   if (!world.ok()) return world.status();
+  GT_RETURN_IF_ERROR(CheckGroupMembers(results, paths, *world));
   GT_RETURN_IF_ERROR(CheckParamIds(results, paths, run0.params_size()));
 
   TraceSet set;

@@ -44,10 +44,10 @@ int main(int argc, char** argv) {
                  "(sketch:K, stats) when they do not fit");
   app.add_option("--attach", o.attachments,
                  "a file to include under attached/ (repeatable), e.g. the DeepSpeed config");
-  app.add_option("--phase", o.diff.phase, "diff option: phase to compare (final, post, pre)")
-      ->check(CLI::IsMember({"final", "post", "pre"}));
+  // The diff options are checked by diff::ValidateDiffOptions, as gradtrace-diff and a pack.json's are.
+  app.add_option("--phase", o.diff.phase, "diff option: phase to compare (final, post, pre)");
   app.add_option("--step", step_text, "diff option: step to compare (default: the first both sets recorded)");
-  app.add_option("--rtol", o.diff.rtol, "diff option: relative tolerance")->check(CLI::PositiveNumber);
+  app.add_option("--rtol", o.diff.rtol, "diff option: relative tolerance");
   app.add_option("--rename", o.diff.renames, "diff option: rename rule 'REGEX=REPL' (repeatable)");
   app.add_option("--threads", o.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   try {
@@ -69,11 +69,9 @@ int main(int argc, char** argv) {
     }
     o.diff.step = n;
   }
-  if (o.sets.size() == 1) {
-    o.diff.mode = "self";
-    if (app.count("--phase") > 0 || !o.diff.renames.empty()) {
-      return Fail("one trace set packs a --self check, which takes no --phase or --rename");
-    }
+  if (o.sets.size() == 1) o.diff.mode = "self";  // one trace set packs a --self check
+  if (Status st = diff::ValidateDiffOptions(o.diff, diff::OptionSource::kCommandLine); !st.ok()) {
+    return Fail(st.message());
   }
   for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
 

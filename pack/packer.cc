@@ -21,6 +21,7 @@
 #include "readme.h"
 #include "reencode.h"
 #include "self_check.h"
+#include "signal_cleanup.h"
 #include "step_table.h"
 #include "tar_writer.h"
 #include "text_escape.h"
@@ -44,13 +45,18 @@ struct TraceMember {
   TraceSource source;
 };
 
-// Removes a file or directory tree when it goes out of scope (temporaries).
+// Removes a file or directory tree when it goes out of scope, or when SIGINT, SIGTERM or SIGHUP ends the
+// process first (temporaries; signal_cleanup.h).
 struct Cleanup {
-  std::string path;
+  explicit Cleanup(std::string p) : path(std::move(p)) { RemoveOnSignal(path); }
+  Cleanup(const Cleanup&) = delete;
+  Cleanup& operator=(const Cleanup&) = delete;
   ~Cleanup() {
     std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
+    fs::remove_all(path, ec);
+    ForgetOnSignal(path);  // after the removal: a signal between the two finds nothing to remove
   }
+  std::string path;
 };
 
 diff::LoadOptions LoadOptionsWithThreads(int threads) {

@@ -82,6 +82,10 @@ std::string MarkdownText(std::string_view s) {
       out += "&lt;";
     } else if (c == '>') {
       out += "&gt;";
+    } else if (c == '@') {
+      out += "&#64;&#8203;";
+    } else if (c == '#') {
+      out += "&#35;&#8203;";
     } else if (std::string_view("\\`*_[]~|").find(c) != std::string_view::npos) {
       out += '\\';
       out += c;

@@ -23,7 +23,14 @@ std::string HtmlEscape(std::string_view s);
 // in GFM (GitHub) and in markdown-it with HTML enabled: control bytes as in
 // TerminalSafe (no line break ends a table row), & < > as HTML entities (no
 // raw HTML, no entity of the input's), and \ ` * _ [ ] ~ | backslash-escaped
-// (no code span, emphasis, link or cell boundary of the input's).
+// (no code span, emphasis, link or cell boundary of the input's). '@' and '#'
+// are written as "&#64;" and "&#35;" followed by "&#8203;" (a zero-width
+// space, the one thing the rendered text gains): GitHub finds @mentions and
+// issue references (#123, owner/repo#123) in the rendered text, where an
+// entity is already decoded, so only the space keeps "@octocat" from pinging
+// a user and "owner/repo#123" from cross-referencing an issue; the entities
+// keep them from bots that read the raw Markdown. Code spans (MarkdownCode)
+// need neither: GitHub links nothing inside them.
 std::string MarkdownText(std::string_view s);
 
 // Where a Markdown code span goes: GFM splits a table row at every '|' that is

@@ -362,8 +362,10 @@ bool TraceReader::Next(Frame* frame) {
       if (!has_index_ && last_was_index_) {
         status_ = Status::Truncated(Where(pos_) + "file ends after the index without its footer");
       } else if (!has_index_ && indexed_flag_) {
-        status_ = Status::Truncated(Where(pos_) +
-                                    "file ends without index and footer: the writer did not finish (crash or cut)");
+        status_ = Status::Truncated(
+            Where(pos_) +
+            "file ends without index and footer: the writer did not finish (a crash, a write error such as a "
+            "full disk, or a cut)");
       }
       break;
     }

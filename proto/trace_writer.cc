@@ -4,6 +4,7 @@
 #include "trace_writer.h"
 
 #include <fcntl.h>
+#include <stdio_ext.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,7 +63,10 @@ Expected<std::FILE*> CreateTraceFile(const std::string& path, bool overwrite) {
     } else if (LockedByWriter(path)) {
       return Status::IoError(path + ": exists: another run is writing here now" + RunOf(path));
     } else if (!overwrite) {
-      return Status::IoError(path + ": exists" + RunOf(path) + ": another run is writing here, or remove it first");
+      return Status::IoError(
+          path + ": exists" + RunOf(path) +
+          ": not replaced without overwrite (gradtrace-train --overwrite, overwrite=True in Python); "
+          "or write to a new directory");
     } else {
       fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
       truncate = true;
@@ -140,6 +144,19 @@ Status TraceWriter::Fail(Status s) {
   return error_;
 }
 
+void TraceWriter::CutBack(uint64_t offset) {
+  if (file_ == nullptr) return;
+  // The frame that failed may be partly written (a full disk takes what fits) and partly still in stdio's
+  // buffer: drop the buffer, so that no later flush (at fclose) appends its bytes, and cut the file at the
+  // end of the last complete frame (never longer than it is: the file header is flushed only with the
+  // RunInfo frame). A character device has nothing to cut.
+  __fpurge(file_);
+  struct stat st;
+  if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > offset) {
+    (void)!::ftruncate(::fileno(file_), static_cast<off_t>(offset));
+  }
+}
+
 Status TraceWriter::WriteRaw(const void* data, size_t n) {
   if (n > 0 && std::fwrite(data, 1, n, file_) != n) {
     return Fail(
@@ -180,11 +197,15 @@ Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const p
   frame_io::PutU32(hdr + 8, crc32c::Mask(crc));
 
   const uint64_t frame_offset = offset_;
-  GT_RETURN_IF_ERROR(WriteRaw(hdr, sizeof hdr));
-  GT_RETURN_IF_ERROR(WriteRaw(stored->data(), stored->size()));
-  if (std::fflush(file_) != 0) {
-    return Fail(Status::IoError(path_ + ": offset " + std::to_string(frame_offset) +
-                                ": flush failed: " + std::strerror(errno)));
+  Status written = WriteRaw(hdr, sizeof hdr);
+  if (written.ok()) written = WriteRaw(stored->data(), stored->size());
+  if (written.ok() && std::fflush(file_) != 0) {
+    written = Fail(Status::IoError(path_ + ": offset " + std::to_string(frame_offset) +
+                                   ": flush failed: " + std::strerror(errno)));
+  }
+  if (!written.ok()) {
+    CutBack(frame_offset);  // the file ends at the last complete frame: it reads as truncated, not corrupt
+    return written;
   }
   offset_ += sizeof hdr + stored->size();
   raw_bytes_ += payload.size();
@@ -251,6 +272,9 @@ Status TraceWriter::Close() {
       s = WriteRaw(footer, sizeof footer);
       if (s.ok()) offset_ += sizeof footer;
     }
+    // An index or footer that did not fit is cut off with what it wrote: the file ends at its last data
+    // frame (a truncated trace) rather than in a partial index.
+    if (!s.ok()) CutBack(index_offset);
   }
   if (file_ != nullptr) {
     const bool flush_failed = std::fflush(file_) != 0;

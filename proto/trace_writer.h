@@ -29,17 +29,21 @@ class TraceWriter {
   // Two writers never share a file (two runs into one directory used to
   // interleave their frames and corrupt both, each exiting 0): `path` is
   // created exclusively, and the writer holds an exclusive lock (flock) on it
-  // until it closes. So IoError "<path>: exists: another run is writing here,
-  // or remove it first" (naming the run in it when its RunInfo reads), unless
-  // options.overwrite; and with it, IoError "<path>: another process is
-  // writing it now" while a writer holds the lock. A character device
+  // until it closes. So IoError "<path>: exists (run ...): not replaced
+  // without overwrite (gradtrace-train --overwrite, overwrite=True in Python);
+  // or write to a new directory" (naming the run in it when its RunInfo
+  // reads), unless options.overwrite; and with it or without, IoError
+  // "<path>: exists: another run is writing here now" while a writer holds
+  // the lock. A character device
   // (/dev/null, /dev/full) is written as it is: it holds no trace to protect.
   static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path, const pb::RunInfo& run,
                                                      const WriterOptions& options = {});
   ~TraceWriter();  // closes without index if Close() was not called
 
-  // Each write appends and flushes whole frames. After an I/O error every later
-  // call returns that same error (the file then ends at the last good frame).
+  // Each write appends and flushes whole frames. After an I/O error (a full
+  // disk: ENOSPC, EFBIG) the frame that failed is cut off again, so the file
+  // ends at the last complete frame and reads as truncated, with every frame
+  // before it; every later call returns that same error.
   Status WriteStep(const pb::StepInfo& step);
   // Records larger than a frame are split by slice ranges into several frames
   // (chunk/chunk_count set, chunking.h); readers see one BucketRecord per frame.
@@ -57,7 +61,8 @@ class TraceWriter {
   TraceWriter(std::string path, std::FILE* file, WriterOptions options);
   Status WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry);
   Status WriteRaw(const void* data, size_t n);
-  Status Fail(Status s);  // makes `s` sticky
+  Status Fail(Status s);          // makes `s` sticky
+  void CutBack(uint64_t offset);  // after a failed write: drop stdio's buffer, cut a regular file at `offset`
 
   std::string path_;
   std::FILE* file_ = nullptr;

@@ -1,8 +1,10 @@
 #include "validate.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "format.h"
 #include "slice_codec.h"
@@ -84,6 +86,39 @@ Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s) {
   }
 }
 
+// Ranks index a trace set's per-rank tables: none is negative, none lies outside a recorded world (0 = not
+// recorded: the set's file count bounds it, diff/trace_set.cc), and no group lists a rank twice.
+// Regression, issue 20: negative ranks were written and read, and a group of 1M ranks in a world of 2 accepted.
+Status CheckRanks(const pb::RunInfo& run) {
+  const int world = run.config().world();
+  auto outside = [world](int32_t rank) { return rank < 0 || (world > 0 && rank >= world); };
+  auto why = [world](int32_t rank) {
+    return "rank " + std::to_string(rank) + (rank < 0 ? " is negative" : " outside world " + std::to_string(world));
+  };
+  if (outside(run.rank())) return Status::Corruption(why(run.rank()));
+  for (auto [name, coordinate] : {std::pair{"dp_rank", run.dp_rank()},
+                                  {"sp_rank", run.sp_rank()},
+                                  {"tp_rank", run.tp_rank()},
+                                  {"cp_rank", run.cp_rank()},
+                                  {"pp_rank", run.pp_rank()},
+                                  {"ep_rank", run.ep_rank()}}) {
+    if (coordinate < 0) return Status::Corruption(std::string("negative ") + name + " " + std::to_string(coordinate));
+  }
+  std::vector<int32_t> members;
+  for (const pb::ProcessGroup& g : run.groups()) {
+    const std::string where = "group " + Quoted(g.name());
+    for (int32_t m : g.ranks()) {
+      if (outside(m)) return Status::Corruption(where + ": " + why(m));
+    }
+    members.assign(g.ranks().begin(), g.ranks().end());
+    std::sort(members.begin(), members.end());
+    if (auto twice = std::adjacent_find(members.begin(), members.end()); twice != members.end()) {
+      return Status::Corruption(where + ": rank " + std::to_string(*twice) + " listed twice");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateRunInfo(const pb::RunInfo& run) {
@@ -141,7 +176,7 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
   if (c.comm_dtype() != pb::DTYPE_UNSPECIFIED && DTypeSize(c.comm_dtype()) == 0) {
     return Status::Corruption("config: unknown comm_dtype " + std::to_string(c.comm_dtype()));
   }
-  return Status::Ok();
+  return CheckRanks(run);
 }
 
 Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record) {

@@ -10,7 +10,9 @@
 namespace gradtrace {
 
 // params_size() <= kMaxParams (LimitExceeded otherwise); params[i].id == i;
-// known dtype; non-negative dims; numel == product(shape) without overflow.
+// known dtype; non-negative dims; numel == product(shape) without overflow;
+// rank, its coordinates and every group member non-negative, the rank and the
+// members below a recorded world, no member listed twice in a group.
 Status ValidateRunInfo(const pb::RunInfo& run);
 
 // Every slice names a parameter of `run`, covers [offset, offset + count)

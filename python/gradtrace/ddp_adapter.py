@@ -190,5 +190,5 @@ def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
     hooks and wrappers are recognised without it and recorded with their name, PowerSGD's too),
     ``groups`` (more named process groups), layout overrides (``dp``, ``gas``, ``rules``, ... or
     ``layout=``), and the RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``,
-    ``loss``, ``loss_description``, ``config``, ``extra``)."""
+    ``loss``, ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``)."""
     return DDPCapture(model, out_dir, optimizer, **options)

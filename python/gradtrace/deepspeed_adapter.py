@@ -95,7 +95,7 @@ class DeepSpeedCapture:
 
     def __init__(self, engine, out_dir, mode: str = "full", mpu=None, *, loss_recipe: str = "",
                  config: dict | None = None, extra: dict | None = None, run_id: str | None = None,
-                 phases=("PRE_REDUCE", "POST_REDUCE", "FINAL")):
+                 phases=("PRE_REDUCE", "POST_REDUCE", "FINAL"), on_error: str = "warn", overwrite: bool = False):
         import deepspeed
         import torch.distributed as tdist
 
@@ -173,7 +173,7 @@ class DeepSpeedCapture:
             engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
             layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg, extra=run_extra,
             producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
-            shape_of=deepspeed_zero3.full_shape)
+            shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite)
         self.path = self.recorder.path
         self.writer = self.recorder.writer
         for phase, why in self.unrecordable.items():
@@ -540,5 +540,7 @@ def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeed
     file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (``loss``, ``loss-div-sp``,
     ``token-weighted``, ``full-sequence`` or the gradtrace names), ``config`` (extra Config fields:
     seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac, optimizer, lr, steps), ``extra``
-    (RunInfo.extra), ``run_id`` (default $GRADTRACE_RUN_ID, else drawn by rank 0 and broadcast), ``phases``."""
+    (RunInfo.extra), ``run_id`` (default $GRADTRACE_RUN_ID, else drawn by rank 0 and broadcast), ``phases``,
+    ``on_error`` ("warn", the default: a write error such as a full disk disables capture on that rank with
+    one warning and training goes on; "raise": TraceError) and ``overwrite`` (replace a finished trace)."""
     return DeepSpeedCapture(engine, out_dir, mode, mpu, **kwargs)

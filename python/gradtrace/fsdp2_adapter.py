@@ -285,5 +285,5 @@ def attach(model, out_dir, optimizer=None, **options) -> FSDP2Capture:
     (else call ``cap.step()``). Keywords: ``full_final`` (write full gradients, not shards),
     ``groups``, layout overrides (``dp``, ``gas``, ``rules``, ... or ``layout=``), and the
     RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``, ``loss``,
-    ``loss_description``, ``config``, ``extra``)."""
+    ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``)."""
     return FSDP2Capture(model, out_dir, optimizer, **options)

@@ -15,7 +15,7 @@ for those.
 from __future__ import annotations
 
 from .adapter_base import check_loss, make_layout
-from .rank_recorder import RankRecorder
+from .rank_recorder import ON_ERROR, RankRecorder
 
 __all__ = ["GradtraceCallback"]
 
@@ -29,10 +29,13 @@ def _callback_base():
 class GradtraceCallback(_callback_base()):
     """``GradtraceCallback(out_dir, **options)``: options as for the other adapters (``mode``,
     ``steps``, ``params``, ``run_id``, ``loss``, ``loss_description``, ``config``, ``extra``,
-    ``groups`` and layout overrides). The recorder opens at ``on_train_begin``."""
+    ``on_error`` ("warn" or "raise"), ``overwrite``, ``groups`` and layout overrides). The recorder
+    opens at ``on_train_begin``."""
 
     def __init__(self, out_dir, *, groups=None, layout=None, **options):
         check_loss(options)  # now, not at on_train_begin
+        if options.get("on_error", "warn") not in ON_ERROR:
+            raise ValueError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
         self.out_dir = out_dir
         self.options = dict(options)
         self.groups, self.layout = groups, layout

@@ -216,7 +216,7 @@ def attach(model, out_dir, optimizer=None, **options) -> ManualCapture:
     ``gas``, ``rules`` = [(regex, {"kind", "grad_group", "partition_dim", "shard_count"})],
     ``default_group``, or ``layout=``), ``framework`` (default "pytorch"), and the RankRecorder's
     options (``mode``, ``steps``, ``params``, ``run_id``, ``loss``, ``loss_description``,
-    ``config``, ``extra``).
+    ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
 
     Sharded parameters. DTensor parameters (``parallelize_module``'s ColwiseParallel,
     RowwiseParallel, SequenceParallel; any Shard/Replicate placements on a 1-D or 2-D DeviceMesh)

@@ -7,6 +7,13 @@ the model's parameters (names, shapes and dtypes from the tensors), the
 that every rank agrees on. Adapters hand it gradient pieces and call
 :meth:`record_step` / :meth:`end_optimizer_step`; it applies the ``steps``
 and ``params`` filters and counts steps and micro-steps.
+
+Capture never takes training down by default (``on_error="warn"``): a write error (a full disk,
+EFBIG, permission, I/O) prints one warning on stderr naming the rank, the file and the error, and
+capture stops on that rank while training goes on; the file keeps every complete frame written
+before (a truncated trace). Nothing collective depends on it: the adapters' reductions and the
+collectives FINAL may need run exactly as before, so the other ranks, still capturing, never wait
+on this one. ``on_error="raise"`` raises the TraceError instead.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import warnings
 from . import loss_recipes
 from .dtypes import torch_dtype_name
 from .layout import Layout
-from .trace import TraceWriter
+from .trace import TraceError, TraceWriter
 
 log = logging.getLogger("gradtrace")
 
@@ -75,6 +82,75 @@ def environment_versions(packages=()) -> dict:
 
 NO_FINAL_WARNING = ("gradtrace: no FINAL gradients were recorded: pass optimizer= to attach() or call cap.step() "
                     "after each optimizer step")
+
+
+ON_ERROR = ("warn", "raise")
+
+
+def _held_by_writer(path: str) -> bool:
+    """Whether a trace writer (of any process) holds ``path``'s lock now (TraceWriter takes it while it writes)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # a filesystem without flock
+        return False
+    finally:
+        os.close(fd)
+
+
+class GuardedWriter:
+    """This rank's :class:`gradtrace.TraceWriter` as the adapters write through it: a TraceError from a
+    write or from close goes to the recorder (:meth:`RankRecorder.write_failed`), which disables capture
+    with one warning (``on_error="warn"``) or raises it (``"raise"``). After that, writes are dropped."""
+
+    def __init__(self, recorder, writer):
+        self._recorder = recorder
+        self._writer = writer
+
+    @property
+    def path(self) -> str:
+        return self._recorder.path
+
+    def write_step(self, step: dict) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.write_step(step)
+            except TraceError as e:
+                self._recorder.write_failed(e)
+
+    def write_bucket(self, record: dict) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.write_bucket(record)
+            except TraceError as e:
+                self._recorder.write_failed(e)
+
+    def close(self) -> None:
+        """Writes the index and closes the file (a failure as a write's); then drops every write."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except TraceError as e:
+                self._recorder.write_failed(e, closing=True)
+
+    def abandon(self) -> None:
+        """After a write error: closes the file as it is (the codec ends it at its last complete frame),
+        without raising."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the error that disabled capture was reported already
+                pass
 
 
 def step_filter(steps):
@@ -143,6 +219,10 @@ class RankRecorder:
     full shape when its tensor is a placeholder, as ZeRO-3's are), and format 1.4's dtype chain:
     ``comm_dtype`` (the dtype gradients are communicated in, e.g. a compression hook's), ``comm_hook``
     (the hook's name), ``grad_dtype`` and ``accum_dtype`` (default: each parameter's own dtype).
+    ``on_error``: "warn" (the default: a write error disables capture on this rank with one warning,
+    training goes on) or "raise" (TraceError). ``overwrite``: replace a finished trace at this rank's
+    path (without it one there is refused, whatever ``on_error``; a trace another writer is still
+    writing is refused even with it).
 
     ``micro_steps``: the forwards (``begin_micro_step`` calls) of each optimizer step ended so far;
     ``inferred_gas`` their common count. :meth:`warn_unfinished` (adapters call it at close) warns
@@ -154,9 +234,13 @@ class RankRecorder:
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
                  producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
-                 accum_dtype=None):
+                 accum_dtype=None, on_error: str = "warn", overwrite: bool = False):
         import torch.distributed as tdist
 
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error={on_error!r}: expected one of {ON_ERROR}")
+        self.on_error = on_error
+        self.disabled: str | None = None  # the write error that disabled capture on this rank
         loss_recipes.check(loss)
         if config and "loss" in config:
             loss_recipes.check(config["loss"], keyword='config["loss"]')
@@ -223,10 +307,38 @@ class RankRecorder:
                       **({"inferred": "; ".join(self.layout.inferred)} if self.layout.inferred else {}), **(extra or {})},
             **self.layout.run_fields(),
         }
-        os.makedirs(out_dir, exist_ok=True)
         self.path = rank_file(out_dir, self.rank)
-        self.writer = TraceWriter(self.path, run_info, mode=mode)
-        self.run_info = self.writer.run_info
+        self.run_info = run_info
+        self.writer = GuardedWriter(self, None)
+        # A trace already there is the user's choice to make (overwrite=, or another directory), not a write
+        # error: refused whatever on_error says, as is one a live writer holds.
+        existed = os.path.isfile(self.path) and not os.path.islink(self.path)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            writer = TraceWriter(self.path, run_info, mode=mode, overwrite=overwrite)
+        except (TraceError, OSError) as e:
+            if on_error == "raise" or (existed and (not overwrite or _held_by_writer(self.path))):
+                raise
+            self.write_failed(e)
+        else:
+            self.writer = GuardedWriter(self, writer)
+            self.run_info = writer.run_info
+
+    def write_failed(self, error: Exception, closing: bool = False) -> None:
+        """A write (or, ``closing``, the close) of this rank's trace failed: with ``on_error="raise"`` the
+        error is raised; with "warn" capture stops here, once, with one warning on stderr, and the file is
+        closed as it is. Never a collective: the other ranks' capture goes on."""
+        if self.on_error == "raise":
+            raise error
+        if self.disabled is not None:
+            return
+        self.disabled = str(error)
+        kept = (f"{self.path} keeps the frames written before: a truncated trace" if closing
+                or self.writer._writer is not None else "no trace is written for this rank")
+        print(f"gradtrace: WARNING: rank {self.rank}: capture disabled after a write error: {error}; training "
+              f"continues without capture ({kept})", file=sys.stderr, flush=True)
+        if not closing:
+            self.writer.abandon()
 
     # ---- what to capture -----------------------------------------------------------------------
 
@@ -247,7 +359,7 @@ class RankRecorder:
                      partition_offset: int = 0, partition_count: int = 0, divisor: float = 0.0) -> None:
         """One BucketRecord of the current (step, micro-step). ``pieces``: (param id, element offset,
         values tensor) in bucket order; parameters outside the ``params`` regex are left out."""
-        if not self.wants(phase):
+        if not self.wants(phase) or self.disabled is not None:
             return
         slices = [{"param_id": pid, "offset": int(off), "values": values}
                   for pid, off, values in pieces if self._written[pid] and values.numel() > 0]
@@ -257,11 +369,14 @@ class RankRecorder:
                                   "phase": phase, "group": group, "bucket_numel": int(bucket_numel),
                                   "partition_offset": int(partition_offset), "partition_count": int(partition_count),
                                   "divisor": float(divisor), "slices": slices})
-        self.recorded[phase] += 1
+        if self.disabled is None:
+            self.recorded[phase] += 1
 
     def write_final(self, pieces=None) -> None:
         """FINAL of the current step. ``pieces`` as for :meth:`write_bucket`; default every
-        parameter's whole ``.grad`` (parameters without one are left out)."""
+        parameter's whole ``.grad`` (parameters without one are left out). The pieces are taken
+        (Partial DTensor gradients reduced: a collective) whether or not a write error disabled this
+        rank's capture, so that every rank runs the same collectives."""
         if not self.wants("FINAL"):
             return
         if pieces is None:
@@ -302,11 +417,12 @@ class RankRecorder:
 
     def record_step(self, loss, valid_tokens=0, lr: float | None = None) -> None:
         """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""
-        if not self.capturing:
+        if not self.capturing or self.disabled is not None:
             return
         self.writer.write_step({"step": self.step, "micro_step": self.micro, "loss": _number(loss),
                                 "valid_tokens": int(_number(valid_tokens)), "lr": self._lr(lr)})
-        self.recorded["STEP"] += 1
+        if self.disabled is None:
+            self.recorded["STEP"] += 1
 
     def write_optimizer_step(self, grad_norm=None, lr: float | None = None, step: int | None = None,
                              micro: int | None = None) -> None:
@@ -360,7 +476,7 @@ class RankRecorder:
         trained but no optimizer step ended and no FINAL was written (everything is step 0), when steps asked for
         with ``steps=[...]`` were never reached, and when gas was not given (Config.gas says 1) but
         every optimizer step ran the same number N > 1 of micro-steps."""
-        if self._warned or self.writer is None:
+        if self._warned or self.writer is None or self.disabled is not None:
             return
         self._warned = True
         trained = self.step > 0 or self._forwards > 0 or any(self.recorded.values())
@@ -380,9 +496,11 @@ class RankRecorder:
                           stacklevel=stacklevel)
 
     def close(self) -> None:
+        """Writes the index and closes the file. Idempotent; with ``on_error="warn"`` it never raises
+        (a failure disables capture with the one warning, as a write's)."""
         if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+            writer, self.writer = self.writer, None
+            writer.close()
 
 
 def _full_shape(p) -> list[int]:

@@ -4,8 +4,10 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -184,6 +186,7 @@ TEST(Recorder, MalformedRunInfoIsRefusedEvenUnderDisable) {
 TEST(Recorder, UnwritableDirectoryAbortNamesThePath) {
   RecorderOptions opt;
   opt.path = "/nonexistent-dir/rank-00000.gtrace";
+  opt.on_error = OnCaptureError::kAbort;
   auto rec = Recorder::Open(opt, TinyRun());
   ASSERT_FALSE(rec.ok());
   EXPECT_NE(rec.status().message().find("/nonexistent-dir/rank-00000.gtrace"), std::string::npos)
@@ -205,6 +208,7 @@ TEST(Recorder, UnwritableDirectoryDisableKeepsTrainingGoing) {
 TEST(Recorder, DiskFullAbortSurfacesTheError) {
   RecorderOptions opt;
   opt.path = "/dev/full";
+  opt.on_error = OnCaptureError::kAbort;
   auto rec = Recorder::Open(opt, TinyRun());
   if (!rec.ok()) {  // the header write itself may already fail
     EXPECT_NE(rec.status().message().find("/dev/full"), std::string::npos) << rec.status().message();
@@ -228,6 +232,94 @@ TEST(Recorder, DiskFullDisableStopsCaptureOnly) {
   }
   EXPECT_TRUE((*rec)->Close().ok());
   EXPECT_FALSE((*rec)->enabled());
+}
+
+// Issue 20: capture never takes training down by default.
+TEST(Recorder, DefaultOnErrorIsDisable) { EXPECT_EQ(RecorderOptions{}.on_error, OnCaptureError::kDisable); }
+
+// A file-size limit (EFBIG, as a full disk's ENOSPC) in the middle of a frame: capture stops, and the file
+// ends at the last complete frame, so it reads back as truncated with every frame written before it.
+TEST(Recorder, WriteErrorDisablesAndLeavesATruncatedTraceAtAFrameBoundary) {
+  const std::string path = TempPath("rec-fsize");
+  std::remove(path.c_str());
+  RecorderOptions opt;
+  opt.path = path;
+  auto rec = Recorder::Open(opt, TinyRun());
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 20000;  // a few frames of 96 random floats (they do not compress)
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  at::manual_seed(3);
+  for (int b = 0; b < 200; ++b) {
+    BucketMeta meta;
+    meta.bucket_id = b;
+    EXPECT_TRUE((*rec)->RecordBucket(meta, {SliceRef{1, 0, at::randn({96})}}).ok());
+  }
+  EXPECT_TRUE((*rec)->Close().ok());
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE((*rec)->enabled());
+  const uint64_t frames = (*rec)->stats().frames;
+  EXPECT_GT(frames, 3u);
+  EXPECT_LT(frames, 200u);
+
+  auto reader = TraceReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  Frame f;
+  uint64_t buckets = 0;
+  while ((*reader)->Next(&f)) buckets += f.bucket ? 1 : 0;
+  EXPECT_EQ(buckets, frames);
+  EXPECT_EQ((*reader)->status().code(), Status::Code::kTruncated) << (*reader)->status().message();
+  EXPECT_NE((*reader)->status().message().find("the writer did not finish"), std::string::npos)
+      << (*reader)->status().message();
+  EXPECT_EQ((*reader)->stop_offset(), std::filesystem::file_size(path));  // no partial frame after the last one
+  EXPECT_LE(std::filesystem::file_size(path), 20000u);
+  EXPECT_EQ(VerifyFile(path).code(), Status::Code::kTruncated);
+  std::remove(path.c_str());
+}
+
+// A trace already at the path is not a write error: refused at Open under kDisable too, naming the file and
+// the way out; replaced with overwrite; never while another writer holds it, overwrite or not.
+TEST(Recorder, ExistingTraceIsRefusedUnlessOverwriteAndNeverWhileWritten) {
+  const std::string path = TempPath("rec-exists");
+  std::remove(path.c_str());
+  RecorderOptions opt;
+  opt.path = path;
+  {
+    auto first = Recorder::Open(opt, TinyRun());
+    ASSERT_TRUE(first.ok()) << first.status().message();
+    pb::RunInfo second = TinyRun();
+    second.set_run_id("r2");
+    for (bool overwrite : {false, true}) {
+      RecorderOptions o = opt;
+      o.overwrite = overwrite;
+      auto live = Recorder::Open(o, second);
+      ASSERT_FALSE(live.ok());
+      EXPECT_EQ(live.status().message(),
+                path + ": exists: another run is writing here now (run 'r1' of recorder_test)");
+    }
+    ASSERT_TRUE((*first)->Close().ok());
+  }
+  pb::RunInfo second = TinyRun();
+  second.set_run_id("r2");
+  auto again = Recorder::Open(opt, second);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().message(), path +
+                                          ": exists (run 'r1' of recorder_test): not replaced without overwrite "
+                                          "(gradtrace-train --overwrite, overwrite=True in Python); or write to a "
+                                          "new directory");
+  opt.overwrite = true;
+  auto replaced = Recorder::Open(opt, second);
+  ASSERT_TRUE(replaced.ok()) << replaced.status().message();
+  EXPECT_TRUE((*replaced)->enabled());
+  ASSERT_TRUE((*replaced)->Close().ok());
+  auto reader = TraceReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  EXPECT_EQ((*reader)->run_info().run_id(), "r2");
+  std::remove(path.c_str());
 }
 
 }  // namespace

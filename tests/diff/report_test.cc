@@ -120,6 +120,62 @@ TEST(Reports, MarkdownEscapesEveryStringFromATrace) {
   EXPECT_NE(m.find("\n| scaling | mean | &lt;svg onload=alert(1)&gt;\\|x |\n"), std::string::npos) << m;
 }
 
+// The Markdown outside its code spans (CommonMark: a run of N backticks, not backslash-escaped, opens a span
+// that the next run of exactly N closes), where GitHub finds @mentions and issue references.
+std::string OutsideCodeSpans(const std::string& md) {
+  std::string out;
+  for (size_t i = 0; i < md.size();) {
+    if (md[i] == '\\' && i + 1 < md.size()) {
+      out += md.substr(i, 2);
+      i += 2;
+      continue;
+    }
+    if (md[i] != '`') {
+      out += md[i++];
+      continue;
+    }
+    const size_t run = std::min(md.find_first_not_of('`', i), md.size()) - i;
+    size_t close = i + run;
+    for (;;) {
+      close = md.find(std::string(run, '`'), close);
+      if (close == std::string::npos || std::min(md.find_first_not_of('`', close), md.size()) - close == run) break;
+      close = md.find_first_not_of('`', close);
+    }
+    if (close == std::string::npos) {  // no closing run: the backticks are text
+      out += md.substr(i, run);
+      i += run;
+    } else {
+      i = close + run;
+    }
+  }
+  return out;
+}
+
+// Issue 20: pasted on GitHub, a name from a trace like '@octocat' pinged the user and 'owner/repo#123'
+// cross-referenced the issue. Outside code spans (where GitHub links nothing) '@' and '#' are entities followed
+// by a zero-width space; the parameter names stay verbatim in theirs.
+TEST(Reports, MarkdownMentionsAndIssueReferencesFromATraceStayInert) {
+  Report r = Sp2Report();
+  const std::string hostile = "@octocat owner/repo#123 #45";
+  r.a.producer = r.b.producer = hostile;
+  r.b.config.set_scaling(hostile);
+  r.b.config.set_loss("@octocat");
+  r.summary = hostile;
+  r.groups[0].explanation = hostile;
+  r.findings.push_back({"note", hostile});
+  r.params[0].name = "@octocat.weight";
+  const std::string m = RenderMarkdown(r);
+  const std::string text = OutsideCodeSpans(m);
+  EXPECT_EQ(text.find('@'), std::string::npos) << text;
+  EXPECT_EQ(text.find("#1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("#4"), std::string::npos) << text;
+  EXPECT_EQ(Count(m, "&#64;&#8203;octocat owner/repo&#35;&#8203;123 &#35;&#8203;45"), 6) << m;
+  EXPECT_NE(m.find("| loss | local-mean | &#64;&#8203;octocat |"), std::string::npos) << m;
+  EXPECT_NE(m.find("| `@octocat.weight` |"), std::string::npos) << m;
+  // The names of a normal report read as they are.
+  EXPECT_NE(m.find("| `layers.0.attn.qkv.weight` |"), std::string::npos) << m;
+}
+
 TEST(Reports, TextShowsControlBytesFromATraceAsEscapes) {
   const Report r = HostileReport();
   for (bool colour : {false, true}) {

@@ -6,6 +6,8 @@
 #include <filesystem>
 
 #include "test_dirs.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -60,6 +62,33 @@ TEST(TraceSet, MixedRunsAreRefused) {
   const std::string& m = set.status().message();
   EXPECT_EQ(m.rfind(RankPath(x, 1), 0), 0u) << m;
   EXPECT_NE(m.find("mixed runs"), std::string::npos) << m;
+}
+
+// Issue 20: group members index the set's ranks. With the world recorded the reader refuses a member outside
+// it (proto/validate.cc); with the world unrecorded (0) the set's rank files bound it, known only here.
+TEST(TraceSet, GroupMemberOutsideAnUnrecordedWorldNamesTheFile) {
+  std::string dir = Synth("b", Config(2, 1, 0, "mean", "local-mean"));
+  std::string group;
+  for (int r = 0; r < 2; ++r) {
+    pb::RunInfo run;
+    {
+      auto reader = TraceReader::Open(RankPath(dir, r));
+      ASSERT_TRUE(reader.ok()) << reader.status().message();
+      run = (*reader)->run_info();
+    }
+    run.mutable_config()->set_world(0);
+    ASSERT_GT(run.groups_size(), 0);
+    group = run.groups(0).name();
+    if (r == 1) run.mutable_groups(0)->add_ranks(5);
+    WriterOptions o;
+    o.overwrite = true;
+    auto w = TraceWriter::Open(RankPath(dir, r), run, o);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  auto set = TraceSet::Load(dir);
+  ASSERT_FALSE(set.ok());
+  EXPECT_EQ(set.status().message(), RankPath(dir, 1) + ": group '" + group + "': rank 5 outside world 2");
 }
 
 LoadOptions ScanEverything() {

@@ -10,21 +10,8 @@ set -uo pipefail
 pack="$1" diff_bin="$2" inspect_bin="$3" synth="$4" python="$5"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-expect() {  # CODE CMD...: stdout/stderr kept in $work/out, $work/err
-  local want="$1"; shift
-  "$@" >"$work/out" 2>"$work/err"
-  local got=$?
-  [ "$got" = "$want" ] || fail "exit $got (want $want): $* -- $(tail -c 400 "$work/err")"
-}
-expect_one_line_error() {  # PREFIX NEEDLE: the diff and inspect print one line; the pack's progress
-  local lines                #                lines come first and its error is the last line
-  [ "$1" = gradtrace-pack ] && lines=1 || lines=$(wc -l <"$work/err")
-  [ "$lines" = 1 ] || fail "stderr has $lines lines: $(cat "$work/err")"
-  tail -1 "$work/err" | grep -q "^$1: " || fail "stderr lacks prefix $1: $(cat "$work/err")"
-  tail -1 "$work/err" | grep -qF -- "$2" || fail "stderr lacks '$2': $(cat "$work/err")"
-}
+source "$(dirname "$0")/../cli_helpers.sh"
+expect_one_line_error() { expect_error "$@"; }  # PREFIX NEEDLE
 py() { "$python" - "$@"; }
 cd "$work"
 
@@ -147,6 +134,35 @@ assert "| parameter | kept as | why |" in readme and "stats" in readme, readme
 PY
 ls | grep -q 'tmp\|reencode' && fail "temporary files left: $(ls)"
 
+# Issue 20: Ctrl-C during a pack left sig.gtpack.tmp.PID behind (and .fit.PID, .reencode.PID/). SIGINT,
+# SIGTERM and SIGHUP now remove every temporary; the pack ends with the signal's status, and an archive already
+# at the output is untouched. The pack of the big sets re-encodes (a .reencode.PID directory of traces), then
+# writes sig.gtpack.tmp.PID: the driver polls for that file, stops the pack there, sends the signal and lets it
+# go on, so the signal lands while both temporaries exist.
+echo keep >sig.gtpack
+py "$pack" <<'PY' || fail "a signal during a pack: see above"
+import os, signal, subprocess, sys, time
+pack = sys.argv[1]
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # inherited by the pack, even if this test was started ignoring it
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    p = subprocess.Popen([pack, "bigref", "bigsp2", "-o", "sig.gtpack", "--limit", "100k", "--threads", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp, work = "sig.gtpack.tmp.%d" % p.pid, "sig.gtpack.reencode.%d" % p.pid
+    deadline = time.monotonic() + 60
+    while not os.path.exists(tmp) and p.poll() is None and time.monotonic() < deadline:
+        pass
+    os.kill(p.pid, signal.SIGSTOP)
+    caught = os.path.exists(tmp) and os.path.isdir(work)
+    os.kill(p.pid, sig)
+    os.kill(p.pid, signal.SIGCONT)
+    rc = p.wait(timeout=60)
+    assert caught, "%s: the pack ended (exit %s) before its temporaries were seen" % (sig.name, rc)
+    assert rc == -sig, "%s: exit %s, want death by the signal" % (sig.name, rc)
+    left = [f for f in os.listdir(".") if f.startswith("sig.gtpack.")]
+    assert not left, "%s: temporaries left: %s" % (sig.name, left)
+    assert open("sig.gtpack").read() == "keep\n", "%s: the archive already there changed" % sig.name
+PY
+
 # Bad input: exit 2, one line naming the file, the output already there kept.
 echo keep >kept.gtpack
 expect 2 "$pack" bigref bigsp2 -o kept.gtpack --limit 20k
@@ -251,8 +267,4 @@ expect_one_line_error gradtrace-diff "frame.gtpack:a/rank-00000.gtrace: offset "
 expect 2 "$diff_bin" bug.gtpack:c bug.gtpack:b
 expect_one_line_error gradtrace-diff "bug.gtpack: archive holds no trace set 'c' (it holds a, b)"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)" >&2
-  exit 1
-fi
-echo "pack_test: all passed"
+finish pack_test

@@ -28,10 +28,26 @@ TEST(HtmlEscape, EscapesMarkupAndBothQuotes) {
 TEST(MarkdownText, NoRawHtmlEntityOrMarkupSurvives) {
   EXPECT_EQ(MarkdownText("ds-4530 (loss / sp) 2.000"), "ds-4530 (loss / sp) 2.000");
   EXPECT_EQ(MarkdownText("<svg onload=alert(1)>"), "&lt;svg onload=alert(1)&gt;");
-  EXPECT_EQ(MarkdownText("&lt; &#60;"), "&amp;lt; &amp;#60;");
+  EXPECT_EQ(MarkdownText("&lt; &#60;"), "&amp;lt; &amp;&#35;&#8203;60;");
   EXPECT_EQ(MarkdownText("a|b\r\nc"), "a\\|b\\x0d\\x0ac");  // one table cell, one line
   EXPECT_EQ(MarkdownText("`code` *em* _em_ [link](x) ~~s~~ \\"),
             "\\`code\\` \\*em\\* \\_em\\_ \\[link\\](x) \\~\\~s\\~\\~ \\\\");
+}
+
+// Issue 20: GitHub finds mentions and issue references in the rendered text (entities decoded), so a
+// zero-width space follows each '@' and '#'; the entities keep them from bots reading the raw Markdown.
+TEST(MarkdownText, MentionsAndIssueReferencesStayInert) {
+  EXPECT_EQ(MarkdownText("@octocat"), "&#64;&#8203;octocat");
+  EXPECT_EQ(MarkdownText("owner/repo#123, #45, GH-6"), "owner/repo&#35;&#8203;123, &#35;&#8203;45, GH-6");
+  EXPECT_EQ(MarkdownText("@pytorchbot merge -f"), "&#64;&#8203;pytorchbot merge -f");
+  EXPECT_EQ(MarkdownText("a@b.c"), "a&#64;&#8203;b.c");
+  // Names without them read as they are.
+  EXPECT_EQ(MarkdownText("layers.0.mlp.fc1.weight"), "layers.0.mlp.fc1.weight");
+  EXPECT_EQ(MarkdownText("world 4 (dp 2 x sp 2), ZeRO-2"), "world 4 (dp 2 x sp 2), ZeRO-2");
+}
+
+TEST(MarkdownCode, MentionsStayVerbatimInACodeSpan) {  // GitHub links nothing inside code
+  EXPECT_EQ(MarkdownCode("@octocat/repo#1"), "`@octocat/repo#1`");
 }
 
 TEST(MarkdownCode, FencedPastEveryBacktickRunAndShownVerbatim) {

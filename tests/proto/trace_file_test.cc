@@ -152,8 +152,8 @@ TEST(TraceFile, SecondWriterOfAFileFailsAtOpenNamingIt) {
   w = TraceWriter::Open(path, second);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(path +
-                ": exists (run 'run-1' of gradtrace-test on localhost): another run is writing here, or remove "
-                "it first",
+                ": exists (run 'run-1' of gradtrace-test on localhost): not replaced without overwrite "
+                "(gradtrace-train --overwrite, overwrite=True in Python); or write to a new directory",
             w.status().message());
   // The first run's trace is intact.
   testing::ReadResult res = ReadAll(path);
@@ -174,7 +174,10 @@ TEST(TraceFile, WriterRefusesAnExistingFileThatIsNoTrace) {
   testing::WriteBytes(dir.File("notes.txt"), "not a trace");
   auto w = TraceWriter::Open(dir.File("notes.txt"), testing::SmallRun());
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(dir.File("notes.txt") + ": exists: another run is writing here, or remove it first", w.status().message());
+  EXPECT_EQ(dir.File("notes.txt") +
+                ": exists: not replaced without overwrite (gradtrace-train --overwrite, overwrite=True in Python); "
+                "or write to a new directory",
+            w.status().message());
   EXPECT_EQ(testing::ReadBytes(dir.File("notes.txt")), "not a trace");
   // A FIFO is not opened at all: opening it for writing would block until a reader came.
   const std::string fifo = dir.File("rank-00002.gtrace");

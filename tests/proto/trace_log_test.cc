@@ -302,6 +302,51 @@ TEST_F(TraceLogTest, FuzzLongParamNameIsCutInTheMessage) {
   EXPECT_EQ(At(16) + "param 1 '" + shown + "'...: unknown dtype 0", Read().status.message());
 }
 
+// Issue 20: ranks index a trace set's per-rank tables, yet a negative rank was written and read, and a group
+// listing 1M ranks in a world of 2 was accepted. The reader refuses each, naming the file and offset.
+TEST_F(TraceLogTest, NegativeRanksAndGroupMembersOutsideTheWorldAreRefused) {
+  auto read_with = [&](void (*edit)(pb::RunInfo*)) {
+    pb::RunInfo run = testing::SmallRun();  // world 4, rank 1, group sp = {0, 1}
+    edit(&run);
+    testing::WriteBytes(
+        path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+    ReadResult r = Read();
+    EXPECT_EQ(Status::Code::kCorruption, r.status.code());
+    return r.status.message();
+  };
+  EXPECT_EQ(At(16) + "rank -1 is negative", read_with([](pb::RunInfo* r) { r->set_rank(-1); }));
+  EXPECT_EQ(At(16) + "rank 4 outside world 4", read_with([](pb::RunInfo* r) { r->set_rank(4); }));
+  EXPECT_EQ(At(16) + "negative sp_rank -2", read_with([](pb::RunInfo* r) { r->set_sp_rank(-2); }));
+  EXPECT_EQ(At(16) + "negative ep_rank -1", read_with([](pb::RunInfo* r) { r->set_ep_rank(-1); }));
+  EXPECT_EQ(At(16) + "group 'sp': rank -1 is negative",
+            read_with([](pb::RunInfo* r) { r->mutable_groups(0)->add_ranks(-1); }));
+  EXPECT_EQ(At(16) + "group 'sp': rank 4 outside world 4", read_with([](pb::RunInfo* r) {
+              for (int i = 2; i < 1'000'000; ++i) r->mutable_groups(0)->add_ranks(i);  // 1M ranks in a world of 4
+            }));
+  EXPECT_EQ(At(16) + "group 'sp': rank 0 listed twice", read_with([](pb::RunInfo* r) {
+              for (int i = 2; i < 1'000'000; ++i) r->mutable_groups(0)->add_ranks(i % 2);
+            }));
+  // World unrecorded (0): only the set knows the bound (diff/trace_set.cc); the sign is still checked.
+  EXPECT_EQ(At(16) + "group 'sp': rank -3 is negative", read_with([](pb::RunInfo* r) {
+              r->mutable_config()->set_world(0);
+              r->mutable_groups(0)->add_ranks(-3);
+            }));
+}
+
+// The writer runs the same check before creating the file: it never writes what the reader refuses.
+TEST_F(TraceLogTest, WriterRefusesRanksOutsideTheWorld) {
+  const std::string path = dir_.File("rank-00001.gtrace");
+  pb::RunInfo run = testing::SmallRun();
+  run.mutable_groups(0)->add_ranks(7);
+  auto w = TraceWriter::Open(path, run);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(path + ": invalid RunInfo: group 'sp': rank 7 outside world 4", w.status().message());
+  EXPECT_FALSE(std::filesystem::exists(path));
+  run = testing::SmallRun();
+  run.set_rank(-1);
+  EXPECT_EQ(path + ": invalid RunInfo: rank -1 is negative", TraceWriter::Open(path, run).status().message());
+}
+
 // GitHub-style regression for a decompression bomb: a few hundred stored bytes
 // that inflate to 32 MiB, in a frame whose header claims 100 bytes. Must be
 // refused from the zstd frame header, with only raw_len bytes ever allocated.
@@ -409,7 +454,9 @@ TEST_F(TraceLogTest, WriterDidNotFinish) {
   ReadResult r = Read();
   EXPECT_EQ(written_, r.messages);
   EXPECT_EQ(Status::Code::kTruncated, r.status.code());
-  EXPECT_EQ(At(FrameOffset(7)) + "file ends without index and footer: the writer did not finish (crash or cut)",
+  EXPECT_EQ(At(FrameOffset(7)) +
+                "file ends without index and footer: the writer did not finish (a crash, a write error such as a "
+                "full disk, or a cut)",
             r.status.message());
 }
 

@@ -66,7 +66,8 @@ def test_a_second_writer_of_a_file_is_refused(tmp_path):
     first.close()
     with pytest.raises(gradtrace.TraceError) as e:
         gradtrace.TraceWriter(path, second)
-    assert str(e.value) == f"{path}: exists (run 'first'): another run is writing here, or remove it first"
+    assert str(e.value) == (f"{path}: exists (run 'first'): not replaced without overwrite (gradtrace-train "
+                            "--overwrite, overwrite=True in Python); or write to a new directory")
     assert gradtrace.TraceReader(path).run_info["run_id"] == "first"
     gradtrace.TraceWriter(path, second, overwrite=True).close()
     assert gradtrace.TraceReader(path).run_info["run_id"] == "second"
