@@ -50,19 +50,16 @@ struct Job {
   int64_t bytes = 0;
 };
 
+struct TorchPair {
+  pb::DType dtype;
+  at::ScalarType type;
+};
+constexpr TorchPair kTorchDTypes[] = {
+    {pb::FP32, at::kFloat}, {pb::FP16, at::kHalf}, {pb::BF16, at::kBFloat16}, {pb::FP64, at::kDouble}};
+
 Expected<pb::DType> DTypeOf(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return pb::FP32;
-    case at::kHalf:
-      return pb::FP16;
-    case at::kBFloat16:
-      return pb::BF16;
-    case at::kDouble:
-      return pb::FP64;
-    default:
-      return Status::InvalidArgument(std::string("unsupported gradient dtype ") + c10::toString(t.scalar_type()));
-  }
+  if (auto dtype = ProtoDType(t.scalar_type())) return *dtype;
+  return Status::InvalidArgument(std::string("unsupported gradient dtype ") + c10::toString(t.scalar_type()));
 }
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -88,10 +85,18 @@ bool HeldByAnotherWriter(const std::string& path) {
 
 }  // namespace
 
-std::string RankFileName(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "rank-%05d.gtrace", rank);
-  return buf;
+std::optional<at::ScalarType> TorchScalarType(pb::DType dtype) {
+  for (const TorchPair& t : kTorchDTypes) {
+    if (t.dtype == dtype) return t.type;
+  }
+  return std::nullopt;
+}
+
+std::optional<pb::DType> ProtoDType(at::ScalarType type) {
+  for (const TorchPair& t : kTorchDTypes) {
+    if (t.type == type) return t.dtype;
+  }
+  return std::nullopt;
 }
 
 struct Recorder::Impl {

@@ -100,7 +100,8 @@ class Recorder {
   std::unique_ptr<Impl> impl_;
 };
 
-// "rank-00003.gtrace"
-std::string RankFileName(int rank);
+// The torch type of each trace dtype (proto/dtype.h) and back: capture's one torch <-> proto map.
+std::optional<at::ScalarType> TorchScalarType(pb::DType dtype);
+std::optional<pb::DType> ProtoDType(at::ScalarType type);
 
 }  // namespace gradtrace::capture

@@ -20,6 +20,16 @@ void Apply(at::Tensor& t, const std::vector<ScaleOp>& ops) {
 
 int GroupRank(const NamedGroup& g) { return g.ranks.size() <= 1 ? 0 : g.pg->getRank(); }
 
+// The settings that choose each bucket's path (semantics/reduction_path.h). Buckets here are always flat
+// copies: contiguous_gradients, DeepSpeed's default.
+semantics::ZeroSettings ZeroSettingsOf(const ReduceConfig& c) {
+  semantics::ZeroSettings s;
+  s.reduce_bucket_size = c.bucket_size;
+  s.reduce_scatter = c.reduce_scatter;
+  s.contiguous_gradients = true;
+  return s;
+}
+
 }  // namespace
 
 const NamedGroup& GradGroup(const Groups& groups, int zero_stage, bool expert) {
@@ -78,11 +88,7 @@ void Reducer::PlanBuckets() {
       cur.id = static_cast<int32_t>(buckets_.size());
       cur.group = &GradGroup(*groups_, config_.zero_stage, expert_stream);
       BucketContext ctx;
-      ctx.path = engine ? ReductionPath::kEngineAllreduce : ReductionPath::kZeroPartitioned;
-      if (config_.zero_stage == 3) {
-        ctx.path = !config_.reduce_scatter && cur.numel <= config_.bucket_size ? ReductionPath::kZero3Allreduce
-                                                                               : ReductionPath::kZero3ReduceScatter;
-      }
+      ctx.path = semantics::ChooseReductionPath(config_.zero_stage, ZeroSettingsOf(config_), cur.numel);
       cur.path = ctx.path;
       ctx.group_size = static_cast<int>(cur.group->ranks.size());
       ctx.sp = groups_->topo.sp;

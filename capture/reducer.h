@@ -13,9 +13,10 @@
 //           bucket is split into group-size partitions (the last ones may be
 //           short or empty) and each partition is reduced to its owner.
 //   ZeRO 3  (zero3 path):  as ZeRO 1/2, but the path is chosen per bucket as
-//           stage3.py:1673 does: all-reduce when reduce_scatter is false and
-//           the bucket holds at most --reduce-bucket-size elements, else
-//           reduce-scatter (a parameter larger than a bucket is alone in one).
+//           stage3.py:1673 does (semantics/reduction_path.h): all-reduce when
+//           reduce_scatter is false and the bucket holds at most
+//           --reduce-bucket-size elements, else reduce-scatter (a parameter
+//           larger than a bucket is alone in one).
 //           Partitions are per flat bucket here, per parameter in DeepSpeed:
 //           the same FINAL, another POST_REDUCE layout.
 //
@@ -35,6 +36,7 @@
 #include "grad_sink.h"
 #include "model.h"
 #include "process_groups.h"
+#include "reduction_path.h"
 #include "scaling_policy.h"
 
 namespace gradtrace::capture {

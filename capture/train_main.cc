@@ -17,6 +17,7 @@
 #include "init_sketch.h"
 #include "launcher.h"
 #include "loss.h"
+#include "rank_file.h"
 #include "recorder.h"
 #include "recorder_sink.h"
 #include "reducer.h"
@@ -33,10 +34,10 @@ namespace pb = gradtrace::pb;
 
 namespace {
 
-// The options' dtype names are the codec's ("fp32", "bf16", ...), validated at parse time.
+// The options' dtype names are the codec's (proto/dtype.h), validated at parse time: an unknown one is a bug here.
 pb::DType ProtoDTypeOf(const std::string& name) {
-  pb::DType d = pb::FP32;
-  gradtrace::ParseDType(name, &d);
+  pb::DType d = pb::DTYPE_UNSPECIFIED;
+  TORCH_CHECK(gradtrace::ParseDType(name, &d), "unknown dtype '", name, "' passed ValidateTrainOptions");
   return d;
 }
 
@@ -124,7 +125,7 @@ int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, st
     return 1;
   }
   gc::RecorderOptions ro;
-  ro.path = (std::filesystem::path(o.out) / gc::RankFileName(rank)).string();
+  ro.path = (std::filesystem::path(o.out) / gradtrace::RankFileName(rank)).string();
   ro.mode = gradtrace::ParseCaptureMode(o.capture).value();
   if (!o.capture_steps.empty()) {
     auto steps = gc::ParseStepList(o.capture_steps).value();

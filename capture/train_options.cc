@@ -5,6 +5,8 @@
 #include <regex>
 #include <sstream>
 
+#include "dtype.h"
+#include "loss_recipes.h"
 #include "name_pattern.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
@@ -14,6 +16,12 @@ namespace gradtrace::capture {
 using semantics::ResolvePolicy;
 
 namespace {
+
+std::vector<std::string> DTypeNames() {
+  std::vector<std::string> out;
+  for (const DTypeInfo& row : DTypes()) out.push_back(row.name);
+  return out;
+}
 
 void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--nproc", o.nproc, "start N local ranks of this binary (0: join from environment)")
@@ -33,9 +41,11 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--prescale-gradients", o.prescale_gradients, "DeepSpeed prescale_gradients");
 
+  // The recipes capture/loss.cc implements, by name or by an alias (semantics/loss_recipes.h), held as the name.
   app.add_option("--loss", o.loss, "loss recipe")
-      ->check(CLI::IsMember(
-          {"local-mean", "local-mean-div-sp", "token-weighted", "global-token-weighted", "full-sequence"}));
+      ->transform(CLI::IsMember(std::vector<std::string>{"local-mean", "local-mean-div-sp", "token-weighted",
+                                                         "global-token-weighted", "full-sequence"},
+                                [](std::string s) { return semantics::ResolveLossRecipe(s).value_or(s); }));
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--gas", o.gas, "gradient accumulation steps (loss scaled by 1/gas)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adam"}));
@@ -49,7 +59,12 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber);
   app.add_option("--vocab", o.vocab, "vocabulary size")->check(CLI::PositiveNumber);
   app.add_option("--moe-experts", o.moe_experts, "experts per MoE MLP (0: dense)")->check(CLI::NonNegativeNumber);
-  app.add_option("--dtype", o.dtype, "parameter dtype")->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
+  // proto/dtype.h's names in any spelling, held as the canonical name.
+  app.add_option("--dtype", o.dtype, "parameter dtype: " + DTypeNamesInWords() + " (any case, or fp32, bfloat16, ...)")
+      ->transform(CLI::IsMember(DTypeNames(), [](std::string s) {
+        pb::DType d = pb::DTYPE_UNSPECIFIED;
+        return ParseDType(s, &d) ? std::string(DTypeName(d)) : s;
+      }));
 
   app.add_option("--ignore-frac", o.ignore_frac, "fraction of labels masked to -100")->check(CLI::Range(0.0, 0.99));
   app.add_option("--data", o.data_file, "file of whitespace-separated token ids")->check(CLI::ExistingFile);
@@ -110,6 +125,9 @@ Status ValidateTrainOptions(const TrainOptions& o) {
   const int world = o.dp * o.sp;
   if (o.nproc > 0 && o.nproc != world) {
     return bad("--nproc " + std::to_string(o.nproc) + " must equal dp x sp = " + std::to_string(world));
+  }
+  if (pb::DType d = pb::DTYPE_UNSPECIFIED; !ParseDType(o.dtype, &d)) {
+    return bad("--dtype " + o.dtype + ": expected " + DTypeNamesInWords() + " (or an alias such as fp32, bfloat16)");
   }
   if (o.heads % o.sp != 0) {
     return bad("--heads " + std::to_string(o.heads) + " is not divisible by --sp " + std::to_string(o.sp) +

@@ -43,8 +43,8 @@ struct TrainOptions {
   int hidden = 64;
   int heads = 4;
   int vocab = 128;
-  int moe_experts = 0;  // 0: dense MLP
-  std::string dtype = "fp32";
+  int moe_experts = 0;         // 0: dense MLP
+  std::string dtype = "FP32";  // proto/dtype.h name (any spelling it accepts)
 
   // Data.
   double ignore_frac = 0;

@@ -8,17 +8,20 @@
 #include <fstream>
 
 #include "data.h"
+#include "dtype.h"
 #include "loss.h"
 #include "optimizer.h"
+#include "recorder.h"
 #include "reducer.h"
 
 namespace gradtrace::capture {
 
 at::ScalarType TorchDType(const std::string& name) {
-  if (name == "fp64") return at::kDouble;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return at::kFloat;
+  pb::DType dtype = pb::DTYPE_UNSPECIFIED;
+  const std::optional<at::ScalarType> type = ParseDType(name, &dtype) ? TorchScalarType(dtype) : std::nullopt;
+  // Issue 21: an unknown name was trained as fp32 without a word. ValidateTrainOptions refuses one; here it is a bug.
+  TORCH_CHECK(type.has_value(), "unknown parameter dtype '", name, "': expected ", DTypeNamesInWords());
+  return *type;
 }
 
 ModelConfig ModelConfigFrom(const TrainOptions& o) {

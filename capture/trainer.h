@@ -19,7 +19,8 @@
 
 namespace gradtrace::capture {
 
-at::ScalarType TorchDType(const std::string& name);  // "fp32" -> kFloat, ...
+// "FP32" (any spelling proto/dtype.h accepts) -> kFloat, ...; TORCH_CHECK-fails on an unknown name.
+at::ScalarType TorchDType(const std::string& name);
 
 ModelConfig ModelConfigFrom(const TrainOptions& options);
 

@@ -1,36 +1,28 @@
 // Explanations: parameters grouped by scale factor, each factor explained by
 // its cause (a loss multiplier, a reduction divisor, a double division...) in
-// a parallel dimension and a parameter group. The arithmetic is semantics/'s
-// (predict.h, expected_divisor.h); this file matches factors and puts them
-// into words.
+// a parallel dimension and a parameter group. The rules and the arithmetic are
+// semantics/'s (factor_finding.h computes a typed Finding from the two
+// configurations and each side's reduction evidence); this file groups the
+// parameters and puts each Finding into words, one sentence per reading.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "candidates.h"
+#include "deepspeed_releases.h"
 #include "gradtrace.pb.h"
 #include "report.h"
 
 namespace gradtrace::diff {
 
-// A value the configurations predict for a scale factor, e.g. sp(B) = 4.
-struct Candidate {
-  std::string expr;  // "sp(B)", "1/dp(A)", "gas(B)/gas(A)", "1"
-  double value = 0;
-  std::string kind;  // "one" or a degree name (semantics/degrees.h)
-  bool reciprocal = false;
-  char side = 'B';       // whose config the atom comes from ('A', 'B', or 'R' for a B/A ratio)
-  int complexity = 0;    // lower is preferred: 0 one, 1 atom, 2 reciprocal, 3 ratio or square
-  bool squared = false;  // "1/gas(B)^2": a division by gas applied twice too often (DeepSpeed #7749)
-};
-
-// Every candidate of the two configs: atoms of each (values > 1), their
-// reciprocals, and B/A ratios of the same quantity, simplest first.
-std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b);
-
-// The candidates equal to `value` within relative `ctol`, best first.
-std::vector<Candidate> MatchFactor(double value, const std::vector<Candidate>& candidates, double ctol);
+// A value the configurations predict for a scale factor, e.g. sp(B) = 4
+// (semantics/candidates.h).
+using semantics::Candidate;
+using semantics::MatchFactor;
+using semantics::ScaleCandidates;
 
 // Relative width within which scale factors count as one group.
 double ClusterTolerance(double rtol);
@@ -60,5 +52,15 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
 // Whether DeepSpeed's history may be cited for side `s`: its producer or
 // framework is DeepSpeed, or its scaling policy models DeepSpeed arithmetic.
 bool CitesDeepSpeed(const TraceSide& s);
+
+// Sentences are templates: `text` with each {name} replaced by words.at(name),
+// in one pass, so words from a trace are never read as placeholders; an
+// unknown {name} stays as it is.
+std::string FillSentence(const char* text, const std::map<std::string, std::string>& words);
+
+// The words citing a DeepSpeed change: `text` with {ref}, {first} and {broken}
+// from its row of the change table (semantics/deepspeed_releases.h); "" when
+// there is no change or no text.
+std::string CiteChange(const char* text, const std::optional<semantics::DeepSpeedChange>& change);
 
 }  // namespace gradtrace::diff

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -11,7 +12,8 @@
 
 #include "align.h"
 #include "bucket_view.h"
-#include "degrees.h"
+#include "cause.h"
+#include "divisor_finding.h"
 #include "expected_divisor.h"
 #include "explain.h"
 #include "gather.h"
@@ -84,102 +86,81 @@ std::string Fixed(double v) {
   return buf;
 }
 
+// One sentence per divisor rule (semantics/divisor_finding.h); {cite} is `cite` when the finding names the
+// DeepSpeed change behind it.
+struct DivisorSentence {
+  semantics::DivisorRule rule;
+  const char* why;
+  const char* cite;
+};
+
+constexpr DivisorSentence kDivisorSentences[] = {
+    {semantics::DivisorRule::kUnmatched, "matches no expression of the configuration (group size, dp, sp, gas)",
+     nullptr},
+    {semantics::DivisorRule::kPartialSumsAdded,
+     "the group's ranks hold partial sums of the gradient (e.g. a norm or bias replicated under tensor/sequence "
+     "parallelism: each rank's share from its own tokens) and the reduction adds them, as the mean loss needs",
+     nullptr},
+    {semantics::DivisorRule::kPartialSumsAveraged,
+     "the reduction averages the group's partial sums of the gradient (e.g. a norm under tensor/sequence "
+     "parallelism) instead of adding them",
+     nullptr},
+    {semantics::DivisorRule::kCopiesAdded,
+     "the group's ranks hold identical copies of the gradient (each computed it whole; no reduction was needed) "
+     "and the reduction adds them",
+     nullptr},
+    {semantics::DivisorRule::kExpertsByDp,
+     "expert gradients are divided by the dense data-parallel degree, as the mean loss needs", nullptr},
+    {semantics::DivisorRule::kExpertsOverEdp,
+     "expert gradients are averaged over their expert-data-parallel group instead of divided by dp: ep x the "
+     "mean-loss gradient{cite}",
+     " (the mistake DeepSpeed PRs {ref} fixed)"},
+    {semantics::DivisorRule::kGroupMean, "the reduction averages over the group", nullptr},
+    {semantics::DivisorRule::kShardOnly,
+     "the reduction divides by the shard group only and the all-reduce over the replicas sums (an HSDP divide "
+     "factor that leaves out the replicate degree)",
+     nullptr},
+    {semantics::DivisorRule::kDpOnlyOverSp, "the reduction divides by dp only (group size / sp{cite})",
+     ", as DeepSpeed does since {ref}"},
+    {semantics::DivisorRule::kDpOnlyOverCp,
+     "the reduction divides by dp only (group size / cp): the context-parallel ranks' shares are summed", nullptr},
+    {semantics::DivisorRule::kSum, "the reduction sums without dividing", nullptr},
+    {semantics::DivisorRule::kDividedTwice, "the bucket is divided twice{cite}",
+     " (the MoE-bucket division DeepSpeed PR {ref} removed)"},
+    {semantics::DivisorRule::kSpOnly, "the reduction divides by the sequence-parallel degree only", nullptr},
+    {semantics::DivisorRule::kAlsoGas, "the reduction also divides by the accumulation steps", nullptr},
+};
+
+std::string DivisorWhy(const semantics::DivisorFinding& f) {
+  for (const DivisorSentence& s : kDivisorSentences) {
+    if (s.rule == f.rule) return FillSentence(s.why, {{"cite", CiteChange(s.cite, f.change)}});
+  }
+  std::fprintf(stderr, "gradtrace-diff: internal error: no sentence for divisor rule %d\n", static_cast<int>(f.rule));
+  std::abort();  // every rule has a row
+}
+
 // Words for an effective divisor d of a reduction over `group_size` ranks of
-// parameters of one kind, against what their recorded layout needs.
+// parameters of one kind, against what their recorded layout needs
+// (semantics::ExplainDivisor); fills the group's cause fields.
 std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, const pb::Config& c, bool deepspeed,
                            double ctol, Group* g) {
-  auto near = [&](double x) { return x > 0 && std::fabs(d - x) <= ctol * x; };
+  const semantics::DivisorFinding f = semantics::ExplainDivisor(
+      {d, p.param_kind, p.group, p.group_size, p.expected, p.model_parallel, p.identical_inputs}, c, deepspeed, ctol);
   std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
                                      : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
   if (!p.param_kind.empty() && count != total) which += " (" + p.param_kind + ")";
-  const bool replicas = c.replicate() > 1 && p.group != "replicate";
-  std::string ctx = " (group '" + p.group + "'" + (replicas ? " with its replicas" : "") + " of " +
+  std::string ctx = " (group '" + p.group + "'" + (f.with_replicas ? " with its replicas" : "") + " of " +
                     std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() + "', loss '" + c.loss() +
                     "', which needs " + Fixed(p.expected) + ")";
-  const auto deg = semantics::DegreesOf(c);
-  const int sp = deg.sp, dp = deg.dp;
-  const bool expert = p.param_kind == "expert";
-  const bool right = p.expected > 0 && near(p.expected);
-  std::string expr, why;
-  g->cause = right ? "none" : "reduction-divisor";
-  // A model-parallel group (semantics::ModelParallelReduction): its ranks' partial sums are added (divisor 1).
-  const bool partial_sums = p.model_parallel && !p.identical_inputs;
-  const std::string mp_dimension = p.group == "tp" ? "tp" : "";
-  if (partial_sums && right) {
-    expr = "1";
-    why =
-        "the group's ranks hold partial sums of the gradient (e.g. a norm or bias replicated under tensor/sequence "
-        "parallelism: each rank's share from its own tokens) and the reduction adds them, as the mean loss needs";
-  } else if (partial_sums && near(p.group_size)) {
-    expr = "group size";
-    g->dimension = mp_dimension;
-    why =
-        "the reduction averages the group's partial sums of the gradient (e.g. a norm under tensor/sequence "
-        "parallelism) instead of adding them";
-  } else if (p.model_parallel && p.identical_inputs && near(1) && !right) {
-    expr = "1";
-    g->dimension = mp_dimension;
-    why =
-        "the group's ranks hold identical copies of the gradient (each computed it whole; no reduction was needed) "
-        "and the reduction adds them";
-  } else if (expert && right) {
-    expr = near(p.group_size) ? "group size" : "dp";
-    why = "expert gradients are divided by the dense data-parallel degree, as the mean loss needs";
-  } else if (expert && near(p.group_size)) {
-    expr = "edp group size";
-    g->dimension = "ep";
-    why =
-        "expert gradients are averaged over their expert-data-parallel group instead of divided by dp: ep x the "
-        "mean-loss gradient";
-    if (deepspeed) why += " (the mistake DeepSpeed PRs #5259/#6546 fixed)";
-  } else if (near(p.group_size)) {
-    expr = "group size";
-    why = "the reduction averages over the group";
-    if (!right && (sp > 1 || deg.cp > 1)) g->dimension = sp > 1 ? "sp" : "cp";
-  } else if (deg.replicate > 1 && near(p.group_size / double(deg.replicate))) {
-    expr = "group size / replicate";
-    if (!right) g->dimension = "replicate";
-    why =
-        "the reduction divides by the shard group only and the all-reduce over the replicas sums (an HSDP divide "
-        "factor that leaves out the replicate degree)";
-  } else if (sp > 1 && near(p.group_size / double(sp))) {
-    expr = "dp";
-    if (!right) g->dimension = "sp";
-    why = deepspeed ? "the reduction divides by dp only (group size / sp, as DeepSpeed does since #4530)"
-                    : "the reduction divides by dp only (group size / sp)";
-  } else if (deg.cp > 1 && near(p.group_size / double(deg.cp))) {
-    expr = "dp";
-    if (!right) g->dimension = "cp";
-    why = "the reduction divides by dp only (group size / cp): the context-parallel ranks' shares are summed";
-  } else if (near(1)) {
-    expr = "1";
-    g->dimension = "world";
-    why = "the reduction sums without dividing";
-  } else if (sp > 1 && (near(dp * double(sp) * sp) || near(double(p.group_size) * sp) ||
-                        near(double(p.group_size) * p.group_size / (double(sp) * sp)))) {
-    // Only with sp > 1: at sp 1 these expressions are dp or the group size, no double division.
-    expr = near(double(p.group_size) * p.group_size / (double(sp) * sp)) ? "(group size / sp)^2" : "group size x sp";
-    g->cause = "double-division";
-    g->dimension = "dp";
-    why = "the bucket is divided twice";
-    if (deepspeed) why += " (the MoE-bucket division DeepSpeed PR #4957 removed)";
-  } else if (near(sp)) {
-    expr = "sp";
-    g->dimension = "sp";
-    why = "the reduction divides by the sequence-parallel degree only";
-  } else if (c.gas() > 1 && near(double(p.group_size) * c.gas())) {
-    expr = "group size x gas";
-    g->dimension = "gas";
-    why = "the reduction also divides by the accumulation steps";
-  }
-  if (expr.empty() && !right) g->cause = "unexplained";
-  g->expression = expr;
+  g->cause = semantics::CauseName(f.cause);
+  g->dimension = f.dimension;
+  g->expression = f.expression;
   g->param_kind = p.param_kind;
   if (p.expected > 0) g->predicted = p.expected;
-  std::string s = "effective divisor " + Fixed(d) + (expr.empty() ? "" : " = " + expr) + " " + which + ctx + ": " +
-                  (expr.empty() ? "matches no expression of the configuration (group size, dp, sp, gas)" : why);
-  if (p.expected > 0 && !near(p.expected)) {
-    s += "; the optimizer sees " + Fixed(p.expected / d) + " times the gradient of the mean loss";
+  std::string s = "effective divisor " + Fixed(d) + (f.expression.empty() ? "" : " = " + f.expression) + " " + which +
+                  ctx + ": " + DivisorWhy(f);
+  if (p.expected > 0 && !f.right) {
+    s += "; the optimizer sees " + Fixed(f.multiple) + " times the gradient of the mean loss";
   }
   return s;
 }
@@ -200,7 +181,7 @@ struct StepReductions {
 // since POST is written after the all-reduce over the replicate group.
 std::vector<int> ReductionMembers(const TraceSet& set, int rank, const std::string& group) {
   const std::vector<int>& members = set.GroupMembers(rank, group);
-  if (semantics::DegreesOf(set.config()).replicate <= 1 || group == "replicate") return members;
+  if (!semantics::SumsOverReplicas(set.config(), group)) return members;
   std::set<int> all(members.begin(), members.end());
   for (int m : members) {
     const auto& replicas = set.GroupMembers(m, "replicate");
@@ -570,6 +551,22 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
   return p;
 }
 
+// The group of parameters whose reductions are not a multiple of their inputs: no divisor is claimed.
+void NameInconsistent(const pb::Config& config, Group* g) {
+  g->kind = "inconsistent";
+  g->count = static_cast<int>(g->params.size());
+  const semantics::Cause cause = semantics::InconsistentReductionCause(config);
+  g->cause = semantics::CauseName(cause);
+  g->explanation = std::to_string(g->count) + (g->count == 1 ? " parameter" : " parameters") +
+                   ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
+                   "disagree (residual above tolerance): no divisor is claimed";
+  if (cause == semantics::Cause::kLossyCompression) {
+    g->explanation += FillSentence(
+        "; the run communicates through {hook}, a lossy low-rank compression: its reductions approximate the sum",
+        {{"hook", config.comm_hook()}});
+  }
+}
+
 // Parameters with the same effective divisor over groups of the same size, largest group first.
 void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
   std::vector<const SelfParam*> ok;
@@ -587,20 +584,7 @@ void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report
   // Each group with the worst verdict of its entries.
   std::vector<std::pair<Group, SelfVerdict>> groups;
   if (!inconsistent.params.empty()) {
-    inconsistent.kind = "inconsistent";
-    inconsistent.count = static_cast<int>(inconsistent.params.size());
-    inconsistent.cause = "unexplained";
-    const std::string n = std::to_string(inconsistent.count) + (inconsistent.count == 1 ? " parameter" : " parameters");
-    inconsistent.explanation =
-        n +
-        ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
-        "disagree (residual above tolerance): no divisor is claimed";
-    const std::string& hook = config.comm_hook();
-    if (hook.find("powerSGD") != std::string::npos || hook.find("PowerSGD") != std::string::npos) {
-      inconsistent.cause = "lossy-compression";
-      inconsistent.explanation += "; the run communicates through " + hook +
-                                  ", a lossy low-rank compression: its reductions approximate the sum";
-    }
+    NameInconsistent(config, &inconsistent);
     groups.emplace_back(std::move(inconsistent), SelfVerdict::kInconsistent);
   }
   // Clusters hold one kind over one group: sort by those first.

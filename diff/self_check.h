@@ -6,7 +6,9 @@
 //
 // Expected divisor: semantics::ExpectedDivisor from the parameter's recorded
 // kind (ParamInfo.kind), its group's size and the loss recipe; expert
-// gradients need the dense divisor, not their edp group's size.
+// gradients need the dense divisor, not their edp group's size. What a measured
+// divisor means (the expression it equals, its cause and dimension) is
+// semantics::ExplainDivisor's (divisor_finding.h); this file puts it into words.
 #pragma once
 
 #include <cstdint>

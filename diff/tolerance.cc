@@ -4,21 +4,14 @@
 #include <cmath>
 #include <cstdio>
 
-#include "slice_codec.h"
+#include "dtype.h"
 
 namespace gradtrace::diff {
 
 double UnitRoundoff(pb::DType dtype) {
-  switch (dtype) {
-    case pb::FP64:
-      return std::ldexp(1.0, -53);
-    case pb::FP16:
-      return std::ldexp(1.0, -11);
-    case pb::BF16:
-      return std::ldexp(1.0, -8);
-    default:
-      return std::ldexp(1.0, -24);
-  }
+  const DTypeInfo* row = FindDType(dtype);
+  if (row == nullptr) row = FindDType(pb::FP32);
+  return std::ldexp(1.0, -(row->mantissa_bits + 1));
 }
 
 double Summands(const pb::Config& c) {

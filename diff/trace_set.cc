@@ -6,12 +6,12 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "archive.h"
 #include "format.h"
 #include "index_entry.h"
+#include "rank_file.h"
 #include "slice_codec.h"
 #include "thread_pool.h"
 #include "tolerance.h"
@@ -28,8 +28,6 @@ std::string NameFile(const std::string& path, const std::string& message) {
 }
 
 namespace {
-
-const std::regex kRankName(R"(rank-(\d+)\.gtrace)");
 
 struct ScanResult {
   Status status;
@@ -176,16 +174,18 @@ Expected<TraceSet> TraceSet::Load(const std::string& dir, const LoadOptions& opt
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     if (fs::exists(dir, ec))
-      return Status::InvalidArgument(dir + ": not a directory (expected a trace set: a directory of rank-*.gtrace)");
+      return Status::InvalidArgument(dir + ": not a directory (expected a trace set: a directory of " +
+                                     kRankFilePattern + ")");
     return Status::IoError(dir + ": no such directory");
   }
   std::vector<TraceSource> sources;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kRankName))
-      sources.push_back(TraceSource::File(entry.path().string()));
+    auto rank = RankFileMember(entry.path().string());
+    if (!rank.ok()) return rank.status();
+    if (*rank) sources.push_back(TraceSource::File(entry.path().string()));
   }
   if (ec) return Status::IoError(dir + ": cannot list: " + ec.message());
-  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  if (sources.empty()) return Status::InvalidArgument(dir + ": no " + kRankFilePattern + " files");
   return LoadSources(dir, std::move(sources), options);
 }
 
@@ -196,13 +196,16 @@ Expected<std::vector<TraceSource>> ArchiveSetSources(const std::string& archive_
   std::map<std::string, std::vector<TraceSource>> sets;
   for (const ArchiveMember& m : archive->members()) {
     const size_t slash = m.name.find('/');
-    if (slash == std::string::npos || !std::regex_match(m.name.substr(slash + 1), kRankName)) continue;
+    if (slash == std::string::npos || m.name.find('/', slash + 1) != std::string::npos) continue;  // SET/FILE only
+    auto rank = RankFileMember(archive->NameOf(m));
+    if (!rank.ok() && (set.empty() || m.name.compare(0, slash, set) == 0)) return rank.status();
+    if (!rank.ok() || !*rank) continue;
     sets[m.name.substr(0, slash)].push_back(TraceSource::Window(archive_path, m.offset, m.size, archive->NameOf(m)));
   }
   std::string names;
   for (const auto& [name, members] : sets) names += (names.empty() ? "" : ", ") + name;
   if (sets.empty())
-    return Status::InvalidArgument(archive_path + ": archive holds no trace set (no SET/rank-*.gtrace)");
+    return Status::InvalidArgument(archive_path + ": archive holds no trace set (no SET/" + kRankFilePattern + ")");
   if (set.empty()) {
     if (sets.size() == 1) return std::move(sets.begin()->second);
     return Status::InvalidArgument(archive_path + ": archive holds trace sets " + names + ": name one, as " +
@@ -218,16 +221,14 @@ Expected<std::vector<TraceSource>> ArchiveSetSources(const std::string& archive_
 
 namespace {
 
-// Every source named rank-N.gtrace, no rank twice.
+// Every source named as RankFileName names it, no rank twice (an archive may hold a member twice).
 Status CheckRankNames(const std::vector<TraceSource>& sources) {
-  std::map<int, std::vector<std::string>> by_rank;  // a rank may appear under two spellings
+  std::map<int, std::vector<std::string>> by_rank;
   for (const TraceSource& s : sources) {
-    std::smatch m;
-    const std::string name = fs::path(s.display()).filename().string();
-    if (!std::regex_match(name, m, kRankName))
-      return Status::InvalidArgument(s.display() + ": not a rank-*.gtrace file");
-    if (m[1].length() > 9) return Status::InvalidArgument(s.display() + ": rank number out of range");
-    by_rank[std::stoi(m[1])].push_back(s.display());
+    auto rank = RankFileMember(s.display());
+    if (!rank.ok()) return rank.status();
+    if (!*rank) return Status::InvalidArgument(s.display() + ": not a " + kRankFilePattern + " file");
+    by_rank[**rank].push_back(s.display());
   }
   for (auto& [rank, ps] : by_rank) {
     if (ps.size() > 1) {
@@ -263,7 +264,7 @@ Status CheckRankClaims(const std::vector<ScanResult>& results, const std::vector
                        std::map<int, size_t>* seen) {
   for (size_t i = 0; i < results.size(); ++i) {
     int claimed = results[i].run.rank();
-    int named = std::stoi(std::regex_replace(fs::path(paths[i]).filename().string(), kRankName, "$1"));
+    const int named = ParseRankFileName(fs::path(paths[i]).filename().string()).value();  // CheckRankNames passed
     if (claimed != named) {
       return Status::Mismatch(paths[i] + ": file name says rank " + std::to_string(named) + " but RunInfo says rank " +
                               std::to_string(claimed));
@@ -319,10 +320,8 @@ Expected<int> CheckWorld(const pb::RunInfo& run0, const std::map<int, size_t>& s
   }
   for (int r = 0; r < world; ++r) {
     if (!seen.count(r)) {
-      char name[32];
-      std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
-      return Status::InvalidArgument((fs::path(dir) / name).string() + ": missing (rank " + std::to_string(r) +
-                                     " of world " + std::to_string(world) + ")");
+      return Status::InvalidArgument((fs::path(dir) / RankFileName(r)).string() + ": missing (rank " +
+                                     std::to_string(r) + " of world " + std::to_string(world) + ")");
     }
   }
   for (const auto& [rank, i] : seen) {
@@ -370,7 +369,7 @@ Status CheckParamIds(const std::vector<ScanResult>& results, const std::vector<s
 
 Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<TraceSource> sources,
                                          const LoadOptions& options) {
-  if (sources.empty()) return Status::InvalidArgument(dir + ": no rank-*.gtrace files");
+  if (sources.empty()) return Status::InvalidArgument(dir + ": no " + kRankFilePattern + " files");
   GT_RETURN_IF_ERROR(CheckRankNames(sources));
   std::sort(sources.begin(), sources.end(),
             [](const TraceSource& x, const TraceSource& y) { return x.display() < y.display(); });

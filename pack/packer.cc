@@ -18,6 +18,7 @@
 #include "evidence.h"
 #include "fidelity.h"
 #include "progress.h"
+#include "rank_file.h"
 #include "readme.h"
 #include "reencode.h"
 #include "self_check.h"
@@ -71,7 +72,7 @@ std::vector<TraceMember> CapturedMembers(const std::vector<diff::TraceSet>& sets
   std::vector<TraceMember> out;
   for (size_t i = 0; i < sets.size(); ++i) {
     for (const diff::RankFile& f : sets[i].ranks()) {
-      out.push_back({SetName(i), SetName(i) + "/" + fs::path(f.path).filename().string(), f.source});
+      out.push_back({SetName(i), SetName(i) + "/" + RankFileName(f.rank), f.source});
     }
   }
   return out;

@@ -1,26 +1,59 @@
-// Element types: sizes, names, and exact conversions to and from double.
+// Element types: the one table (dtype.h), sizes, names, and exact conversions to and from double.
 // fp32, fp16 and bf16 are handled by one routine parameterised by exponent and
 // mantissa width, working on bits: no intermediate float rounding (double
 // rounding through fp32 for bf16), no dependence on the FPU rounding mode, and
 // NaN payloads (signalling ones too) survive a widen/narrow round trip.
+#include "dtype.h"
+
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstring>
-
-#include "slice_codec.h"
+#include <iterator>
 
 namespace gradtrace {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the trace format is little-endian; so is this code");
 
+// FORMAT.md 4.4, in enum order (FindDType indexes it by value - 1).
+constexpr DTypeInfo kDTypes[] = {
+    {pb::FP32, "FP32", 4, 8, 23},
+    {pb::FP16, "FP16", 2, 5, 10},
+    {pb::BF16, "BF16", 2, 8, 7},
+    {pb::FP64, "FP64", 8, 11, 52},
+};
+static_assert(std::size(kDTypes) == pb::DType_MAX, "a DType value without a row in kDTypes");
+
+// The other spellings, each naming one dtype: the names the ML frameworks use
+// (torch.float32 -> "float32", numpy's "float16", torch.half -> "half").
+constexpr struct {
+  const char* alias;
+  pb::DType dtype;
+} kAliases[] = {
+    {"fp32", pb::FP32}, {"float32", pb::FP32},  {"fp16", pb::FP16}, {"float16", pb::FP16}, {"half", pb::FP16},
+    {"bf16", pb::BF16}, {"bfloat16", pb::BF16}, {"fp64", pb::FP64}, {"float64", pb::FP64}, {"double", pb::FP64},
+};
+
+constexpr const DTypeInfo& Row(pb::DType d) { return kDTypes[d - 1]; }
+static_assert(Row(pb::FP16).dtype == pb::FP16 && Row(pb::FP64).dtype == pb::FP64, "kDTypes is in enum order");
+
+bool SameIgnoringCase(const std::string& a, const char* b) {
+  const size_t n = std::strlen(b);
+  if (a.size() != n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  }
+  return true;
+}
+
 struct Narrow {
   int ebits;
   int mbits;
 };
-constexpr Narrow kHalf{5, 10};
-constexpr Narrow kBf16{8, 7};
-constexpr Narrow kFp32{8, 23};
+constexpr Narrow kHalf{Row(pb::FP16).exponent_bits, Row(pb::FP16).mantissa_bits};
+constexpr Narrow kBf16{Row(pb::BF16).exponent_bits, Row(pb::BF16).mantissa_bits};
+constexpr Narrow kFp32{Row(pb::FP32).exponent_bits, Row(pb::FP32).mantissa_bits};
 
 double NarrowToDouble(uint32_t bits, Narrow f) {
   const uint64_t sign = static_cast<uint64_t>(bits >> (f.ebits + f.mbits)) & 1;
@@ -79,48 +112,53 @@ uint32_t DoubleToNarrow(double v, Narrow f) {
 
 }  // namespace
 
+std::span<const DTypeInfo> DTypes() { return kDTypes; }
+
+const DTypeInfo* FindDType(pb::DType dtype) {
+  if (dtype < 1 || dtype > pb::DType_MAX) return nullptr;
+  return &Row(dtype);
+}
+
 size_t DTypeSize(pb::DType dtype) {
-  switch (dtype) {
-    case pb::FP32:
-      return 4;
-    case pb::FP16:
-    case pb::BF16:
-      return 2;
-    case pb::FP64:
-      return 8;
-    default:
-      return 0;
-  }
+  const DTypeInfo* row = FindDType(dtype);
+  return row ? row->size : 0;
 }
 
 const char* DTypeName(pb::DType dtype) {
-  switch (dtype) {
-    case pb::FP32:
-      return "fp32";
-    case pb::FP16:
-      return "fp16";
-    case pb::BF16:
-      return "bf16";
-    case pb::FP64:
-      return "fp64";
-    default:
-      return "unknown";
+  const DTypeInfo* row = FindDType(dtype);
+  return row ? row->name : "unknown";
+}
+
+std::vector<std::string> DTypeAliases(pb::DType dtype) {
+  std::vector<std::string> out;
+  for (const auto& a : kAliases) {
+    if (a.dtype == dtype) out.push_back(a.alias);
   }
+  return out;
 }
 
 bool ParseDType(const std::string& name, pb::DType* out) {
-  static constexpr struct {
-    const char* name;
-    pb::DType dtype;
-  } kNames[] = {{"fp32", pb::FP32}, {"float32", pb::FP32},  {"fp16", pb::FP16}, {"float16", pb::FP16},
-                {"bf16", pb::BF16}, {"bfloat16", pb::BF16}, {"fp64", pb::FP64}, {"float64", pb::FP64}};
-  for (const auto& n : kNames) {
-    if (name == n.name) {
-      *out = n.dtype;
+  for (const DTypeInfo& row : kDTypes) {
+    if (SameIgnoringCase(name, row.name)) {
+      *out = row.dtype;
+      return true;
+    }
+  }
+  for (const auto& a : kAliases) {
+    if (SameIgnoringCase(name, a.alias)) {
+      *out = a.dtype;
       return true;
     }
   }
   return false;
+}
+
+std::string DTypeNamesInWords() {
+  std::string out;
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    out += (i == 0 ? "" : i + 1 == std::size(kDTypes) ? " or " : ", ") + std::string(kDTypes[i].name);
+  }
+  return out;
 }
 
 double ElementToDouble(pb::DType dtype, const uint8_t* p) {

@@ -1,5 +1,5 @@
 // gradtrace-inspect PATH... [--verify] [--frames]
-// Summarises trace files (or trace-set directories of rank-*.gtrace): run
+// Summarises trace files (or trace-set directories of rank-NNNNN.gtrace): run
 // info, parameter table, steps, buckets per (step, micro, phase), bytes and
 // compression ratio. Exit 0 when every file reads cleanly; a bad file prints
 // one line "gradtrace-inspect: <path>: offset N: <what>" on stderr and the exit
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "archive.h"
+#include "rank_file.h"
 #include "slice_codec.h"
 #include "text_escape.h"
 #include "trace_reader.h"
@@ -223,7 +224,7 @@ Status InspectFile(const TraceSource& source, bool frames) {
 }
 
 // The trace files of `arg` (path order): a file; a trace-set directory; a
-// bug-report archive (every SET/rank-*.gtrace member), "ARCHIVE:SET" (one
+// bug-report archive (every SET/rank-NNNNN.gtrace member), "ARCHIVE:SET" (one
 // set's) or "ARCHIVE:MEMBER" (one member), read in place.
 std::vector<TraceSource> Expand(const std::string& arg, Status* error) {
   const size_t colon = arg.rfind(':');
@@ -240,8 +241,16 @@ std::vector<TraceSource> Expand(const std::string& arg, Status* error) {
       return out;
     }
     for (const ArchiveMember& m : archive->members()) {
-      const std::string base = fs::path(m.name).filename().string();
-      const bool trace = base.rfind("rank-", 0) == 0 && fs::path(base).extension() == ".gtrace";
+      // A trace member: SET/rank-NNNNN.gtrace, one rule with the diff (rank_file.h); a misnamed one among
+      // those asked for is reported.
+      const size_t slash = m.name.find('/');
+      const bool asked = pick.empty() || m.name == pick || m.name.rfind(pick + "/", 0) == 0;
+      bool trace = false;
+      if (slash != std::string::npos && m.name.find('/', slash + 1) == std::string::npos) {
+        auto rank = RankFileMember(archive->NameOf(m));
+        if (!rank.ok() && asked && error->ok()) *error = rank.status();
+        trace = rank.ok() && rank->has_value();
+      }
       const bool picked = pick.empty() ? trace : m.name == pick || (trace && m.name.rfind(pick + "/", 0) == 0);
       if (picked) out.push_back(TraceSource::Window(archive_path, m.offset, m.size, archive->NameOf(m)));
     }
@@ -251,12 +260,15 @@ std::vector<TraceSource> Expand(const std::string& arg, Status* error) {
   std::error_code ec;
   if (!fs::is_directory(arg, ec)) return {TraceSource::File(arg)};
   for (const auto& e : fs::directory_iterator(arg, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("rank-", 0) == 0 && e.path().extension() == ".gtrace")
-      out.push_back(TraceSource::File(e.path().string()));
+    // The diff's rule (rank_file.h): a misnamed rank-*.gtrace is reported, the rest of the set still shown.
+    auto rank = RankFileMember(e.path().string());
+    if (!rank.ok() && error->ok()) *error = rank.status();
+    if (rank.ok() && rank->has_value()) out.push_back(TraceSource::File(e.path().string()));
   }
   if (ec) *error = Status::IoError(arg + ": cannot list directory: " + ec.message());
-  if (out.empty() && error->ok()) *error = Status::InvalidArgument(arg + ": no rank-*.gtrace files in this directory");
+  if (out.empty() && error->ok()) {
+    *error = Status::InvalidArgument(arg + ": no " + kRankFilePattern + " files in this directory");
+  }
   std::sort(out.begin(), out.end(), [](const TraceSource& x, const TraceSource& y) { return x.path < y.path; });
   return out;
 }
@@ -267,7 +279,7 @@ int Main(int argc, char** argv) {
   bool verify = false;
   bool frames = false;
   app.add_option("PATH", paths,
-                 "trace file, directory holding rank-*.gtrace, or bug-report archive (ARCHIVE, ARCHIVE:SET, "
+                 "trace file, directory holding rank-NNNNN.gtrace, or bug-report archive (ARCHIVE, ARCHIVE:SET, "
                  "ARCHIVE:MEMBER)")
       ->required();
   app.add_flag("--verify", verify, "check every frame's CRC, the index and the footer; report truncation");

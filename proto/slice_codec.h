@@ -5,14 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "dtype.h"
 #include "gradtrace.pb.h"
 #include "status.h"
 
 namespace gradtrace {
-
-size_t DTypeSize(pb::DType dtype);       // 0 for unknown
-const char* DTypeName(pb::DType dtype);  // "fp32", ...
-bool ParseDType(const std::string& name, pb::DType* out);
 
 // Capture mode as on the command line: "full", "sketch:K" or "stats".
 struct CaptureMode {
@@ -64,10 +61,6 @@ template <typename T>
 Status AddFullValues(const pb::Slice& slice, T* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
-
-// Exact widening of one element to double, and rounding a double to the dtype (round-to-nearest-even).
-double ElementToDouble(pb::DType dtype, const uint8_t* p);
-void DoubleToElement(pb::DType dtype, double v, uint8_t* p);
 
 // Hex digest over (name, shape, dtype) of every parameter, in order: 16
 // lowercase hex digits of FNV-1a 64 over a length-prefixed encoding

@@ -31,10 +31,13 @@
 
 #include "chunking.h"
 #include "deepspeed_releases.h"
+#include "dtype.h"
 #include "format.h"
 #include "gradtrace.pb.h"
 #include "init_sketch.h"
 #include "loss_recipes.h"
+#include "rank_file.h"
+#include "reduction_path.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
 #include "status.h"
@@ -149,22 +152,18 @@ void CollectInt64Paths(const google::protobuf::Descriptor* desc, const std::stri
 
 std::string PhaseName(pb::Phase phase) { return pb::Phase_Name(phase); }
 
-py::str DTypeKey(pb::DType dtype) { return py::str(pb::DType_Name(dtype)); }
+py::str DTypeKey(pb::DType dtype) { return py::str(DTypeName(dtype)); }
 
-// numpy dtype holding `dtype`'s elements; bf16 has none, so its raw bits.
+// The numpy type string of `dtype`'s values array: little-endian IEEE floats of
+// the element size; bf16 has no numpy type, so its raw bits.
+std::string NumpyTypeString(const DTypeInfo& row) {
+  return row.dtype == pb::BF16 ? "<u2" : "<f" + std::to_string(row.size);
+}
+
 py::dtype NumpyDType(pb::DType dtype) {
-  switch (dtype) {
-    case pb::FP32:
-      return py::dtype("<f4");
-    case pb::FP16:
-      return py::dtype("<f2");
-    case pb::BF16:
-      return py::dtype("<u2");
-    case pb::FP64:
-      return py::dtype("<f8");
-    default:
-      throw std::runtime_error("unvalidated dtype reached the binding");
-  }
+  const DTypeInfo* row = FindDType(dtype);
+  if (row == nullptr) throw std::runtime_error("unvalidated dtype reached the binding");
+  return py::dtype(NumpyTypeString(*row));
 }
 
 template <typename T>
@@ -475,7 +474,9 @@ class PyWriter {
       const auto offset = t[1].cast<int64_t>();
       pb::DType dtype;
       const auto dtype_name = t[2].cast<std::string>();
-      if (!ParseDType(dtype_name, &dtype)) throw py::value_error(at + ": unknown dtype '" + dtype_name + "'");
+      if (!ParseDType(dtype_name, &dtype)) {
+        throw py::value_error(at + ": unknown dtype '" + dtype_name + "': expected " + DTypeNamesInWords());
+      }
       py::buffer_info buf = t[3].cast<py::buffer>().request();
       if (static_cast<size_t>(buf.itemsize) != DTypeSize(dtype)) {
         throw py::value_error(at + ": buffer item size " + std::to_string(buf.itemsize) + " does not match dtype " +
@@ -668,18 +669,12 @@ PYBIND11_MODULE(_gtcodec, m) {
         auto p = semantics::ResolvePolicy(policy);
         if (!p.ok()) throw py::value_error(p.status().message());
         semantics::BucketContext b;
-        if (path == "engine") {
-          b.path = semantics::ReductionPath::kEngineAllreduce;
-        } else if (path == "zero") {
-          b.path = semantics::ReductionPath::kZeroPartitioned;
-        } else if (path == "zero3-reduce-scatter") {
-          b.path = semantics::ReductionPath::kZero3ReduceScatter;
-        } else if (path == "zero3-allreduce") {
-          b.path = semantics::ReductionPath::kZero3Allreduce;
-        } else {
+        const auto parsed = semantics::ParseReductionPath(path);
+        if (!parsed) {
           throw py::value_error("path: expected engine, zero, zero3-reduce-scatter or zero3-allreduce, got '" + path +
                                 "'");
         }
+        b.path = *parsed;
         if (group_size < 1 || sp < 1) throw py::value_error("group_size and sp must be >= 1");
         b.group_size = group_size;
         b.sp = sp;
@@ -689,6 +684,68 @@ PYBIND11_MODULE(_gtcodec, m) {
       py::arg("policy"), py::arg("path"), py::arg("group_size"), py::arg("sp"), py::arg("has_moe") = false);
   // The one list of loss recipe names (semantics/loss_recipes.cc): what the adapters accept as `loss=`.
   m.def("loss_recipes", [] { return semantics::KnownLossRecipes(); });
+  // And the other spellings of some (the DeepSpeed loops' command lines): alias -> recipe, the same list.
+  m.def("loss_recipe_aliases", [] {
+    py::dict out;
+    for (const auto& [alias, recipe] : semantics::LossRecipeAliases()) out[py::str(alias)] = recipe;
+    return out;
+  });
+  // The path a bucket takes (semantics/reduction_path.h), by the names bucket_divisor takes.
+  m.def(
+      "reduction_path",
+      [](int zero_stage, int64_t bucket_elements, int64_t reduce_bucket_size, bool reduce_scatter,
+         bool contiguous_gradients) {
+        semantics::ZeroSettings z;
+        z.reduce_bucket_size = reduce_bucket_size;
+        z.reduce_scatter = reduce_scatter;
+        z.contiguous_gradients = contiguous_gradients;
+        return semantics::ReductionPathName(semantics::ChooseReductionPath(zero_stage, z, bucket_elements));
+      },
+      py::arg("zero_stage"), py::arg("bucket_elements"), py::arg("reduce_bucket_size"), py::arg("reduce_scatter"),
+      py::arg("contiguous_gradients"));
+  // The trace format's file names (proto/rank_file.h): what the recorders write and read_trace_set lists.
+  m.def(
+      "rank_file_name",
+      [](int rank) {
+        if (rank < 0) throw py::value_error("rank must be >= 0, got " + std::to_string(rank));
+        return RankFileName(rank);
+      },
+      py::arg("rank"));
+  m.def(
+      "parse_rank_file_name", [](const std::string& name) { return ParseRankFileName(name); }, py::arg("name"));
+  m.def(
+      "rank_file_member",
+      [](const std::string& path) {
+        auto rank = RankFileMember(path);
+        ThrowIfFileError(rank.status());
+        return *rank;
+      },
+      py::arg("path"));
+  m.attr("RANK_FILE_PATTERN") = kRankFilePattern;
+  // The dtype table (proto/dtype.h): canonical names, sizes, aliases, and the numpy type of a values array.
+  m.def("dtypes", [] {
+    py::list out;
+    for (const DTypeInfo& row : DTypes()) {
+      py::dict d;
+      d["name"] = row.name;
+      d["size"] = row.size;
+      d["numpy"] = NumpyTypeString(row);
+      d["aliases"] = DTypeAliases(row.dtype);
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "dtype_name",
+      [](const std::string& name) {
+        pb::DType dtype = pb::DTYPE_UNSPECIFIED;
+        if (!ParseDType(name, &dtype)) {
+          throw py::value_error("unknown dtype '" + name + "': expected " + DTypeNamesInWords() +
+                                " (any case) or an alias such as float32, half, bfloat16, double");
+        }
+        return std::string(DTypeName(dtype));
+      },
+      py::arg("name"));
   // The elements whose initial values ParamInfo.init_sketch records (proto/init_sketch.h): one rule for every producer.
   m.def(
       "init_sketch_positions", [](int64_t numel) { return InitSketchPositions(numel); }, py::arg("numel"));

@@ -1,5 +1,7 @@
 #include "deepspeed_releases.h"
 
+#include <cassert>
+
 namespace gradtrace::semantics {
 
 namespace {
@@ -68,6 +70,21 @@ const std::vector<DeepSpeedRelease> kReleases = {
      "deepspeed/runtime/zero/stage3.py:1878 div_(world/sp) (all-reduce path) @ v0.19.8"},
 };
 
+// One row per DeepSpeedChange, in the enum's order.
+const std::vector<DeepSpeedChangeRow> kChanges = {
+    {DeepSpeedChange::kPr4530, "#4530", "0.11.2", "",
+     "deepspeed/runtime/zero/stage_1_and_2.py:1030 @ v0.11.2: div_(world(dp group)/sp); not in v0.11.1"},
+    {DeepSpeedChange::kPr4957, "#4957", "0.13.1", "",
+     "deepspeed/runtime/zero/stage_1_and_2.py:1112,1119 @ v0.13.1: divide=False (v0.12.6 and v0.13.0 divide "
+     "MoE buckets again in allreduce_bucket: the rows above)"},
+    {DeepSpeedChange::kPrs5259And6546, "#5259/#6546", "", "",
+     "not read at a release tag; rendered in plain PyTorch by the bug zoo (tests/zoo/cases.py rows 4 and 5)"},
+    {DeepSpeedChange::kIssue7749, "#7749", "0.18.4", "0.18.3",
+     "deepspeed/runtime/engine.py:2238-2240, 2359-2360 @ v0.18.3 (53e91a098, PR #7665: a hook on the forward's "
+     "output divides by gas); fixed by d568375e5 (PR #7724), engine.py:2362-2366 @ v0.18.4; measured in "
+     "docs/deepspeed-versions.md"},
+};
+
 // "0.12.6" -> {0, 12, 6}; missing parts 0.
 std::vector<int> VersionParts(const std::string& v) {
   std::vector<int> parts;
@@ -109,7 +126,18 @@ std::vector<std::string> KnownDeepSpeedVersions() {
   return v;
 }
 
-bool HasPr4530(const std::string& version) { return VersionParts(Bare(version)) >= VersionParts("0.11.2"); }
-bool HasPr4957(const std::string& version) { return VersionParts(Bare(version)) >= VersionParts("0.13.1"); }
+const DeepSpeedChangeRow& DeepSpeedChangeOf(DeepSpeedChange change) {
+  const DeepSpeedChangeRow& row = kChanges.at(static_cast<size_t>(change));
+  assert(row.change == change);  // one row per change, in the enum's order
+  return row;
+}
+
+bool HasDeepSpeedChange(const std::string& version, DeepSpeedChange change) {
+  const std::string& first = DeepSpeedChangeOf(change).first;
+  return !first.empty() && VersionParts(Bare(version)) >= VersionParts(first);
+}
+
+bool HasPr4530(const std::string& version) { return HasDeepSpeedChange(version, DeepSpeedChange::kPr4530); }
+bool HasPr4957(const std::string& version) { return HasDeepSpeedChange(version, DeepSpeedChange::kPr4957); }
 
 }  // namespace gradtrace::semantics

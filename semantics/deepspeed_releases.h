@@ -33,10 +33,32 @@ const std::vector<DeepSpeedRelease>& DeepSpeedReleases();
 const DeepSpeedRelease* FindDeepSpeedRelease(const std::string& version);
 std::vector<std::string> KnownDeepSpeedVersions();
 
-// The DeepSpeed history that applies to a release, for explanations:
-// PR #4530 (ZeRO-1/2 divides by dp, not dp x sp; first in 0.11.2) and
-// PR #4957 (MoE buckets no longer divided twice; first in 0.13.1).
-bool HasPr4530(const std::string& version);
-bool HasPr4957(const std::string& version);
+// The DeepSpeed changes the explanations cite (factor_finding.h,
+// divisor_finding.h name one only for DeepSpeed traces; the diff's sentences
+// take the numbers and releases from here). Not rows of the table above: a
+// change is cited for the releases on either side of it, and a release that
+// only shows a bug (0.18.3) is not emulated.
+enum class DeepSpeedChange {
+  kPr4530,          // ZeRO-1/2 divides by dp (group size / sp), not dp x sp
+  kPr4957,          // ZeRO-1/2 no longer divides MoE buckets twice
+  kPrs5259And6546,  // expert gradients divided by dp, not averaged over their edp group
+  kIssue7749,       // 0.18.3 divides by gas once more (gas^2) in a forward-output hook
+};
+
+struct DeepSpeedChangeRow {
+  DeepSpeedChange change;
+  std::string ref;     // as cited: "#4530", "#5259/#6546"
+  std::string first;   // the first release with the change or with the fix ("" not known)
+  std::string broken;  // a regression: the release that has it ("0.18.3"), else ""
+  std::string cite;    // where it was read
+};
+
+const DeepSpeedChangeRow& DeepSpeedChangeOf(DeepSpeedChange change);
+
+// Whether a release ("0.13.1" or "v0.13.1") has the change (or its fix): it
+// is the row's `first` or later. False when `first` is not known.
+bool HasDeepSpeedChange(const std::string& version, DeepSpeedChange change);
+bool HasPr4530(const std::string& version);  // first in 0.11.2
+bool HasPr4957(const std::string& version);  // first in 0.13.1
 
 }  // namespace gradtrace::semantics

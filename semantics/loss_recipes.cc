@@ -7,6 +7,10 @@ namespace {
 const char* const kSplitTimes[] = {"local-mean", "alst-tutorial"};
 const char* const kSplitOnce[] = {"local-mean-div-sp", "token-weighted", "full-sequence", "global-token-weighted",
                                   "alst-tutorial-div-sp"};
+const char* const kAliases[][2] = {{"loss", "local-mean"},
+                                   {"loss-div-sp", "local-mean-div-sp"},
+                                   {"alst", "alst-tutorial"},
+                                   {"alst-div-sp", "alst-tutorial-div-sp"}};
 
 }  // namespace
 
@@ -14,6 +18,22 @@ std::vector<std::string> KnownLossRecipes() {
   std::vector<std::string> out(std::begin(kSplitTimes), std::end(kSplitTimes));
   out.insert(out.end(), std::begin(kSplitOnce), std::end(kSplitOnce));
   return out;
+}
+
+std::vector<std::pair<std::string, std::string>> LossRecipeAliases() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& a : kAliases) out.emplace_back(a[0], a[1]);
+  return out;
+}
+
+std::optional<std::string> ResolveLossRecipe(const std::string& name) {
+  for (const std::string& r : KnownLossRecipes()) {
+    if (name == r) return r;
+  }
+  for (const auto& a : kAliases) {
+    if (name == a[0]) return std::string(a[1]);
+  }
+  return std::nullopt;
 }
 
 bool SplitRanksSumToSequenceLoss(const std::string& loss) {

@@ -12,12 +12,21 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gradtrace::semantics {
 
 // Every recipe named above.
 std::vector<std::string> KnownLossRecipes();
+
+// The other spellings, alias -> recipe, the one list: the DeepSpeed loops'
+// command lines (tools/repro, gradtrace-deepspeed-versions) name the #5248
+// issue's `loss` and `loss / sp`, and the ALST tutorial's loss and that / sp.
+std::vector<std::pair<std::string, std::string>> LossRecipeAliases();
+
+// `name` when it names a recipe, the recipe an alias stands for; empty otherwise.
+std::optional<std::string> ResolveLossRecipe(const std::string& name);
 
 // True for the recipes whose split ranks add up to the sequence's gradient.
 bool SplitRanksSumToSequenceLoss(const std::string& loss);

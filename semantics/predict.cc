@@ -2,30 +2,21 @@
 
 #include "degrees.h"
 #include "loss_recipes.h"
+#include "reduction_path.h"
 #include "scaling_policy.h"
 
 namespace gradtrace::semantics {
 
-namespace {
-
-// The path DeepSpeed (and gradtrace-train's emulation) takes for this stage.
-ReductionPath PathOf(const pb::Config& c) {
-  const bool reduce_scatter = c.extra().count("reduce_scatter") == 0 || c.extra().at("reduce_scatter") != "false";
-  if (c.zero_stage() == 0) return ReductionPath::kEngineAllreduce;
-  if (c.zero_stage() == 3) return reduce_scatter ? ReductionPath::kZero3ReduceScatter : ReductionPath::kZero3Allreduce;
-  return ReductionPath::kZeroPartitioned;
-}
-
-}  // namespace
-
-std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool loss_divided_by_gas) {
+std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool loss_divided_by_gas,
+                                  int64_t param_numel) {
   const Degrees d = DegreesOf(c);
   const auto share = SplitShare(c.loss(), d.split());
   if (!share) return std::nullopt;
   auto policy = ResolvePolicy(c.scaling());
   if (!policy.ok()) return std::nullopt;
+  const ZeroSettings zero = RecordedZeroSettings(c);
   BucketContext b;
-  b.path = PathOf(c);
+  b.path = ChooseReductionPath(c.zero_stage(), zero, param_numel);
   if (b.path == ReductionPath::kEngineAllreduce && d.sp > 1 && !policy->engine_unmodelled.empty()) return std::nullopt;
   if ((b.path == ReductionPath::kZero3ReduceScatter || b.path == ReductionPath::kZero3Allreduce) &&
       !policy->zero3_unmodelled.empty()) {
@@ -38,7 +29,7 @@ std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool 
   b.has_moe = expert;
   b.predivide_factor = c.gradient_predivide_factor() > 0 ? c.gradient_predivide_factor() : 1.0;
   b.prescale = c.prescale_gradients();
-  b.reduce_scatter = c.extra().count("reduce_scatter") == 0 || c.extra().at("reduce_scatter") != "false";
+  b.reduce_scatter = zero.reduce_scatter;
   const BucketScaling s = PlanBucketScaling(*policy, b);
   Prediction p;
   p.applied = s.Divisor();

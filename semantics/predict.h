@@ -4,6 +4,7 @@
 // path). Replaces the diff's re-derivation from policy names.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -22,7 +23,11 @@ struct Prediction {
 };
 
 // Empty when the recipe or the policy is unknown or the path not modelled.
-// `loss_divided_by_gas`: every named recipe divides by gas.
-std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool loss_divided_by_gas = true);
+// `loss_divided_by_gas`: every named recipe divides by gas. `param_numel`: the
+// parameter's elements, which choose ZeRO-3's path (reduction_path.h: one above
+// the recorded reduce_bucket_size is reduce-scattered whatever the settings);
+// 0 when unknown: a parameter within a bucket.
+std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool loss_divided_by_gas = true,
+                                  int64_t param_numel = 0);
 
 }  // namespace gradtrace::semantics

@@ -163,6 +163,16 @@ class DeepSpeedCapture:
             "adapter_hooks": json.dumps(self.hooks),
             "adapter_unrecordable_phases": json.dumps(self.unrecordable),
         }
+        if stage > 0:
+            # The settings that choose each bucket's reduction path (semantics/reduction_path.h), as the
+            # optimizer holds them: gradtrace-diff predicts ZeRO-3's divisor from them.
+            for key, attr in (("zero_reduce_scatter", "reduce_scatter"),
+                              ("zero_contiguous_gradients", "contiguous_gradients")):
+                value = getattr(engine.optimizer, attr, None)
+                if not isinstance(value, bool):
+                    value = _call(engine, key)  # DeepSpeedEngine.zero_reduce_scatter(), ...
+                if isinstance(value, bool):
+                    run_extra[key] = "true" if value else "false"
         run_extra.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (extra or {}).items()})
         groups = {"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}
         expert_rule, expert_degrees = _expert_layout(engine.module.named_parameters(), groups)
@@ -537,9 +547,10 @@ _ABSENT = _Absent()
 
 def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeedCapture:
     """Attach a capture to a DeepSpeed engine (after deepspeed.initialize) and open this rank's trace
-    file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (``loss``, ``loss-div-sp``,
-    ``token-weighted``, ``full-sequence`` or the gradtrace names), ``config`` (extra Config fields:
-    seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac, optimizer, lr, steps), ``extra``
+    file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (a gradtrace recipe name, or an
+    alias of ``gradtrace.loss_recipes.ALIASES``: ``loss``, ``loss-div-sp``, ``alst``, ``alst-div-sp``),
+    ``config`` (extra Config fields: seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac,
+    optimizer, lr, steps), ``extra``
     (RunInfo.extra), ``run_id`` (default $GRADTRACE_RUN_ID, else drawn by rank 0 and broadcast), ``phases``,
     ``on_error`` ("warn", the default: a write error such as a full disk disables capture on that rank with
     one warning and training goes on; "raise": TraceError) and ``overwrite`` (replace a finished trace)."""

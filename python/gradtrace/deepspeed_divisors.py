@@ -53,10 +53,12 @@ def zero3_bucket_divisor(version: str, opt, params, bucket_elements: int) -> flo
             float(getattr(opt, "gradient_predivide_factor", 1.0) or 1.0) != 1.0 or \
             any(getattr(p, "allreduce", True) is False for p in params):
         return 0.0
-    # stage3.py (0.19.8) __reduce_and_partition_ipg_grads: contiguous_gradients and a bucket within
-    # reduce_bucket_size and not reduce_scatter -> __avg_scatter_contiguous_grads (all-reduce).
-    has_allreduce = any(n.endswith("__avg_scatter_contiguous_grads") for n in dir(type(opt)))
-    allreduce = has_allreduce and getattr(opt, "contiguous_gradients", False) and \
-        bucket_elements <= getattr(opt, "reduce_bucket_size", 0) and not getattr(opt, "reduce_scatter", True)
-    return declared_divisor(version, "zero3-allreduce" if allreduce else "zero3-reduce-scatter",
-                            tdist.get_world_size(group=group), int(getattr(opt, "sequence_parallel_size", 1) or 1))
+    # The path stage3.py's __reduce_and_partition_ipg_grads takes, by the one rule (semantics/reduction_path.h)
+    # on the optimizer's own settings; a release without __avg_scatter_contiguous_grads only reduce-scatters.
+    path = _gtcodec.reduction_path(3, int(bucket_elements), int(getattr(opt, "reduce_bucket_size", 0) or 0),
+                                   bool(getattr(opt, "reduce_scatter", True)),
+                                   bool(getattr(opt, "contiguous_gradients", False)))
+    if not any(n.endswith("__avg_scatter_contiguous_grads") for n in dir(type(opt))):
+        path = "zero3-reduce-scatter"
+    return declared_divisor(version, path, tdist.get_world_size(group=group),
+                            int(getattr(opt, "sequence_parallel_size", 1) or 1))

@@ -152,10 +152,15 @@ def _emulate(entry, config_path, layout, out, f, release, timeout):
 def summarize(trace_dir: pathlib.Path) -> dict:
     """loss: the mean over ranks and micro-steps of the first step's losses (each rank's loss as passed to
     backward); grad_norm: the norm DeepSpeed reported for that step (rank 0), None when none was."""
+    from gradtrace import _gtcodec
     from gradtrace.trace import TraceReader
     losses, norm = [], None
-    for path in sorted(pathlib.Path(trace_dir).glob("rank-*.gtrace")):
-        for fr in TraceReader(path).frames():
+    trace_dir = pathlib.Path(trace_dir)
+    names = sorted(os.listdir(trace_dir)) if trace_dir.is_dir() else []
+    for name in names:
+        if _gtcodec.parse_rank_file_name(name) is None:  # proto/rank_file.h's rule
+            continue
+        for fr in TraceReader(trace_dir / name).frames():
             if fr["type"] != "step" or fr["step"] != 0:
                 continue
             if fr.get("optimizer_step"):

@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import numpy as np
 
-# Codec dtype name (proto enum name) -> numpy dtype of the values array.
-NUMPY_DTYPES = {
-    "FP32": np.dtype("<f4"),
-    "FP16": np.dtype("<f2"),
-    "FP64": np.dtype("<f8"),
-    "BF16": np.dtype("<u2"),  # raw bits
-}
-_FROM_NUMPY = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16", np.dtype(np.float64): "FP64"}
-_ALIASES = {"fp32": "FP32", "float32": "FP32", "fp16": "FP16", "float16": "FP16", "half": "FP16",
-            "bf16": "BF16", "bfloat16": "BF16", "fp64": "FP64", "float64": "FP64", "double": "FP64"}
+from . import _gtcodec
+
+# The one dtype table (proto/dtype.h, through _gtcodec): canonical name (the proto enum name) -> numpy
+# dtype of a values array ("BF16": its raw bits, numpy having no bfloat16).
+NUMPY_DTYPES = {row["name"]: np.dtype(row["numpy"]) for row in _gtcodec.dtypes()}
+_FROM_NUMPY = {dt: name for name, dt in NUMPY_DTYPES.items() if dt.kind == "f"}
 
 
 def dtype_name(dtype) -> str:
     """Canonical codec dtype name ("FP32", "FP16", "BF16", "FP64") for a name
-    in any common spelling ("fp32", "float32", "bfloat16", ...) or a numpy
-    floating dtype. Raises ValueError otherwise."""
+    in any spelling the C++ table accepts ("fp32", "float32", "bfloat16", "half",
+    any case) or a numpy floating dtype. Raises ValueError otherwise."""
     if isinstance(dtype, str):
-        name = _ALIASES.get(dtype.lower(), dtype.upper())
-        if name in NUMPY_DTYPES:
-            return name
-        raise ValueError(f"unknown dtype {dtype!r}: expected fp32, fp16, bf16 or fp64")
+        return _gtcodec.dtype_name(dtype)
     try:
         return _FROM_NUMPY[np.dtype(dtype)]
     except (KeyError, TypeError):
@@ -97,7 +90,10 @@ def to_torch(slice_dict: dict):
 
 
 def torch_dtype_name(dtype) -> str:
-    """Codec dtype name of a torch dtype (float32 -> "FP32", bfloat16 -> "BF16"); other
-    dtypes (integer buffers, fp8) are recorded as "FP32", the dtype their values are stored in."""
-    name = str(dtype).rsplit(".", 1)[-1]
-    return _ALIASES.get(name, "FP32")
+    """Codec dtype name of a torch dtype (float32 -> "FP32", bfloat16 -> "BF16", by the C++ table's
+    aliases); other dtypes (integer buffers, fp8) are recorded as "FP32", the dtype their values are
+    stored in."""
+    try:
+        return _gtcodec.dtype_name(str(dtype).rsplit(".", 1)[-1])
+    except ValueError:
+        return "FP32"

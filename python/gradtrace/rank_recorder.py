@@ -29,7 +29,7 @@ import time
 import uuid
 import warnings
 
-from . import loss_recipes
+from . import _gtcodec, loss_recipes
 from .dtypes import torch_dtype_name
 from .layout import Layout
 from .trace import TraceError, TraceWriter
@@ -40,7 +40,8 @@ PHASES = ("PRE_REDUCE", "POST_REDUCE", "FINAL")
 
 
 def rank_file(out_dir, rank: int) -> str:
-    return os.path.join(os.fspath(out_dir), f"rank-{rank:05d}.gtrace")
+    """``out_dir/rank-NNNNN.gtrace``: the name proto/rank_file.h gives rank ``rank``'s file."""
+    return os.path.join(os.fspath(out_dir), _gtcodec.rank_file_name(int(rank)))
 
 
 def agree_run_id(run_id: str | None = None) -> str:
@@ -335,8 +336,11 @@ class RankRecorder:
         self.disabled = str(error)
         kept = (f"{self.path} keeps the frames written before: a truncated trace" if closing
                 or self.writer._writer is not None else "no trace is written for this rank")
-        print(f"gradtrace: WARNING: rank {self.rank}: capture disabled after a write error: {error}; training "
-              f"continues without capture ({kept})", file=sys.stderr, flush=True)
+        # One write of the whole line: print() writes the newline separately, and two ranks' warnings then
+        # shared a line on the common stderr.
+        sys.stderr.write(f"gradtrace: WARNING: rank {self.rank}: capture disabled after a write error: {error}; "
+                         f"training continues without capture ({kept})\n")
+        sys.stderr.flush()
         if not closing:
             self.writer.abandon()
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Iterator
 
 import numpy as np
 
 from . import _gtcodec
-from .dtypes import _ALIASES as _DTYPE_SPELLINGS
-from .dtypes import dtype_name, float_to_bf16, is_tensor, tensor_to_numpy
+from .dtypes import NUMPY_DTYPES, dtype_name, float_to_bf16, is_tensor, tensor_to_numpy
 
 TraceError = _gtcodec.TraceError
 
@@ -26,7 +24,6 @@ _STEP_KEYS = {"step", "micro_step", "loss", "valid_tokens", "lr", "reported_grad
 _BUCKET_KEYS = {"step", "micro_step", "bucket_id", "phase", "group", "slices", "bucket_numel", "partition_offset",
                 "partition_count", "divisor"}
 _SLICE_KEYS = {"param_id", "offset", "values", "mode", "dtype"}
-_RANK_FILE = re.compile(r"rank-(\d+)\.gtrace$")
 
 
 def _ints_from_json(obj, path):
@@ -81,8 +78,13 @@ def _run_info_to_json(run_info: dict) -> str:
 def _proto_dtype(dtype):
     """A dtype for proto JSON: common spellings become the enum name; enum
     names (DTYPE_UNSPECIFIED included) and numbers pass through to the parser."""
-    if isinstance(dtype, (int, str)) and not (isinstance(dtype, str) and dtype.lower() in _DTYPE_SPELLINGS):
+    if isinstance(dtype, int):
         return dtype
+    if isinstance(dtype, str):
+        try:
+            return dtype_name(dtype)
+        except ValueError:
+            return dtype  # the proto JSON parser refuses it, naming the field
     return dtype_name(dtype)
 
 
@@ -375,37 +377,33 @@ def _values_and_dtype(values, requested, where: str):
             if not np.issubdtype(arr.dtype, np.floating):
                 raise ValueError(f"{where}: cannot store {arr.dtype} values as bf16")
             arr = float_to_bf16(arr)
-    elif arr.dtype != np.dtype(_NP[want]):
+    elif arr.dtype != NUMPY_DTYPES[want]:
         if not np.issubdtype(arr.dtype, np.floating):
             raise ValueError(f"{where}: cannot store {arr.dtype} values as {want.lower()}")
-        arr = arr.astype(_NP[want])
+        arr = arr.astype(NUMPY_DTYPES[want])
     arr = np.ascontiguousarray(arr)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return arr, want.lower()
-
-
-_NP = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64}
+    return arr, want
 
 
 def read_trace_set(directory: str | os.PathLike) -> list[TraceReader]:
     """Readers for every ``rank-NNNNN.gtrace`` in ``directory``, ordered by rank.
 
-    Raises TraceError when the directory holds no trace file, when two files
-    claim the same rank, or when a file's RunInfo names another rank than its
+    Raises TraceError when the directory holds no trace file, a ``rank-*.gtrace``
+    not named as the writers name them (``rank-1.gtrace``: code
+    ``invalid_argument``), or a file whose RunInfo names another rank than its
     file name."""
     directory = os.fspath(directory)
     try:
         names = os.listdir(directory)
     except OSError as e:
         raise _trace_error(f"{directory}: cannot list trace set: {e.strerror}", "io_error") from None
-    files = sorted((int(m.group(1)), n) for n in names if (m := _RANK_FILE.fullmatch(n)))
+    # The C++ rule (proto/rank_file.h), one spelling per rank: a misnamed rank-*.gtrace is a TraceError.
+    files = sorted((rank, n) for n in names
+                   if (rank := _gtcodec.rank_file_member(os.path.join(directory, n))) is not None)
     if not files:
-        raise _trace_error(f"{directory}: no rank-NNNNN.gtrace files", "io_error")
-    ranks = [rank for rank, _ in files]
-    dup = sorted({r for r in ranks if ranks.count(r) > 1})
-    if dup:
-        raise _trace_error(f"{directory}: several files for rank(s) {dup}", "mismatch")
+        raise _trace_error(f"{directory}: no {_gtcodec.RANK_FILE_PATTERN} files", "io_error")
     readers = []
     for rank, name in files:
         reader = TraceReader(os.path.join(directory, name))

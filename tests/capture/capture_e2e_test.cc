@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "rank_file.h"
 #include "slice_codec.h"
 #include "trace_reader.h"
 
@@ -91,9 +92,7 @@ struct PhaseValues {
 PhaseValues ReadPhase(const fs::path& dir, int world, pb::Phase phase, int64_t step) {
   PhaseValues pv;
   for (int r = 0; r < world; ++r) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
-    const fs::path path = dir / name;
+    const fs::path path = dir / gradtrace::RankFileName(r);
     Status verified = VerifyFile(path.string());
     if (!verified.ok()) {
       pv.error += "verify " + path.string() + ": " + verified.message() + "; ";
@@ -107,7 +106,8 @@ PhaseValues ReadPhase(const fs::path& dir, int world, pb::Phase phase, int64_t s
     const pb::RunInfo& run = reader.value()->run_info();
     pv.run = run;
     pv.run_ids.push_back(run.run_id());
-    if (run.rank() != r) pv.error += "rank field " + std::to_string(run.rank()) + " in " + name + "; ";
+    if (run.rank() != r)
+      pv.error += "rank field " + std::to_string(run.rank()) + " in " + path.filename().string() + "; ";
     Frame frame;
     while (reader.value()->Next(&frame)) {
       if (!frame.bucket || frame.bucket->phase() != phase || frame.bucket->step() != step) continue;

@@ -9,6 +9,8 @@
 #include "expected_divisor.h"
 #include "init_sketch.h"
 #include "loss_recipes.h"
+#include "rank_file.h"
+#include "reduction_path.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
 #include "trace_writer.h"
@@ -60,16 +62,28 @@ int64_t Numel(const SynthParam& p) {
   return n;
 }
 
-// The divisor of a bucket reduced over `group` ranks: the policy's plan, or
-// under divide_as_expected what the recorded layout needs.
-Expected<double> Divisor(const SynthSpec& s, const pb::Config& c, int group, bool expert) {
+// The path a bucket of `bucket_numel` elements takes under the recorded settings, as gradtrace-train's reducer
+// chooses it.
+semantics::ReductionPath PathOf(const pb::Config& c, int64_t bucket_numel) {
+  return semantics::ChooseReductionPath(c.zero_stage(), semantics::RecordedZeroSettings(c), bucket_numel);
+}
+
+// Whether POST_REDUCE holds each rank's partition of the bucket (else the whole bucket), as in capture/reducer.cc.
+bool Partitioned(const pb::Config& c, semantics::ReductionPath path) {
+  return path == semantics::ReductionPath::kZero3ReduceScatter ||
+         (path == semantics::ReductionPath::kZeroPartitioned && semantics::RecordedZeroSettings(c).reduce_scatter);
+}
+
+// The divisor of a bucket reduced over `group` ranks on `path`: the policy's
+// plan, or under divide_as_expected what the recorded layout needs.
+Expected<double> Divisor(const SynthSpec& s, const pb::Config& c, int group, bool expert,
+                         semantics::ReductionPath path) {
   if (s.divide_as_expected) return semantics::ExpectedDivisor(c, expert ? pb::EXPERT : pb::DENSE, group);
   auto policy = semantics::ResolvePolicy(s.scaling);
   if (!policy.ok()) return policy.status();
   semantics::BucketContext b;
-  b.path = s.zero_stage == 0   ? semantics::ReductionPath::kEngineAllreduce
-           : s.zero_stage == 3 ? semantics::ReductionPath::kZero3ReduceScatter
-                               : semantics::ReductionPath::kZeroPartitioned;
+  b.path = path;
+  b.reduce_scatter = semantics::RecordedZeroSettings(c).reduce_scatter;
   b.group_size = group;
   b.sp = s.sp;
   b.has_moe = expert;
@@ -121,6 +135,8 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   c->set_loss(spec.loss);
   c->set_gas(spec.recorded_gas >= 0 ? spec.recorded_gas : spec.gas);
   c->set_reduce_bucket_size(spec.bucket_elems);
+  if (!spec.zero_reduce_scatter) (*c->mutable_extra())["zero_reduce_scatter"] = "false";
+  if (!spec.zero_contiguous_gradients) (*c->mutable_extra())["zero_contiguous_gradients"] = "false";
   pb::DType comm = pb::DTYPE_UNSPECIFIED;
   if (!spec.comm_dtype.empty() && !ParseDType(spec.comm_dtype, &comm)) {
     return Status::InvalidArgument("comm dtype '" + spec.comm_dtype + "'");
@@ -192,9 +208,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     auto* edp = rr.add_groups();
     edp->set_name("edp");
     for (int k = r % ep; k < world; k += ep) edp->add_ranks(k);
-    char name[32];
-    std::snprintf(name, sizeof(name), "rank-%05d.gtrace", r);
-    auto w = TraceWriter::Open((fs::path(dir) / name).string(), rr);
+    auto w = TraceWriter::Open((fs::path(dir) / RankFileName(r)).string(), rr);
     if (!w.ok()) return w.status();
     writers.push_back(std::move(*w));
   }
@@ -208,10 +222,15 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     for (int k = expert ? r % ep : 0; k < world; k += expert ? ep : 1) g.push_back(k);
     return g;
   };
-  auto dense_div = Divisor(spec, *c, world, false);
-  if (!dense_div.ok()) return dense_div.status();
-  auto expert_div = Divisor(spec, *c, world / ep, true);
-  if (!expert_div.ok()) return expert_div.status();
+  std::vector<double> divisors;   // per bucket
+  std::vector<bool> partitioned;  // per bucket
+  for (const Layout& L : buckets) {
+    const semantics::ReductionPath path = PathOf(*c, L.bucket_numel);
+    auto d = Divisor(spec, *c, L.expert ? world / ep : world, L.expert, path);
+    if (!d.ok()) return d.status();
+    divisors.push_back(*d);
+    partitioned.push_back(Partitioned(*c, path));
+  }
   for (int64_t step = 0; step < spec.steps; ++step) {
     for (int r = 0; r < world; ++r) {
       for (int m = 0; m < spec.gas; ++m) {
@@ -244,7 +263,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
       std::vector<std::vector<float>> final_of(world, std::vector<float>(L.bucket_numel, 0.0f));
       for (int m = 0; m < spec.gas; ++m) {
         std::vector<std::vector<float>> pre(world, std::vector<float>(L.bucket_numel));
-        const double divisor = L.expert ? *expert_div : *dense_div;
+        const double divisor = divisors[b];
         const int groups = L.expert ? ep : 1;
         const int cells = (world / groups) * spec.gas;
         for (const auto& [pi, base] : L.members) {
@@ -308,9 +327,9 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
                 MakeSlice(run.params(pi), 0, Numel(spec.params[pi]), pb::FP32, pre[r].data() + base, *mode);
           }
           GT_RETURN_IF_ERROR(writers[r]->WriteBucket(rec));
-          // POST_REDUCE: the whole bucket (stage 0) or this rank's partition (ZeRO-1/2).
+          // POST_REDUCE: the whole bucket (stage 0, all-reduce paths) or this rank's partition.
           int64_t lo = 0, hi = L.bucket_numel;
-          if (spec.zero_stage > 0) {
+          if (partitioned[b]) {
             lo = std::min(L.bucket_numel, r * part);
             hi = std::min(L.bucket_numel, lo + part);
           }

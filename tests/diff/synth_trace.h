@@ -53,7 +53,10 @@ struct SynthSpec {
   std::string capture = "full";  // "full", "sketch:K", "stats"
   std::string name_prefix;       // e.g. "module." as DeepSpeed's wrapper adds
   std::vector<SynthParam> params = DefaultParams();
-  int64_t bucket_elems = 3000;  // parameters packed into buckets of about this many elements
+  int64_t bucket_elems = 3000;  // parameters packed into buckets of about this many elements (reduce_bucket_size)
+  // ZeRO settings that choose each bucket's path (semantics/reduction_path.h); recorded in extra when false.
+  bool zero_reduce_scatter = true;
+  bool zero_contiguous_gradients = true;
   bool write_pre_post = true;
   uint64_t split_seed = 7;                     // how the gradient is shared across ranks (changes rounding only)
   std::map<std::string, double> extra_factor;  // FINAL/POST of these parameters multiplied

@@ -156,8 +156,9 @@ TEST(UnseenClients, CompressedCommunicationIsJudgedWithItsPrecision) {
   auto r = Diff(a, Synth("bf16", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("match", r->verdict) << r->summary;
-  EXPECT_EQ("all 14 parameters match within bf16 rounding (B communicates in bf16 (bf16_compress_hook))", r->summary);
-  EXPECT_EQ("bf16", r->tolerance.precision);
+  // Dtypes in words by their one canonical name (proto/dtype.h, issue 21).
+  EXPECT_EQ("all 14 parameters match within BF16 rounding (B communicates in BF16 (bf16_compress_hook))", r->summary);
+  EXPECT_EQ("BF16", r->tolerance.precision);
   b.record_comm_dtype = false;
   auto unrecorded = Diff(a, Synth("bf16-unrecorded", b));
   ASSERT_TRUE(unrecorded.ok());
@@ -180,12 +181,12 @@ TEST(UnseenClients, AccumulationDtypeSetsThePrecision) {
   auto r = Diff(Synth("ref", Reference()), Synth("accum", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("match", r->verdict) << r->summary;
-  EXPECT_EQ("all 14 parameters match within bf16 rounding (B trains in bf16)", r->summary);
+  EXPECT_EQ("all 14 parameters match within BF16 rounding (B trains in BF16)", r->summary);
   bool said = false;
   for (const Finding& f : r->findings) {
     said |= f.message ==
-            "B: gradients accumulated in bf16 (ParamInfo.accum_dtype) while Config.dtype is fp32: judged "
-            "with bf16's rounding";
+            "B: gradients accumulated in BF16 (ParamInfo.accum_dtype) while Config.dtype is FP32: judged "
+            "with BF16's rounding";
   }
   EXPECT_TRUE(said);
 }

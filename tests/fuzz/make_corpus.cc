@@ -18,6 +18,7 @@
 #include "diff_engine.h"
 #include "fuzz_common.h"
 #include "partial_report.h"
+#include "rank_file.h"
 #include "trace_reader.h"
 
 using namespace gradtrace;
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(sets / side);
     const CaptureMode mode = *ParseCaptureMode(side[0] == 'a' ? "full" : "sketch:4");
     for (int rank : {0, 1}) {
-      const std::string name = "rank-0000" + std::to_string(rank) + ".gtrace";
+      const std::string name = RankFileName(rank);
       if (Status s = fuzz::WriteSampleTrace((sets / side / name).string(), mode, true, rank); !s.ok()) {
         std::fprintf(stderr, "%s\n", s.message().c_str());
         return 1;
@@ -117,9 +118,7 @@ int main(int argc, char** argv) {
     auto add = [&](const std::string& name, const std::string& bytes) {
       tar += *TarHeader(name, bytes.size(), 0) + bytes + std::string(TarPadding(bytes.size()), '\0');
     };
-    for (const char* rank : {"rank-00000.gtrace", "rank-00001.gtrace"}) {
-      add(std::string("a/") + rank, Slurp((sets / "b" / rank).string()));
-    }
+    for (int rank : {0, 1}) add("a/" + RankFileName(rank), Slurp((sets / "b" / RankFileName(rank)).string()));
     add("pack.json", R"({"format": "gtpack 1", "diff": {"mode": "self", "phase": "final", "step": null}})");
     add("README.md", "# seed\n");
     tar += std::string(2 * kTarBlock, '\0');

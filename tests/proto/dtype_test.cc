@@ -1,4 +1,6 @@
 // Element conversions: exact widening, round-to-nearest-even narrowing.
+#include "dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -6,8 +8,6 @@
 #include <cstring>
 #include <limits>
 #include <random>
-
-#include "slice_codec.h"
 
 namespace gradtrace {
 namespace {
@@ -39,6 +39,44 @@ TEST(DType, SizesAndNames) {
   pb::DType parsed;
   EXPECT_FALSE(ParseDType("int8", &parsed));
   EXPECT_STREQ("unknown", DTypeName(pb::DTYPE_UNSPECIFIED));
+}
+
+// Issue 21: one table, one canonical spelling per dtype (the enum name FORMAT.md 4.4 and proto JSON use), the
+// aliases in one list. C++ knew fp32/float32 only, Python also FP32, half and double.
+TEST(DType, OneCanonicalNameAndItsAliases) {
+  for (const DTypeInfo& row : DTypes()) {
+    EXPECT_EQ(pb::DType_Name(row.dtype), row.name);
+    EXPECT_STREQ(row.name, DTypeName(row.dtype));
+    EXPECT_EQ(DTypeSize(row.dtype), row.size);
+    EXPECT_EQ(&row, FindDType(row.dtype));
+    EXPECT_FALSE(DTypeAliases(row.dtype).empty()) << row.name;
+    for (const std::string& alias : DTypeAliases(row.dtype)) {
+      pb::DType parsed = pb::DTYPE_UNSPECIFIED;
+      ASSERT_TRUE(ParseDType(alias, &parsed)) << alias;
+      EXPECT_EQ(row.dtype, parsed) << alias;
+    }
+  }
+  EXPECT_EQ(4u, DTypes().size());
+  EXPECT_EQ(nullptr, FindDType(pb::DTYPE_UNSPECIFIED));
+  EXPECT_EQ(nullptr, FindDType(static_cast<pb::DType>(99)));
+  const struct {
+    const char* spelling;
+    const char* canonical;
+  } cases[] = {{"FP32", "FP32"},    {"fp32", "FP32"},     {"float32", "FP32"},  {"Float32", "FP32"}, {"FP16", "FP16"},
+               {"fp16", "FP16"},    {"float16", "FP16"},  {"half", "FP16"},     {"HALF", "FP16"},    {"BF16", "BF16"},
+               {"bf16", "BF16"},    {"bfloat16", "BF16"}, {"BFloat16", "BF16"}, {"FP64", "FP64"},    {"fp64", "FP64"},
+               {"float64", "FP64"}, {"double", "FP64"}};
+  for (const auto& c : cases) {
+    pb::DType parsed = pb::DTYPE_UNSPECIFIED;
+    ASSERT_TRUE(ParseDType(c.spelling, &parsed)) << c.spelling;
+    EXPECT_STREQ(c.canonical, DTypeName(parsed)) << c.spelling;
+  }
+  for (const char* refused : {"", "int8", "fp8", "float", "fp 32", "fp32 ", "DTYPE_UNSPECIFIED", "unknown"}) {
+    pb::DType parsed = pb::BF16;
+    EXPECT_FALSE(ParseDType(refused, &parsed)) << refused;
+    EXPECT_EQ(pb::BF16, parsed) << refused;  // untouched
+  }
+  EXPECT_EQ("FP32, FP16, BF16 or FP64", DTypeNamesInWords());
 }
 
 // Every one of the 65536 bit patterns widens to double and narrows back to

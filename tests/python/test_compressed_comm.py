@@ -48,7 +48,8 @@ def test_compression_hook_is_recorded_and_matches_within_its_rounding(runs, dtyp
     rc, r, out = _report(runs, dtype)
     assert rc == 0, out
     assert r["verdict"] == "match" and len(r["steps"]) == 3
-    assert r["summary"].endswith(f"match within {dtype} rounding (B communicates in {dtype} ({dtype}_compress_hook))")
+    d = dtype.upper()  # the canonical name (proto/dtype.h)
+    assert r["summary"].endswith(f"match within {d} rounding (B communicates in {d} ({dtype}_compress_hook))")
     worst = max(p["residual"] for p in r["params"] if p["residual"] is not None)
     # The residual is the rounding the hook adds (far above fp32's bound, far below a factor's).
     assert 1e-5 < worst < r["tolerance"]["rtol"] < 0.05, (worst, r["tolerance"])
@@ -106,7 +107,7 @@ def test_fsdp2_mixed_precision_matches_within_bf16_rounding(runs, mp):
     assert all(p["grad_dtype"] == "BF16" and p["dtype"] == "FP32" for p in r0.run_info["params"])
     rc, r, out = _report(runs, f"fsdp2-{mp}")
     assert rc == 0, out
-    assert r["summary"].endswith("match within bf16 rounding (B trains in bf16)"), r["summary"]
+    assert r["summary"].endswith("match within BF16 rounding (B trains in BF16)"), r["summary"]
     worst = max(p["residual"] for p in r["params"] if p["residual"] is not None)
     assert 1e-4 < worst < r["tolerance"]["rtol"], (worst, r["tolerance"])
     print(f"fsdp2 {mp}: worst residual {worst:.3g}, rtol {r['tolerance']['rtol']:.3g}")

@@ -82,7 +82,8 @@ def _cpp_recipes():
 def test_python_reads_the_cpp_list_of_loss_recipes():
     assert loss_recipes.known() == _cpp_recipes()
     assert ", ".join(loss_recipes.known()) == KNOWN
-    assert loss_recipes.ALIASES == {"loss": "local-mean", "loss-div-sp": "local-mean-div-sp"}
+    assert loss_recipes.ALIASES == {"loss": "local-mean", "loss-div-sp": "local-mean-div-sp", "alst": "alst-tutorial",
+                                    "alst-div-sp": "alst-tutorial-div-sp"}
     assert set(loss_recipes.ALIASES.values()) <= set(loss_recipes.known())
 
 
@@ -155,7 +156,8 @@ def test_deepspeed_adapter_refuses_an_unknown_recipe_and_maps_the_aliases(tmp_pa
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = [line for line in p.stdout.splitlines() if line.startswith(("ERROR", "WROTE"))]
     assert lines == [f"ERROR gradtrace.deepspeed_adapter: loss_recipe='global-token-mean' is not a known loss recipe; "
-                     f"known: {KNOWN}, or the aliases loss, loss-div-sp (\"\" leaves it unspecified)",
+                     f"known: {KNOWN}, or the aliases loss, loss-div-sp, alst, alst-div-sp "
+                     f"(\"\" leaves it unspecified)",
                      "WROTE False"]
     cfg = gradtrace.TraceReader(tmp_path / "alias" / "rank-00000.gtrace").run_info["config"]
     assert cfg["loss"] == "local-mean-div-sp"

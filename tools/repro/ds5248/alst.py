@@ -47,8 +47,11 @@ sys.path.insert(0, HERE)
 import run  # noqa: E402  (tools/repro/ds5248/run.py: launcher, ds_config, the CPU comm-op patch)
 from run import disable_shm_comm_op, ds_config  # noqa: E402
 
-# What gradtrace's RunInfo calls each --loss (gradtrace-diff explains factors from it; see diff/explain.cc).
-LOSS_NAMES = {"alst": "alst-tutorial", "alst-div-sp": "alst-tutorial-div-sp", "token-weighted": "token-weighted"}
+from gradtrace import loss_recipes  # noqa: E402
+
+# The --loss spellings this loop implements -> what gradtrace's RunInfo calls them (the one list of
+# recipes and aliases, semantics/loss_recipes.cc; gradtrace-diff explains factors from it).
+LOSS_NAMES = {name: loss_recipes.resolve(name) for name in ("alst", "alst-div-sp", "token-weighted")}
 
 
 def parse_args(argv=None):

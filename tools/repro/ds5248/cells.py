@@ -6,6 +6,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from gradtrace.rank_recorder import rank_file
+
 RECIPES = ["loss", "loss-div-sp", "token-weighted", "full-sequence"]
 
 
@@ -115,7 +117,7 @@ def run_once(cmd, out, log, timeout=None):
     """Run the command that writes trace set OUT, output to LOG, unless OUT.done says an earlier run finished
     it (a partial OUT is removed first); its exit status (0 when cached). OUT.done records the command."""
     done = pathlib.Path(str(out) + ".done")
-    if (out / "rank-00000.gtrace").exists() and done.exists():
+    if pathlib.Path(rank_file(out, 0)).exists() and done.exists():
         return 0
     if out.exists():
         shutil.rmtree(out)

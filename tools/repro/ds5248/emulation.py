@@ -18,12 +18,11 @@ import subprocess
 from cells import run_once
 from checks import self_report, step0_buckets
 
+from gradtrace import loss_recipes
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
-GT_LOSS = {"loss": "local-mean", "loss-div-sp": "local-mean-div-sp", "token-weighted": "token-weighted",
-           "global-token-weighted": "global-token-weighted",
-           "full-sequence": "full-sequence"}
 BUCKET_ELEMENTS = 2000  # run.py's default reduce_bucket_size, so both sides have several buckets
 
 
@@ -55,7 +54,7 @@ def export_init(train, path, flags, global_batch, ignore, gas):
 def emulate(train, out, version, layout, stage, recipe, ignore, global_batch, flags, log):
     """Run gradtrace-train --scaling deepspeed@VERSION for the cell; (exit status, last error line)."""
     cmd = [str(train), *flags, "--nproc", str(layout.sp * layout.dp), "--sp", str(layout.sp), "--dp", str(layout.dp),
-           "--zero-stage", str(stage), "--scaling", f"deepspeed@{version}", "--loss", GT_LOSS[recipe],
+           "--zero-stage", str(stage), "--scaling", f"deepspeed@{version}", "--loss", loss_recipes.resolve(recipe),
            "--batch", str(global_batch), "--ignore-frac", str(ignore), "--gas", str(layout.gas),
            "--reduce-bucket-size", str(layout.bucket or BUCKET_ELEMENTS), "--moe-experts", str(layout.moe),
            "--out", str(out)]

@@ -1,0 +1,414 @@
+#include "factor_finding.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "candidates.h"
+#include "degrees.h"
+#include "expected_divisor.h"
+#include "loss_recipes.h"
+#include "predict.h"
+#include "scaling_policy.h"
+
+namespace gradtrace::semantics {
+namespace {
+
+bool Near(double x, double want, double ctol) { return NearFactor(x, want, ctol); }
+
+pb::ParamKind KindOf(const std::string& name) {
+  if (name == "expert") return pb::EXPERT;
+  if (name == "tp-shard") return pb::TP_SHARD;
+  if (name == "replicated") return pb::REPLICATED;
+  return pb::DENSE;
+}
+
+// The DeepSpeed release a side models or ran ("" when none is known).
+std::string DeepSpeedVersion(const pb::Config& c) {
+  auto p = ResolvePolicy(c.scaling());
+  return p.ok() ? p->deepspeed_version : "";
+}
+
+// The split dimension's name: "sp", "cp", or "sp x cp".
+std::string SplitName(const pb::Config& c) {
+  const auto d = DegreesOf(c);
+  if (d.cp > 1 && d.sp > 1) return "sp x cp";
+  return d.cp > 1 ? "cp" : "sp";
+}
+
+bool IsSplit(const std::string& dimension) { return dimension == "sp" || dimension == "cp" || dimension == "sp x cp"; }
+
+// The degree of `c` (or its reciprocal) equal to `factor`, by the one degree list.
+std::string DegreeEqualTo(double factor, const pb::Config& c, double ctol, const std::string& prefer = "") {
+  if (!prefer.empty()) {
+    for (const auto& d : ConfigDegrees()) {
+      if (prefer == d.name && d.get(c) > 1 && (Near(factor, d.get(c), ctol) || Near(factor, 1 / d.get(c), ctol))) {
+        return d.name;
+      }
+    }
+  }
+  for (const auto& d : ConfigDegrees()) {
+    const double v = d.get(c);
+    if (v > 1 && (Near(factor, v, ctol) || Near(factor, 1 / v, ctol))) return d.name;
+  }
+  return "";
+}
+
+// Whether the side's reductions of `kind` divide by exactly their group size.
+bool IsPlainMean(const SideFacts& s, const std::string& kind, double ctol) {
+  for (const auto& e : s.reductions) {
+    if (e.param_kind == kind && e.group_size > 1 && e.believed > 0) return Near(e.believed, e.group_size, ctol);
+  }
+  return false;
+}
+
+// Whether a modelled DeepSpeed release applies, on this path, the divisor the
+// newest modelled release still applies: then that divisor is the framework's
+// convention the loss must be written for (the recipe is what to change, as in
+// hamishivi/tmax PR #9), not a reduction bug a later release fixed (PR #4530,
+// #5555).
+bool StillTheFrameworksDivisor(const pb::Config& cfg, pb::ParamKind kind, const Prediction& p, double ctol) {
+  auto policy = ResolvePolicy(cfg.scaling());
+  const auto& releases = DeepSpeedReleases();
+  if (!policy.ok() || policy->deepspeed_version.empty() || releases.empty()) return false;
+  pb::Config newest = cfg;
+  newest.set_scaling("deepspeed@" + releases.back().version);
+  const auto q = Predict(newest, kind);
+  return q && q->applied > 0 && Near(p.applied, q->applied, ctol) && !p.double_division;
+}
+
+// The cause read from one side's prediction (that side's multiple != 1).
+Finding CauseFromPrediction(const Prediction& p, const pb::Config& cfg, pb::ParamKind kind, double ctol) {
+  Finding f;
+  if (p.double_division && !Near(p.reduction_factor, 1, ctol)) {
+    f.cause = Cause::kDoubleDivision;
+    f.dimension = "dp";
+  } else if (!Near(p.reduction_factor, 1, ctol)) {
+    f.cause = StillTheFrameworksDivisor(cfg, kind, p, ctol) ? Cause::kLossMultiplier : Cause::kReductionDivisor;
+    f.dimension = DegreeEqualTo(p.reduction_factor, cfg, ctol, kind == pb::EXPERT ? "ep" : "");
+  } else {
+    f.cause = Cause::kLossMultiplier;
+    const auto d = DegreesOf(cfg);
+    if (Near(p.loss_factor, d.split(), ctol) && d.split() > 1) {
+      f.dimension = SplitName(cfg);
+    } else {
+      f.dimension = DegreeEqualTo(p.loss_factor, cfg, ctol);
+    }
+  }
+  return f;
+}
+
+// What a side's own reductions show for `kind`: the factor its believed divisor
+// is off by (expected / believed), or empty when it measured nothing.
+std::optional<double> ReductionOff(const SideFacts& s, const std::string& kind, double ctol) {
+  for (const auto& e : s.reductions) {
+    if (e.param_kind != kind || e.believed <= 0 || e.expected <= 0) continue;
+    const double off = e.expected / e.believed;
+    return Near(off, 1, ctol) ? 1.0 : off;
+  }
+  return std::nullopt;
+}
+
+// The split dimension ("sp", "cp") a side's dense reductions leave out: their
+// group is smaller than dp x sp x cp by that degree. "" when none.
+std::string MissingGroupDimension(const SideFacts& s) {
+  const auto d = DegreesOf(s.config);
+  for (const auto& e : s.reductions) {
+    if (e.param_kind != "dense" && !e.param_kind.empty()) continue;
+    if (e.group_size <= 0) continue;
+    const int full = d.dp * d.split();
+    if (e.group_size >= full || full % e.group_size != 0) return "";
+    const int left_out = full / e.group_size;
+    if (d.sp > 1 && left_out == d.sp) return "sp";
+    if (d.cp > 1 && left_out == d.cp) return "cp";
+    return "";
+  }
+  return "";
+}
+
+// Whether the side's expert reductions run over a group of edp x tp ranks (tp copies of each expert).
+bool ExpertGroupSpansTp(const SideFacts& s) {
+  const int tp = DegreesOf(s.config).tp;
+  for (const auto& e : s.reductions) {
+    if (e.param_kind == "expert" && e.group_size > 0) return tp > 1 && ExpertCopies(s.config, e.group_size) == tp;
+  }
+  return false;
+}
+
+bool LossDimension(const std::string& d) { return d == "sp" || d == "cp" || d == "gas"; }
+
+// What both sides' own reductions of a kind show (ReductionOff).
+struct Evidence {
+  std::optional<double> off_a, off_b;
+  bool a_right = false, b_right = false;  // the side's believed divisor is what its layout needs
+  const std::optional<double>& Off(char side) const { return side == 'A' ? off_a : off_b; }
+  bool Right(char side) const { return side == 'A' ? a_right : b_right; }
+};
+
+// The candidate the evidence prefers among `matches` (not empty): a side whose
+// reduction divides as its layout needs carries a loss multiplier, so a loss
+// dimension (sp, cp, gas) of it wins over dp/world; expert gradients prefer
+// ep/edp, or tp when their group spans tp copies of each expert.
+const Candidate& PickCandidate(const std::vector<Candidate>& matches, const std::string& kind, const SideFacts& a,
+                               const SideFacts& b, const Evidence& ev, double ctol) {
+  const Candidate* best = &matches.front();
+  // Expert gradients over a group that spans tp copies of the same expert (TP + MoE): a reduction off by
+  // tp names tp, not the dp it may equal.
+  const std::optional<double>& owner_off = ev.Off(best->side);
+  if (kind == "expert" && owner_off && *owner_off != 1.0 && ExpertGroupSpansTp(best->side == 'A' ? a : b)) {
+    for (const auto& m : matches) {
+      if (m.kind == "tp" && Near(m.value, *owner_off, ctol)) {
+        best = &m;
+        break;
+      }
+    }
+  }
+  for (const auto& m : matches) {
+    if (best->kind == "tp" && kind == "expert") break;
+    if ((ev.Right(m.side) && LossDimension(m.kind)) || (kind == "expert" && (m.kind == "ep" || m.kind == "edp"))) {
+      best = &m;
+      break;
+    }
+  }
+  return *best;
+}
+
+// A loss multiplier or a reduction divisor (or the predivide factor), for the chosen candidate.
+Cause CauseOfCandidate(const Candidate& best, const std::string& kind, const SideFacts& a, const SideFacts& b,
+                       const Evidence& ev, double ctol) {
+  const std::optional<double>& off = ev.Off(best.side);
+  if (best.kind == "predivide") return Cause::kPredivide;
+  if (kind == "expert" && (best.kind == "ep" || best.kind == "edp" || best.kind == "experts")) {
+    return Cause::kReductionDivisor;
+  }
+  if (ev.Right(best.side) && LossDimension(best.kind)) return Cause::kLossMultiplier;
+  if (off && *off != 1.0) {
+    // A reduction that is the plain mean over its group (what DDP, FSDP and a ZeRO reduce-scatter do) is the
+    // convention a loss is written for: the loss scale is what is off, not the framework's mean.
+    return IsPlainMean(best.side == 'A' ? a : b, kind, ctol) && kind != "expert" ? Cause::kLossMultiplier
+                                                                                 : Cause::kReductionDivisor;
+  }
+  if (best.kind == "gas" || best.kind == "cp" || (best.kind == "sp" && !best.reciprocal)) return Cause::kLossMultiplier;
+  return Cause::kReductionDivisor;
+}
+
+// The cause matched by candidates, using what the sides' reductions show.
+Finding CauseFromCandidates(double scale, const std::string& kind, const SideFacts& a, const SideFacts& b,
+                            double ctol) {
+  Finding f;
+  const auto matches = MatchFactor(scale, ScaleCandidates(a.config, b.config), ctol);
+  if (matches.empty()) {
+    f.cause = Cause::kUnexplained;
+    return f;
+  }
+  Evidence ev;
+  ev.off_a = ReductionOff(a, kind, ctol);
+  ev.off_b = ReductionOff(b, kind, ctol);
+  ev.a_right = ev.off_a && *ev.off_a == 1.0;
+  ev.b_right = ev.off_b && *ev.off_b == 1.0;
+  const Candidate& best = PickCandidate(matches, kind, a, b, ev, ctol);
+  f.expression = best.expr;
+  if (best.squared) {
+    f.cause = Cause::kDoubleDivision;
+    f.side = best.side == 'A' ? "A" : "B";
+    f.dimension = best.kind;
+    return f;
+  }
+  if (best.kind == "one") {
+    f.cause = Cause::kNone;
+    return f;
+  }
+  f.side = best.side == 'A' ? "A" : best.side == 'B' ? "B" : "";
+  f.dimension = best.kind;
+  f.cause = CauseOfCandidate(best, kind, a, b, ev, ctol);
+  return f;
+}
+
+// The reading of a loss multiplier on side `s` (the fix for a split one).
+void ReadLossMultiplier(const SideFacts& s, Finding* f) {
+  const pb::Config& cfg = s.config;
+  const std::string& dim = f->dimension;
+  if (dim == "gas") {
+    f->reading = Reading::kGasLoss;
+  } else if (!IsSplit(dim)) {
+    f->reading = Reading::kLossMultiplied;
+  } else if (!f->Up()) {
+    f->reading =
+        IsPlainMean(s, f->param_kind, 1e-3) ? Reading::kSplitLossForPlainMean : Reading::kSplitLossDividedAgain;
+  } else if (cfg.loss() == "local-mean" || cfg.loss() == "alst-tutorial" || dim == "sp") {
+    f->fix = SplitFix(cfg.loss(), dim);
+    const std::string version = DeepSpeedVersion(cfg);
+    if (!s.deepspeed) {
+      f->reading = Reading::kLocalMeanOverShard;
+    } else if (cfg.zero_stage() == 3) {
+      f->reading = Reading::kLocalMeanReducedByDpZero3;
+    } else {
+      f->reading = Reading::kLocalMeanReducedByDp;
+      if (version.empty() || HasPr4530(version)) f->change = DeepSpeedChange::kPr4530;
+    }
+  } else {
+    f->fix = SplitFix(cfg.loss(), dim);
+    f->reading = Reading::kLossTimesSplit;
+  }
+}
+
+// The reading of a reduction divisor on side `s`.
+void ReadReductionDivisor(const SideFacts& s, Finding* f) {
+  const std::string &dim = f->dimension, &kind = f->param_kind;
+  if (kind == "expert" && dim == "tp") {
+    f->reading = Reading::kExpertTpCopies;
+  } else if (kind == "mixed" && (dim == "ep" || dim == "edp")) {
+    f->reading = Reading::kAllDividedByEdp;
+  } else if (kind == "expert" && (dim == "ep" || dim == "edp" || dim == "experts" || f->Up())) {
+    f->reading = Reading::kExpertsAveragedOverEdp;
+    if (s.deepspeed) f->change = DeepSpeedChange::kPrs5259And6546;
+  } else if (dim == "replicate") {
+    f->reading = Reading::kReplicateLeftOut;
+  } else if (dim == "dp") {
+    f->reading = Reading::kDpDivisor;
+  } else if (dim == "world") {
+    f->reading = Reading::kWorldDivisor;
+  } else if (dim == "sp" || dim == "cp") {
+    const bool twice = !f->Up() && s.config.loss() == "local-mean-div-sp";
+    f->reading = twice ? Reading::kSpDividedTwice : Reading::kSplitDivisor;
+  } else if (dim == "tp") {
+    f->reading = Reading::kTpDivisor;
+  } else {
+    f->reading = Reading::kOtherDivisor;
+  }
+}
+
+// Which sentence the finding reads as, what fixes it and which DeepSpeed change
+// it cites, from the side `s` that carries it (`p`: that side's prediction when
+// it settled the cause).
+void Read(const SideFacts& s, const Prediction* p, Finding* f) {
+  switch (f->cause) {
+    case Cause::kNone:
+      f->reading = Reading::kMatches;
+      return;
+    case Cause::kDoubleDivision:
+      if (f->dimension == "gas") {
+        f->reading = Reading::kGasDividedTwice;
+        if (s.deepspeed) f->change = DeepSpeedChange::kIssue7749;
+        return;
+      }
+      f->reading = Reading::kMoeBucketDividedTwice;
+      f->divisor_once = p ? std::sqrt(p->applied) : 0;
+      if (s.deepspeed) {
+        const std::string version = DeepSpeedVersion(s.config);
+        if (version.empty() || !HasPr4957(version)) f->change = DeepSpeedChange::kPr4957;
+      }
+      return;
+    case Cause::kLossMultiplier:
+      return ReadLossMultiplier(s, f);
+    case Cause::kPredivide:
+      f->reading = Reading::kPredivide;
+      return;
+    case Cause::kReductionDivisor:
+      return ReadReductionDivisor(s, f);
+    default:
+      f->reading = Reading::kUnmatched;
+  }
+}
+
+// The candidate named for a predicted factor: the one in the finding's dimension, else the simplest.
+std::string PredictedExpression(double scale, const Finding& f, const pb::Config& a, const pb::Config& b, double ctol) {
+  const auto matches = MatchFactor(scale, ScaleCandidates(a, b), ctol);
+  for (const auto& m : matches) {
+    if (m.kind == f.dimension || (f.dimension == "sp x cp" && m.kind == "sp")) return m.expr;
+  }
+  return matches.empty() ? "" : matches.front().expr;
+}
+
+}  // namespace
+
+Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b,
+                      double ctol) {
+  // The recorded layouts' prediction settles the cause when it equals the factor.
+  const pb::ParamKind kind = KindOf(param_kind);
+  const auto pa = Predict(a.config, kind), pb_ = Predict(b.config, kind);
+  std::optional<double> predicted;
+  if (pa && pb_ && pa->multiple > 0) predicted = pb_->multiple / pa->multiple;
+  Finding f;
+  const Prediction* used = nullptr;
+  const SideFacts* side = &b;
+  if (predicted && Near(scale, *predicted, ctol) && !Near(scale, 1, ctol)) {
+    const bool b_off = !Near(pb_->multiple, 1, ctol);
+    const bool a_off = !Near(pa->multiple, 1, ctol);
+    used = b_off ? &*pb_ : &*pa;
+    side = b_off ? &b : &a;
+    f = CauseFromPrediction(*used, side->config, kind, ctol);
+    f.side = b_off && a_off ? "" : b_off ? "B" : "A";
+    f.expression = PredictedExpression(scale, f, a.config, b.config, ctol);
+  } else {
+    f = CauseFromCandidates(scale, param_kind, a, b, ctol);
+    side = f.side == "A" ? &a : &b;
+  }
+  f.param_kind = param_kind;
+  f.predicted = predicted;
+  f.prediction_differs = predicted && !Near(scale, *predicted, ctol);
+  // A factor of an A-side atom means A carries the error (B/A = 1/x(A)): the finding in A's direction.
+  f.factor = f.side == "A" ? 1 / scale : scale;
+  Read(*side, used, &f);
+  // The recorded losses confirm a loss multiplier when their ratio is the factor (they never refute one:
+  // a producer's loss values may be scaled for logging).
+  if (f.cause == Cause::kLossMultiplier && a.loss_per_replica > 0 && b.loss_per_replica > 0) {
+    const double ratio = b.loss_per_replica / a.loss_per_replica;
+    if (std::fabs(ratio - scale) <= 1e-3 * scale) f.loss_ratio = ratio;
+  }
+  return f;
+}
+
+Finding ExplainMismatch(const SideFacts& a, const SideFacts& b) {
+  Finding f;
+  f.cause = Cause::kUnexplained;
+  f.reading = Reading::kNotAMultiple;
+  // Lossy compression (PowerSGD's low-rank approximation) makes gradients approximations, not multiples.
+  for (const SideFacts* s : {&b, &a}) {
+    if (!LossyCompression(s->config.comm_hook())) continue;
+    f.cause = Cause::kLossyCompression;
+    f.reading = Reading::kLossyCompression;
+    f.side = s == &b ? "B" : "A";
+    return f;
+  }
+  // A reduction group that leaves out a split dimension: those ranks keep their own partial gradients.
+  for (const SideFacts* s : {&b, &a}) {
+    const std::string missing = MissingGroupDimension(*s);
+    if (missing.empty()) continue;
+    f.cause = Cause::kIncompleteGroup;
+    f.reading = Reading::kIncompleteGroup;
+    f.side = s == &b ? "B" : "A";
+    f.dimension = missing;
+    return f;
+  }
+  // What the deviation follows, when the traces can tell: unequal valid-token counts per micro-batch/shard.
+  for (const SideFacts* s : {&b, &a}) {
+    if (s->valid_tokens_min <= 0 || s->valid_tokens_max <= s->valid_tokens_min) continue;
+    f.cause = Cause::kTokenNormalisation;
+    f.reading = Reading::kTokenNormalisation;
+    f.side = s == &b ? "B" : "A";
+    f.dimension = s->config.gas() > 1 ? "gas" : DegreesOf(s->config).split() > 1 ? "sp" : "dp";
+    return f;
+  }
+  return f;
+}
+
+std::string ExplainedKind(const std::set<std::string>& kinds, const pb::Config& b) {
+  const bool modelled = Predict(b, pb::EXPERT).has_value();
+  if (kinds.count("expert")) return kinds.size() > 1 && !modelled ? "mixed" : "expert";
+  return kinds.size() == 1 ? *kinds.begin() : "dense";
+}
+
+bool CitesDeepSpeed(const std::string& producer, const std::string& framework, const pb::Config& c) {
+  std::string who = producer + " " + framework;
+  std::transform(who.begin(), who.end(), who.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (who.find("deepspeed") != std::string::npos) return true;
+  auto p = ResolvePolicy(c.scaling());
+  return p.ok() && p->models_deepspeed;
+}
+
+bool LossyCompression(const std::string& comm_hook) {
+  return comm_hook.find("powerSGD") != std::string::npos || comm_hook.find("PowerSGD") != std::string::npos;
+}
+
+}  // namespace gradtrace::semantics

@@ -1,0 +1,125 @@
+// What a scale factor B/A between two trace sets means: the rules that turn a
+// measured factor, the two recorded configurations and each side's own
+// reduction evidence into a typed Finding (cause, dimension, parameter kind,
+// side, predicted factor, the fix, the DeepSpeed change behind it, and which
+// sentence it reads as). diff/explain.cc only puts a Finding into words.
+//
+// In order: when both configurations' predictions (predict.h) give the factor,
+// the side whose prediction is off carries it and the prediction names the
+// cause; otherwise the factor is matched against the configurations' degrees
+// (candidates.h) and each side's reductions decide between a loss multiplier
+// (the side reduces as its layout needs) and a reduction divisor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cause.h"
+#include "deepspeed_releases.h"
+#include "gradtrace.pb.h"
+
+namespace gradtrace::semantics {
+
+// What one side's own reductions of a parameter kind show: the divisor to
+// believe (the producer's declared one, else the --self measure) against the
+// one its layout needs (expected_divisor.h).
+struct KindReduction {
+  std::string param_kind;  // "dense", "expert", ... "" unrecorded
+  int group_size = 0;
+  double believed = 0;  // 0: neither declared nor measured
+  double expected = 0;  // 0: unknown
+};
+
+// One side of a two-set diff, as the rules read it.
+struct SideFacts {
+  pb::Config config;
+  bool deepspeed = false;                 // its DeepSpeed history may be cited (CitesDeepSpeed)
+  std::vector<KindReduction> reductions;  // empty without PRE_REDUCE and POST_REDUCE records
+  double loss_per_replica = 0;            // recorded loss per data-parallel replica; 0 unrecorded
+  int64_t valid_tokens_min = 0, valid_tokens_max = 0;
+};
+
+// Which sentence a finding reads as: its cause, refined by what the rule saw
+// (grouped by cause below). Up/down (Finding::Up) picks between a sentence's
+// two directions.
+enum class Reading {
+  // Cause::kUnexplained, kNone
+  kUnmatched,  // no candidate fits the factor
+  kMatches,    // B matches A
+  // Cause::kDoubleDivision
+  kGasDividedTwice,        // 1/gas^2 (DeepSpeed #7749)
+  kMoeBucketDividedTwice,  // ZeRO-1/2 MoE buckets before PR #4957
+  // Cause::kLossMultiplier
+  kGasLoss,                    // up: the loss is not divided by gas; down: divided by gas twice
+  kSplitLossDividedAgain,      // down: the loss divides by the split once more than needed
+  kSplitLossForPlainMean,      // the same, where the reduction is the plain mean over its group (DDP, FSDP)
+  kLocalMeanReducedByDp,       // #5248: a local-mean loss per shard, a reduction by dp only (DeepSpeed)
+  kLocalMeanReducedByDpZero3,  // the same on DeepSpeed ZeRO-3's all-reduce path
+  kLocalMeanOverShard,         // the same, in a framework whose history is not cited
+  kLossTimesSplit,             // a loss multiplied by the split while the reduction is right
+  kLossMultiplied,             // any other dimension (or a bare factor)
+  // Cause::kPredivide
+  kPredivide,  // up: multiplied back though never divided; down: divided and never multiplied back
+  // Cause::kReductionDivisor
+  kExpertTpCopies,          // experts reduced over tp copies of each expert, divided by dp only
+  kAllDividedByEdp,         // every gradient divided by edp instead of dp
+  kExpertsAveragedOverEdp,  // experts averaged over edp (DeepSpeed PRs #5259/#6546)
+  kReplicateLeftOut,        // HSDP: divided by the shard group only
+  kDpDivisor,               // up: not divided by dp; down: divided once more
+  kWorldDivisor,            // the same for the world size (a 'sum' reduction)
+  kSplitDivisor,            // the same for sp or cp
+  kSpDividedTwice,          // local-mean-div-sp reduced with a mean over dp x sp
+  kTpDivisor,               // tp ranks' identical gradients summed, or divided by tp
+  kOtherDivisor,            // less or more than the layout needs
+  // Mismatch groups (not a multiple at all): Cause::kUnexplained, then one reading per cause
+  kNotAMultiple,
+  kLossyCompression,
+  kIncompleteGroup,
+  kTokenNormalisation,
+};
+
+struct Finding {
+  Cause cause = Cause::kUnexplained;
+  Reading reading = Reading::kUnmatched;
+  std::string dimension;            // a degree name (degrees.h), "sp x cp", or "" when none
+  std::string param_kind;           // the kind judged: "dense", "expert", "tp-shard", "replicated", "mixed"
+  std::string side;                 // whose configuration carries it: "A", "B", "" (both, or none)
+  std::string expression;           // the candidate the factor equals (candidates.h), "" when none
+  std::optional<double> predicted;  // B/A the two configurations predict (predict.h)
+  bool prediction_differs = false;  // there is a prediction and the factor is not it
+  double factor = 1;                // the factor in the direction of the side carrying it (A/B for side "A")
+  std::string fix;                  // the recipe for a loss that over-counts its split ranks (loss_recipes.h SplitFix)
+  std::optional<DeepSpeedChange> change;  // the DeepSpeed change behind it; DeepSpeed sides only
+  double divisor_once = 0;                // kMoeBucketDividedTwice: the divisor applied each time
+  std::optional<double> loss_ratio;       // a loss multiplier the recorded losses confirm: B's / A's
+  bool Up() const { return factor > 1; }
+};
+
+// The finding for parameters of `param_kind` ("dense", "expert", "mixed", ...)
+// whose FINAL gradients are `scale` x A's, factors equal within relative `ctol`.
+Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b, double ctol);
+
+// The finding for parameters that are not a multiple of A: lossy compression,
+// a reduction group that leaves out a split dimension, or unequal valid-token
+// counts (a per-micro-batch normalised loss), B's evidence before A's; else
+// kUnexplained.
+Finding ExplainMismatch(const SideFacts& a, const SideFacts& b);
+
+// The kind a group of parameters of `kinds` is explained as: a group holding
+// experts is explained as experts (a MoE bucket divides all it holds), except
+// without a modelled policy for B, where experts and dense parameters together
+// are one reduction of everything ("mixed").
+std::string ExplainedKind(const std::set<std::string>& kinds, const pb::Config& b);
+
+// Whether DeepSpeed's history may be cited for a side: its producer or
+// framework is DeepSpeed, or its scaling policy models DeepSpeed arithmetic.
+bool CitesDeepSpeed(const std::string& producer, const std::string& framework, const pb::Config& c);
+
+// Whether a communication hook is a lossy compression (PowerSGD's low-rank
+// approximation): its reductions approximate the sum, they are not a multiple.
+bool LossyCompression(const std::string& comm_hook);
+
+}  // namespace gradtrace::semantics
