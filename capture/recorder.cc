@@ -1,13 +1,9 @@
 #include "recorder.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -72,15 +68,6 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// Whether a trace writer holds `path`'s lock (TraceWriter::Open takes it for as long as it writes).
-bool HeldByAnotherWriter(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);
-  return held;
 }
 
 }  // namespace
@@ -286,7 +273,7 @@ Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& option
   const bool existed = ::lstat(options.path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
   auto writer = TraceWriter::Open(options.path, im.run, wopts);
   if (!writer.ok()) {
-    const bool refused = existed && (!options.overwrite || HeldByAnotherWriter(options.path));
+    const bool refused = existed && (!options.overwrite || LockedByWriter(options.path));
     if (options.on_error == OnCaptureError::kAbort || refused) return writer.status();
     im.Fail(writer.status());
     return rec;

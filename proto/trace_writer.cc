@@ -38,15 +38,6 @@ std::string RunOf(const std::string& path) {
   return s + ")";
 }
 
-// Whether a writer (of this process or another) holds `path`'s lock now.
-bool LockedByWriter(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);  // and with it the lock, if taken
-  return locked;
-}
-
 // `path` opened for writing as TraceWriter::Open's contract says: created exclusively (with `overwrite`, an
 // existing regular file truncated once this process holds its lock), and locked until closed.
 Expected<std::FILE*> CreateTraceFile(const std::string& path, bool overwrite) {
@@ -94,6 +85,14 @@ Expected<std::FILE*> CreateTraceFile(const std::string& path, bool overwrite) {
 }
 
 }  // namespace
+
+bool LockedByWriter(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // and with it the lock, if taken
+  return locked;
+}
 
 TraceWriter::TraceWriter(std::string path, std::FILE* file, WriterOptions options)
     : path_(std::move(path)), file_(file), options_(options) {}

@@ -20,6 +20,11 @@ struct WriterOptions {
   bool overwrite = false;
 };
 
+// Whether a trace writer (of this process or another) holds `path`'s lock now:
+// TraceWriter::Open takes it for as long as it writes. False where the file
+// does not open or the filesystem has no flock.
+bool LockedByWriter(const std::string& path);
+
 class TraceWriter {
  public:
   // Creates `path` and writes the file header and the RunInfo frame.

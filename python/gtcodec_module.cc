@@ -713,6 +713,8 @@ PYBIND11_MODULE(_gtcodec, m) {
       py::arg("rank"));
   m.def(
       "parse_rank_file_name", [](const std::string& name) { return ParseRankFileName(name); }, py::arg("name"));
+  m.def("locked_by_writer", &LockedByWriter, py::arg("path"),
+        "Whether a trace writer (of any process) holds path's lock now (it does while it writes).");
   m.def(
       "rank_file_member",
       [](const std::string& path) {

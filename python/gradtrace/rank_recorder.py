@@ -32,6 +32,7 @@ import warnings
 from . import _gtcodec, loss_recipes
 from .dtypes import torch_dtype_name
 from .layout import Layout
+from ._gtcodec import locked_by_writer
 from .trace import TraceError, TraceWriter
 
 log = logging.getLogger("gradtrace")
@@ -86,25 +87,6 @@ NO_FINAL_WARNING = ("gradtrace: no FINAL gradients were recorded: pass optimizer
 
 
 ON_ERROR = ("warn", "raise")
-
-
-def _held_by_writer(path: str) -> bool:
-    """Whether a trace writer (of any process) holds ``path``'s lock now (TraceWriter takes it while it writes)."""
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:  # a filesystem without flock
-        return False
-    finally:
-        os.close(fd)
 
 
 class GuardedWriter:
@@ -318,7 +300,7 @@ class RankRecorder:
             os.makedirs(out_dir, exist_ok=True)
             writer = TraceWriter(self.path, run_info, mode=mode, overwrite=overwrite)
         except (TraceError, OSError) as e:
-            if on_error == "raise" or (existed and (not overwrite or _held_by_writer(self.path))):
+            if on_error == "raise" or (existed and (not overwrite or locked_by_writer(self.path))):
                 raise
             self.write_failed(e)
         else:
