@@ -1,4 +1,5 @@
-// --json: the machine-readable report. Schema: diff/report.schema.json, prose
+// --json: the machine-readable report. Schema: diff/report.schema.json (checked
+// against this writer by tests/diff/report_contract_test.py), prose
 // in diff/REPORT_SCHEMA.md. Minor version when adding fields, major when
 // changing existing ones. Keys are written in the documented order.
 #include <cmath>

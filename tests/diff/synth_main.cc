@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--factor-from-step", spec.factor_from_step, "--factor applies from this step on");
   app.add_option("--comm-dtype", spec.comm_dtype, "round every POST_REDUCE value through fp16/bf16");
   app.add_option("--comm-hook", spec.comm_hook, "Config.comm_hook");
+  app.add_option("--reported-grad-norm", spec.reported_grad_norm, "rank 0 reports this grad norm at every step");
   CLI11_PARSE(app, argc, argv);
   for (const std::string& f : factors) {
     const size_t eq = f.rfind('=');

@@ -241,14 +241,16 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
         si.set_valid_tokens(64 * 8 / (world * spec.gas));
         GT_RETURN_IF_ERROR(writers[r]->WriteStep(si));
       }
-      if (spec.data_seed != 0) {
-        // This rank's share of the step's 512 input ids (token ids 0..999 drawn from the data seed).
-        const uint64_t seed = step < spec.data_seed_from_step ? 1 : spec.data_seed;
+      const bool reports_norm = r == 0 && spec.reported_grad_norm >= 0;
+      if (spec.data_seed != 0 || reports_norm) {
         pb::StepInfo opt;
         opt.set_step(step);
         opt.set_micro_step(spec.gas - 1);
         opt.set_optimizer_step(true);
-        for (int64_t t = r; t < 512; t += world) {
+        if (reports_norm) opt.set_reported_grad_norm(spec.reported_grad_norm);
+        // This rank's share of the step's 512 input ids (token ids 0..999 drawn from the data seed).
+        const uint64_t seed = step < spec.data_seed_from_step ? 1 : spec.data_seed;
+        for (int64_t t = r; spec.data_seed != 0 && t < 512; t += world) {
           const double id = std::floor(1000 * Unit(seed * 104729 + step * 512 + t));
           opt.set_input_count(opt.input_count() + 1);
           opt.set_input_sum(opt.input_sum() + id);

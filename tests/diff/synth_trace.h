@@ -79,6 +79,7 @@ struct SynthSpec {
   std::string comm_hook;            // Config.comm_hook
   bool record_comm_dtype = true;    // false: round through comm_dtype without saying so (a 1.3 producer)
   std::string accum_dtype;          // ParamInfo.accum_dtype of every parameter ("" = not recorded)
+  double reported_grad_norm = -1;   // >= 0: rank 0's optimizer-step record reports this grad norm
 };
 
 // Writes rank-NNNNN.gtrace files for `spec` into `dir` (created if needed).

@@ -15,6 +15,7 @@
 #include "diff_engine.h"
 #include "format.h"
 #include "fuzz_common.h"
+#include "rank_file.h"
 #include "self_check.h"
 #include "trace_set.h"
 
@@ -29,10 +30,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (std::filesystem::temp_directory_path() / ("gradtrace-fuzz-catalogue-" + std::to_string(::getpid()))).string());
     std::filesystem::remove_all(*d);
     std::filesystem::create_directories(*d);
-    std::filesystem::create_symlink(file->path(), *d + "/rank-00000.gtrace");
+    std::filesystem::create_symlink(file->path(), *d + "/" + RankFileName(0));
     CaptureMode stats;
     stats.kind = CaptureMode::Kind::kStats;
-    if (!fuzz::WriteSampleTrace(*d + "/rank-00001.gtrace", stats, true, 1).ok()) fuzz::Fail("cannot write rank 1");
+    if (!fuzz::WriteSampleTrace(*d + "/" + RankFileName(1), stats, true, 1).ok()) fuzz::Fail("cannot write rank 1");
     return d;
   }();
   const std::string& prefix = fuzz::SampleTracePrefix();
