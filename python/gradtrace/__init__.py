@@ -19,25 +19,30 @@ Capturing live training (each imports torch only when used):
 ``gradtrace.manual_adapter.attach``, ``gradtrace.hf_adapter.GradtraceCallback``,
 ``gradtrace.deepspeed_adapter.attach``; the shared writer ``gradtrace.RankRecorder`` and
 ``gradtrace.Layout``.
+
+Subpackages: ``gradtrace.codec`` (the codec wrapper above), ``gradtrace.adapters`` (the adapters, which
+the names above load) and ``gradtrace.deepspeed_versions`` (the ``gradtrace-deepspeed-versions`` command
+and the DeepSpeed studies it runs).
 """
 
 import importlib
 
 from ._gtcodec import FORMAT_VERSION, TraceError
-from .dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
-from .trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
+from .codec.dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
+from .codec.trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
 
-_ADAPTERS = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter", "rank_recorder",
-             "layout", "adapter_base", "loss_recipes")
-_LAZY = {"RankRecorder": "rank_recorder", "Layout": "layout"}
+# The adapters and their shared parts, by the names they are documented under: they live in gradtrace.adapters.
+_ADAPTER_MODULES = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter",
+                    "rank_recorder", "layout", "adapter_base", "loss_recipes")
+_ADAPTER_NAMES = {"RankRecorder": "rank_recorder", "Layout": "layout"}
 
 
 def __getattr__(name):
     """The adapters and their shared parts load on first use: importing gradtrace imports no torch."""
-    if name in _ADAPTERS:
-        return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _ADAPTER_MODULES:
+        return importlib.import_module(f".adapters.{name}", __name__)
+    if name in _ADAPTER_NAMES:
+        return getattr(importlib.import_module(f".adapters.{_ADAPTER_NAMES[name]}", __name__), name)
     raise AttributeError(f"module 'gradtrace' has no attribute {name!r}")
 
 

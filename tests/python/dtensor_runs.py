@@ -28,7 +28,7 @@ KIND:
   rows of up, columns of down, split 14 + 12 on 2 ranks; all-reduces in forward/backward as
   Megatron's f and g), declared with manual_adapter.attach(..., shards={...}).
 --loss-scale S multiplies the loss passed to backward (a bug: S = 2 gives gradients 2x the reference).
---unreduced-partial: FINAL writes a Partial gradient's local share as it is (gradtrace.dtensor.reduce_partial
+--unreduced-partial: FINAL writes a Partial gradient's local share as it is (gradtrace.adapters.dtensor.reduce_partial
 replaced by the identity in this process): what recording ``grad.to_local()`` amounts to.
 """
 
@@ -141,9 +141,9 @@ def run_rank(rank, args):
     import gradtrace
 
     if args.unreduced_partial:
-        import gradtrace.dtensor
+        import gradtrace.adapters.dtensor
 
-        gradtrace.dtensor.reduce_partial = lambda grad: grad
+        gradtrace.adapters.dtensor.reduce_partial = lambda grad: grad
     world = args.world
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))

@@ -30,7 +30,7 @@ def stored(param: int, values: np.ndarray) -> np.ndarray:
     dtype = PARAMS[param][2]
     if dtype == "BF16":
         return gradtrace.float_to_bf16(values)
-    return values.astype(gradtrace.dtypes.NUMPY_DTYPES[dtype])
+    return values.astype(gradtrace.codec.dtypes.NUMPY_DTYPES[dtype])
 
 
 def _hex_f64(x) -> str:

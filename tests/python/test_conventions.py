@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import gradtrace
-from gradtrace import _gtcodec, dtypes, loss_recipes
-from gradtrace.rank_recorder import rank_file
+from gradtrace import _gtcodec, loss_recipes
+from gradtrace.adapters.rank_recorder import rank_file
+from gradtrace.codec import dtypes
 
 from conftest import BUILD
 

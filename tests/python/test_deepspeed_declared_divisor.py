@@ -14,7 +14,7 @@ import pytest
 
 import gradtrace
 from conftest import BUILD, ROOT, deepspeed_env
-from gradtrace.deepspeed_divisors import declared_divisor
+from gradtrace.adapters.deepspeed_divisors import declared_divisor
 
 RUNNER = ROOT / "tools" / "repro" / "ds5248" / "run.py"
 

@@ -1,4 +1,4 @@
-"""gradtrace-deepspeed-versions (python/gradtrace/deepspeed_versions.py) on real traces, with the DeepSpeed
+"""gradtrace-deepspeed-versions (python/gradtrace/deepspeed_versions/command.py) on real traces, with the DeepSpeed
 release installed in this interpreter only (tools/constraints.txt: 0.19.8; no environment is built, CI
 never downloads other releases; the multi-release runs are python/README.md's acceptance commands):
 

@@ -1,4 +1,4 @@
-"""The collectives gradtrace.ds5248_run renders for torch < 2.2's gloo (which has no reduce-scatter and no
+"""The collectives gradtrace.deepspeed_versions.ds5248_run renders for torch < 2.2's gloo (which has no reduce-scatter and no
 all_gather_into_tensor), checked against gloo's own collectives in this torch, which has them: two and three
 real gloo ranks on 127.0.0.1, every rank's output compared element for element. Integer-valued inputs make
 every sum exact, so summation order cannot hide a wrong chunk or a wrong op."""
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from gradtrace import ds5248_run
+from gradtrace.deepspeed_versions import ds5248_run
 
 
 def _free_port():

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import gradtrace
 from gradtrace import ddp_adapter, loss_recipes, manual_adapter
-from gradtrace.rank_recorder import NO_FINAL_WARNING
+from gradtrace.adapters.rank_recorder import NO_FINAL_WARNING
 
 from conftest import ROOT, deepspeed_env
 
@@ -130,7 +130,8 @@ DEEPSPEED_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["DS_ACCELERATOR"] = "cpu"
     import torch, deepspeed
-    from gradtrace import deepspeed_adapter, ds5248_run
+    from gradtrace import deepspeed_adapter
+    from gradtrace.deepspeed_versions import ds5248_run
     ds5248_run.disable_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
@@ -164,7 +165,7 @@ def test_deepspeed_adapter_refuses_an_unknown_recipe_and_maps_the_aliases(tmp_pa
 
 
 def test_the_examples_name_real_recipes():
-    for path in ("python/README.md", "python/gradtrace/manual_adapter.py", "tests/python/hf_runs.py"):
+    for path in ("python/README.md", "python/gradtrace/adapters/manual_adapter.py", "tests/python/hf_runs.py"):
         text = (ROOT / path).read_text()
         assert "global-token-mean" not in text, path
         assert 'loss="global-token-weighted"' in text, path

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gradtrace
-from gradtrace.layout import Layout
+from gradtrace.adapters.layout import Layout
 
 
 def _model():

@@ -1,5 +1,5 @@
 """ZeRO-3 on the newest DeepSpeed (pinned in tools/constraints.txt), captured by gradtrace.deepspeed_adapter
-(gradtrace/deepspeed_zero3.py), on CPU with gloo: the DeepSpeed #5248 loop, sp=2 (2 ranks, dp=1), `backward(loss)`,
+(gradtrace/adapters/deepspeed_zero3.py), on CPU with gloo: the DeepSpeed #5248 loop, sp=2 (2 ranks, dp=1), `backward(loss)`,
 against a single-rank reference with the same weights and data.
 
 One run covers both of stage 3's reduction paths: `reduce_scatter: false` with 2000-element buckets sends every

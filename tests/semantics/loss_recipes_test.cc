@@ -19,7 +19,7 @@ TEST(LossRecipes, EveryAliasNamesARecipeAndIsNoRecipe) {
   }
 }
 
-// Issue 21: three copies (python/gradtrace/loss_recipes.py, tools/repro/ds5248/emulation.py and alst.py) now read
+// Issue 21: three copies (python/gradtrace/adapters/loss_recipes.py, tools/repro/ds5248/emulation.py and alst.py) now read
 // this one list.
 TEST(LossRecipes, TheAliasesOfTheDeepSpeedLoops) {
   EXPECT_EQ("local-mean", ResolveLossRecipe("loss").value_or("?"));

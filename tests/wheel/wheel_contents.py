@@ -21,7 +21,8 @@ def problems(wheel):
     with zipfile.ZipFile(wheel) as z:
         infos = {i.filename: i for i in z.infolist()}
         metadata = next((z.read(n).decode() for n in infos if n.endswith(".dist-info/METADATA")), "")
-    py = {f"gradtrace/{p.name}" for p in (ROOT / "python" / "gradtrace").glob("*.py")}
+    package = ROOT / "python" / "gradtrace"
+    py = {f"gradtrace/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
     ext = {n for n in infos if re.fullmatch(r"gradtrace/_gtcodec\.cpython-[^/]+\.so", n)}
     scripts = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.data/scripts/[^/]+", n)}
     dist_info = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.dist-info/[^/]+", n)}

@@ -105,7 +105,7 @@ def capture(model, out, rank, world, *, degrees, groups=None, rules=(), default_
     """The manual adapter on this rank with the scenario's layout: ``world`` ranks 0..world-1 of the
     launch, ``groups`` name -> this rank's group as ranks, ``rules`` (regex, ParamInfo fields)."""
     import gradtrace
-    from gradtrace.layout import Layout
+    from gradtrace.adapters.layout import Layout
 
     layout = Layout(world=world, rank=rank, degrees={"dp": 1, **degrees}, gas=gas, cp_kind=cp_kind,
                     groups={"world": list(range(world)), **(groups or {})}, default_group=default_group)

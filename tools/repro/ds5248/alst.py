@@ -41,13 +41,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import run  # noqa: E402  (tools/repro/ds5248/run.py: launcher, ds_config, the CPU comm-op patch)
-from run import disable_shm_comm_op, ds_config  # noqa: E402
-
-from gradtrace import loss_recipes  # noqa: E402
+from gradtrace import loss_recipes
+from gradtrace.deepspeed_versions import ds5248_run  # the launcher, ds_config, the CPU comm-op patch
 
 # The --loss spellings this loop implements -> what gradtrace's RunInfo calls them (the one list of
 # recipes and aliases, semantics/loss_recipes.cc; gradtrace-diff explains factors from it).
@@ -81,7 +76,7 @@ def parse_args(argv=None):
     ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
     ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
     args = ap.parse_args(argv)
-    args.gas, args.no_contiguous_gradients = 1, False  # what run.ds_config reads besides batch and zero_stage
+    args.gas, args.no_contiguous_gradients = 1, False  # what ds5248_run.ds_config reads besides batch and zero_stage
     if args.seq_len % args.sp:
         ap.error("--seq-len must divide by --sp")
     return args
@@ -181,49 +176,26 @@ def gloo_subgroup_all_gather_backward():
     tdnf._AllGather.backward = staticmethod(backward)
 
 
-def worker(args):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import torch
-    import torch.distributed as tdist
-    import deepspeed
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
-    from deepspeed.runtime.utils import move_to_device
-    from deepspeed.utils import groups
-    from gradtrace import deepspeed_adapter
+def register_ulysses(args, model):
+    """The Ulysses injection into HF Transformers (the tutorial's call; the model object instead of a hub
+    name): the mpu."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    return UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model,
+        core_attn_implementation="sdpa",
+        sequence_parallel_size=args.sp,
+        micro_batch_size=args.batch,
+        seq_length=args.seq_len,
+        seq_length_is_variable=True,
+    )
+
+
+def attach_capture(args, engine, mpu, fingerprint):
+    """gradtrace.deepspeed_adapter on the engine, with the run's settings in Config and RunInfo.extra."""
     import transformers
-
-    torch.set_num_threads(1)
-    disable_shm_comm_op()
-    deepspeed.init_distributed(dist_backend="gloo")
-    if args.dp > 1 and not args.reference:
-        gloo_subgroup_all_gather_backward()
-    rank, world = tdist.get_rank(), tdist.get_world_size()
-    t0 = time.time()
-    model = build_model(args)
-    fingerprint = float(sum(p.detach().double().sum() for p in model.parameters()))
-    run_world = args.sp * args.dp  # the layout whose data this job uses (the reference too)
-    ds = make_dataset(args, rows=max(16, 2 * run_world * args.batch))
-
-    mpu = None
-    if not args.reference:
-        # Ulysses injection into HF Transformers (the tutorial's call; the model object instead of a hub name)
-        mpu = UlyssesSPAttentionHF.register_with_transformers(
-            model_name_or_path=model,
-            core_attn_implementation="sdpa",
-            sequence_parallel_size=args.sp,
-            micro_batch_size=args.batch,
-            seq_length=args.seq_len,
-            seq_length_is_variable=True,
-        )
-    cfg = ds_config(args)
-    if args.reference:
-        cfg["train_micro_batch_size_per_gpu"] = args.batch * args.dp
-    else:
-        cfg["sequence_parallel_size"] = args.sp
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg, mpu=mpu)
+    from gradtrace import deepspeed_adapter
     recipe = "local-mean" if args.reference else LOSS_NAMES[args.loss]
-    cap = deepspeed_adapter.attach(
+    return deepspeed_adapter.attach(
         engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch * (args.dp if args.reference else 1),
                 "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab,
@@ -233,27 +205,71 @@ def worker(args):
                "loss_code": "reference: HF LlamaForCausalLM(labels=...).loss" if args.reference else
                f"ALST tutorial ({args.loss})"})
 
+
+def reference_loss(args, engine, ds, run_world):
+    """World 1: the plain HF loss over the rows the sp x dp run's first step takes; (loss, good tokens)."""
+    import torch
+    from deepspeed.runtime.utils import move_to_device
+    rows = [d * args.sp + k * run_world for d in range(args.dp) for k in range(args.batch)]
+    batch = move_to_device(collate([ds[i] for i in rows]), engine.device)
+    loss = engine(**batch).loss
+    return loss, (torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:] != -100).sum()
+
+
+def ulysses_loss(args, engine, ds):
+    """This rank's shard of the first batch through UlyssesSPDataLoaderAdapter (the tutorial's, with a
+    DistributedSampler over all ranks), and the tutorial's loss on it; (loss, good tokens)."""
+    import torch
+    import torch.distributed as tdist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from deepspeed.runtime.utils import move_to_device
+    from deepspeed.utils import groups
+    sp_group = groups._get_sequence_parallel_group()
+    sp_world_size = groups._get_sequence_parallel_world_size()
+    sp_rank = groups._get_sequence_parallel_rank()
+    sampler = torch.utils.data.DistributedSampler(ds, num_replicas=tdist.get_world_size(), rank=tdist.get_rank(),
+                                                  shuffle=False)
+    dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler, collate_fn=collate)
+    dl = UlyssesSPDataLoaderAdapter(dl, sp_rank=sp_rank, sp_group=sp_group, sp_world_size=sp_world_size,
+                                    device=engine.device)
+    batch = move_to_device(next(iter(dl)), engine.device)
+    # The adapter's shards are column slices (ulysses_sp.py:724); on a GPU move_to_device copies them, on CPU it
+    # does not, and with --batch > 1 transformers' ForCausalLMLoss `shift_labels.view(-1)` then fails on the
+    # non-contiguous slice. Copying changes no value.
+    batch = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in batch.items()}
+    outputs = engine(**batch)
+    return alst_loss(engine, outputs, batch, sp_group, sp_world_size, args.loss)
+
+
+def worker(args):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as tdist
+    import deepspeed
+    import transformers
+
+    torch.set_num_threads(1)
+    ds5248_run.disable_shm_comm_op()
+    deepspeed.init_distributed(dist_backend="gloo")
+    if args.dp > 1 and not args.reference:
+        gloo_subgroup_all_gather_backward()
+    rank = tdist.get_rank()
+    t0 = time.time()
+    model = build_model(args)
+    fingerprint = float(sum(p.detach().double().sum() for p in model.parameters()))
+    run_world = args.sp * args.dp  # the layout whose data this job uses (the reference too)
+    ds = make_dataset(args, rows=max(16, 2 * run_world * args.batch))
+    mpu = None if args.reference else register_ulysses(args, model)
+    cfg = ds5248_run.ds_config(args)
     if args.reference:
-        rows = [d * args.sp + k * run_world for d in range(args.dp) for k in range(args.batch)]
-        batch = move_to_device(collate([ds[i] for i in rows]), engine.device)
-        loss = engine(**batch).loss
-        good_tokens = (torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:] != -100).sum()
+        cfg["train_micro_batch_size_per_gpu"] = args.batch * args.dp
     else:
-        # UlyssesSPDataLoaderAdapter injection (the tutorial's, with a DistributedSampler over all ranks)
-        sp_group = groups._get_sequence_parallel_group()
-        sp_world_size = groups._get_sequence_parallel_world_size()
-        sp_rank = groups._get_sequence_parallel_rank()
-        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
-        dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler, collate_fn=collate)
-        dl = UlyssesSPDataLoaderAdapter(dl, sp_rank=sp_rank, sp_group=sp_group, sp_world_size=sp_world_size,
-                                        device=engine.device)
-        batch = move_to_device(next(iter(dl)), engine.device)
-        # The adapter's shards are column slices (ulysses_sp.py:724); on a GPU move_to_device copies them, on CPU it
-        # does not, and with --batch > 1 transformers' ForCausalLMLoss `shift_labels.view(-1)` then fails on the
-        # non-contiguous slice. Copying changes no value.
-        batch = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in batch.items()}
-        outputs = engine(**batch)
-        loss, good_tokens = alst_loss(engine, outputs, batch, sp_group, sp_world_size, args.loss)
+        cfg["sequence_parallel_size"] = args.sp
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg, mpu=mpu)
+    cap = attach_capture(args, engine, mpu, fingerprint)
+    loss, good_tokens = reference_loss(args, engine, ds, run_world) if args.reference else \
+        ulysses_loss(args, engine, ds)
     engine.backward(loss)
     cap.record_step(loss, good_tokens)
     engine.step()
@@ -271,8 +287,8 @@ def worker(args):
 
 
 def launch(args, argv):
-    """Ranks of this script (run.launch): sp x dp, or 1 for --reference."""
-    return run.launch(args, argv, script=__file__, world=1 if args.reference else None)
+    """Ranks of this script (ds5248_run.launch): sp x dp, or 1 for --reference."""
+    return ds5248_run.launch(args, argv, script=__file__, world=1 if args.reference else None)
 
 
 def main(argv=None):

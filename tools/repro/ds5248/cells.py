@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from gradtrace.rank_recorder import rank_file
+from gradtrace.adapters.rank_recorder import rank_file
 
 RECIPES = ["loss", "loss-div-sp", "token-weighted", "full-sequence"]
 

@@ -7,6 +7,8 @@ effective divisors are gradtrace-diff --self's (its JSON report); this file only
 
 import pathlib
 
+from compare import final_grads, run_diff
+
 # What code reading says about the CPU-only failures (deepspeed file:line at each tag); quoted in the
 # reason of a cell that the checks above flagged, never used to skip a cell without running it.
 KNOWN_CPU_LIMITS = {
@@ -22,7 +24,6 @@ KNOWN_CPU_LIMITS = {
 def self_report(trace):
     """`gradtrace-diff --self TRACE --step 0 --json`: the reductions' effective divisors per parameter
     (self_params[]) and per rank x bucket (bucket_view[]), diff/REPORT_SCHEMA.md."""
-    from compare import run_diff
     return run_diff(["--self", trace, "--step", "0"])
 
 
@@ -121,7 +122,6 @@ def reduction_check(trace):
     all parameters (effective_divisor, reduction_residual: POST ~ (sum over ranks of PRE) / d), and one per
     bucket (bucket_divisors, bucket_residual_max). When POST is not such a sum, also each rank's POST
     against its own PRE (post_vs_own_pre)."""
-    from compare import final_grads
     _, spread = final_grads(trace)  # "do the ranks agree": not a divisor, see final_grads
     report = self_report(trace)
     out = {"final_rank_spread": spread, "phases_recorded": step0_buckets(trace)[1]}

@@ -19,11 +19,12 @@ import tempfile
 
 import numpy as np
 
+from binaries import find_binary
+
 
 def run_diff(args):
     """`gradtrace-diff ARGS --json` (one thread): the report as a dict. Exit 2 (bad input) or a missing
     binary stops with the diff's one-line error."""
-    from emulation import find_binary  # the build directories the repro tools look in
     diff = find_binary("gradtrace-diff")
     if diff is None:
         raise SystemExit("gradtrace-diff is not built (cmake --build build)")

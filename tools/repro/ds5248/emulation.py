@@ -10,9 +10,7 @@ divisor of each reduction bucket, for buckets with and without expert parameters
 """
 
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 
 from cells import run_once
@@ -20,19 +18,7 @@ from checks import self_report, step0_buckets
 
 from gradtrace import loss_recipes
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-
 BUCKET_ELEMENTS = 2000  # run.py's default reduce_bucket_size, so both sides have several buckets
-
-
-def find_binary(name):
-    for b in [os.environ.get("GRADTRACE_BUILD_DIR", "build"), "build", "build-lead", "build-old"]:
-        p = ROOT / b / "bin" / name
-        if p.exists():
-            return p
-    found = shutil.which(name)
-    return pathlib.Path(found) if found else None
 
 
 def model_flags(args):

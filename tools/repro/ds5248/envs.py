@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """The #5248 study's DeepSpeed releases and their environments: a thin wrapper over the package's
-gradtrace.dsversions_envs (the one implementation, also used by gradtrace-deepspeed-versions).
+gradtrace.deepspeed_versions.envs (the one implementation, also used by gradtrace-deepspeed-versions).
 
-    python3 tools/repro/ds5248/envs.py                 # create every environment (idempotent)
-    python3 tools/repro/ds5248/envs.py 0.13.0 0.13.1   # only these
-    python3 tools/repro/ds5248/envs.py --list          # version -> interpreter, no changes
-    python3 tools/repro/ds5248/envs.py --check         # import test of each existing environment
+    .venv/bin/python tools/repro/ds5248/envs.py                 # create every environment (idempotent)
+    .venv/bin/python tools/repro/ds5248/envs.py 0.13.0 0.13.1   # only these
+    .venv/bin/python tools/repro/ds5248/envs.py --list          # version -> interpreter, no changes
+    .venv/bin/python tools/repro/ds5248/envs.py --check         # import test of each existing environment
 
-The environments live in the package's env root (~/.cache/gradtrace/deepspeed-envs, or
-$GRADTRACE_DS_ENVS): a shared torch-2.1.2 base and one ds-<version> venv per release; the pins and why
-they are what they are: python/gradtrace/dsversions_envs.py. The newest release (0.19.8) runs in the
-project's own .venv (torch 2.15.0, tools/constraints.txt).
+It needs the built gradtrace package (.venv finds it through tools/setup's .pth file; elsewhere
+PYTHONPATH=build/python and an interpreter with numpy). The environments live in the package's env root
+(~/.cache/gradtrace/deepspeed-envs, or $GRADTRACE_DS_ENVS): a shared torch-2.1.2 base and one ds-<version>
+venv per release; the pins and why they are what they are: python/gradtrace/deepspeed_versions/envs.py.
+The newest release (0.19.8) runs in the project's own .venv (torch 2.15.0, tools/constraints.txt).
 """
 
 import argparse
@@ -18,19 +19,10 @@ import os
 import pathlib
 import subprocess
 import sys
-import types
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-try:
-    import gradtrace  # noqa: F401
-except ImportError:
-    # An interpreter without numpy or the built extension (python3 repro.py): dsversions_envs needs only
-    # the standard library, so load the package's source folder as a bare package.
-    gradtrace = types.ModuleType("gradtrace")
-    gradtrace.__path__ = [str(ROOT / "python" / "gradtrace")]
-    sys.modules["gradtrace"] = gradtrace
-from gradtrace import dsversions_envs  # noqa: E402
+from gradtrace.deepspeed_versions import envs as package_envs
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # The releases of the #5248 study (docs/ds5248.md).
 VERSIONS = ("0.11.1",  # last release without PR #4530's SP divisor
@@ -45,7 +37,7 @@ def python_of(version):
     """The interpreter that runs DeepSpeed `version` (it may not exist yet: create it with main())."""
     if version == NEWEST:
         return ROOT / ".venv" / "bin" / "python"
-    return dsversions_envs.DEFAULT_ROOT / f"ds-{version}" / "bin" / "python"
+    return package_envs.DEFAULT_ROOT / f"ds-{version}" / "bin" / "python"
 
 
 def check(version):
@@ -74,8 +66,8 @@ def main(argv=None):
         for v in versions:
             if v != NEWEST:
                 try:
-                    dsversions_envs.python_of(v)
-                except dsversions_envs.EnvError as e:
+                    package_envs.python_of(v)
+                except package_envs.EnvError as e:
                     print(f"{v}: {e}", file=sys.stderr)
     return 0 if all([check(v) for v in versions]) else 1
 

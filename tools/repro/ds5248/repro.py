@@ -13,7 +13,7 @@ DeepSpeed, captured by gradtrace.deepspeed_adapter), the matching single-rank fu
 gradtrace-diff; the reductions' effective divisors are gradtrace-diff --self's (checks.py). Then it runs gradtrace-train's emulation of that
 release (--scaling deepspeed@VERSION) on the same cell and diffs it against the real run (emulation.py).
 Dense cells run gradtrace-train's model on both sides (run.py --model gradtrace, weights and batches from
-one gradtrace-train --export-init file); MoE cells run DeepSpeed's MoE layer (model.py).
+one gradtrace-train --export-init file); MoE cells run DeepSpeed's MoE layer (gradtrace.deepspeed_versions.ds5248_model).
 Writes OUT/deepspeed-<v>/table.md and results.json; with --versions also the combined tools/repro/ds5248/results.json and table.md, rewritten
 after every cell so that partial progress survives.
 
@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))
 from cells import LAYOUTS, RECIPES, Layout, SANITY, cell_name, extra_cells, priority_cells, run_once  # noqa: E402
 from checks import KNOWN_CPU_LIMITS, failure_reason, reduction_check, runnable_problem  # noqa: E402
 import emulation  # noqa: E402
+from binaries import find_binary  # noqa: E402
 from tables import combine, merge_write, paste_into_doc, row_key  # noqa: E402
 
 RUN_TIMEOUT = 240
@@ -105,63 +106,99 @@ def emulation_row(args, tools, out, version, layout_name, stage, recipe, ignore,
     return emulation.compare_dense(diff, emu, cell, pathlib.Path(str(emu) + ".vs-real.json"))
 
 
-def single_version(args):
-    """Every requested cell for the DeepSpeed installed in this Python."""
-    import deepspeed
-    version = deepspeed.__version__
-    out = pathlib.Path(args.out) / f"deepspeed-{version}"
-    out.mkdir(parents=True, exist_ok=True)
-    tools = {"diff": emulation.find_binary("gradtrace-diff"), "train": emulation.find_binary("gradtrace-train")}
-    flags = emulation.model_flags(args)
+def requested_cells(args, version):
+    """[(layout, stage, recipe, ignore)]: --cells as given, else the matrix of the options plus the extra
+    cells, in priority order."""
     if args.cells:
         cells = []
         for c in args.cells.split(","):
             layout, stage, recipe, ignore = c.split(":")
             cells.append((layout, int(stage), recipe, float(ignore)))
-    else:
-        stages = list(map(int, args.stages.split(",")))
-        extra = [] if args.no_extra else [c for c in extra_cells(version) if c[1] in stages]
-        cells = [c for g in priority_cells(stages, args.layouts.split(","), args.recipes.split(","),
-                                           list(map(float, args.ignore.split(","))), extra) for c in g]
-    previous = {}
-    if (out / "results.json").exists():
-        previous = {row_key(r): r for r in json.loads((out / "results.json").read_text())}
+        return cells
+    stages = list(map(int, args.stages.split(",")))
+    extra = [] if args.no_extra else [c for c in extra_cells(version) if c[1] in stages]
+    return [c for g in priority_cells(stages, args.layouts.split(","), args.recipes.split(","),
+                                      list(map(float, args.ignore.split(","))), extra) for c in g]
 
-    def inputs(layout, ignore):
+
+def cell_line(row):
+    """The progress line of a measured (or not measurable) cell."""
+    s, emu = row.get("scale"), row.get("emulation_exit")
+    if s is None:
+        outcome = row["note"]
+    else:
+        outcome = (f"FINAL scale {s:.4f} [{row['min']:.4f}, {row['max']:.4f}] residual {row['residual']:.1e} "
+                   f"divisor {row.get('effective_divisor', float('nan')):.3f}; emulation "
+                   + ("exit 0 (match)" if emu == 0 else f"exit {emu}" if emu is not None
+                      else row.get("emulation_note", "-")))
+    return (f"deepspeed {row['deepspeed']} {row['layout']:12s} z{row['zero_stage']} {row['loss']:15s} "
+            f"ignore {row['ignore_frac']:4.2f}: {outcome}  ({row['seconds']} s)")
+
+
+class VersionCells:
+    """The cells of the DeepSpeed installed in this Python, measured into OUT/deepspeed-<version>, whose
+    results.json keeps every row (a cell measured before is not run again unless --redo)."""
+
+    def __init__(self, args):
+        import deepspeed
+        self.args = args
+        self.version = deepspeed.__version__
+        self.out = pathlib.Path(args.out) / f"deepspeed-{self.version}"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tools = {"diff": find_binary("gradtrace-diff"), "train": find_binary("gradtrace-train")}
+        self.flags = emulation.model_flags(args)
+        self.previous = {}
+        if (self.out / "results.json").exists():
+            self.previous = {row_key(r): r for r in json.loads((self.out / "results.json").read_text())}
+
+    def inputs(self, layout, ignore):
         """(reference trace, run.py model arguments) of a cell; dense cells share one init file per
         (global batch, ignore, gas) with the emulation."""
-        B = args.batch * layout.dp
+        B = self.args.batch * layout.dp
         if layout.moe:
-            return out / f"ref-b{B}-ign{ignore}-moe{layout.moe}", ["--seed", str(args.seed)]
-        if tools["train"] is None:
+            return self.out / f"ref-b{B}-ign{ignore}-moe{layout.moe}", ["--seed", str(self.args.seed)]
+        if self.tools["train"] is None:
             raise SystemExit("gradtrace-train is not built (cmake --build build): it writes the dense cells' init")
-        init = out / f"init-b{B}-ign{ignore}-gas{layout.gas}.pt"
-        emulation.export_init(tools["train"], init, flags, B, ignore, layout.gas)
-        return out / f"ref-b{B}-ign{ignore}-gas{layout.gas}", ["--model", "gradtrace", "--init", str(init)]
+        init = self.out / f"init-b{B}-ign{ignore}-gas{layout.gas}.pt"
+        emulation.export_init(self.tools["train"], init, self.flags, B, ignore, layout.gas)
+        return self.out / f"ref-b{B}-ign{ignore}-gas{layout.gas}", ["--model", "gradtrace", "--init", str(init)]
 
-    def do_cell(layout_name, stage, recipe, ignore, sanity=False):
-        key = (version, layout_name, stage, recipe, ignore)
-        if key in previous and not args.redo and previous[key].get("status") in ("measured", "not-runnable"):
-            row = previous[key]
-            if args.redo_emulation and row.get("status") == "measured" and row.get("emulation_exit") is None:
-                # The real run stands; only its emulation is run (again) and compared.
-                row.update(emulation_row(args, tools, out, version, layout_name, stage, recipe, ignore,
-                                         pathlib.Path(row["trace"]), flags))
-                merge_write(out, [row])
-                print(f"deepspeed {version} {layout_name:12s} z{stage} {recipe:15s} ignore {ignore:4.2f}: emulation "
-                      + (f"exit {row['emulation_exit']}" if row.get("emulation_exit") is not None
-                         else row.get("emulation_note", "-")), flush=True)
+    def cell(self, layout_name, stage, recipe, ignore, sanity=False):
+        """The row of one cell: measured now, or the one results.json holds."""
+        key = (self.version, layout_name, stage, recipe, ignore)
+        row = self.previous.get(key)
+        if row is not None and not self.args.redo and row.get("status") in ("measured", "not-runnable"):
+            if self.args.redo_emulation and row.get("status") == "measured" and row.get("emulation_exit") is None:
+                self.redo_emulation(row, layout_name, stage, recipe, ignore)
             return row
-        layout = LAYOUTS[layout_name]
+        row = self.measure_cell(layout_name, stage, recipe, ignore, sanity)
+        self.previous[key] = row
+        merge_write(self.out, [row])
+        print(cell_line(row), flush=True)
+        return row
+
+    def redo_emulation(self, row, layout_name, stage, recipe, ignore):
+        """The real run stands; only its emulation is run (again) and compared."""
+        row.update(emulation_row(self.args, self.tools, self.out, self.version, layout_name, stage, recipe, ignore,
+                                 pathlib.Path(row["trace"]), self.flags))
+        merge_write(self.out, [row])
+        print(f"deepspeed {self.version} {layout_name:12s} z{stage} {recipe:15s} ignore {ignore:4.2f}: emulation "
+              + (f"exit {row['emulation_exit']}" if row.get("emulation_exit") is not None
+                 else row.get("emulation_note", "-")), flush=True)
+
+    def measure_cell(self, layout_name, stage, recipe, ignore, sanity):
+        """Runs the cell's reference and the cell, then judges the run (or says why it failed)."""
+        args, layout = self.args, LAYOUTS[layout_name]
         t0 = time.time()
-        ref, model_args = inputs(layout, ignore)
+        ref, model_args = self.inputs(layout, ignore)
         ref_layout = Layout(1, 1, moe=layout.moe, gas=layout.gas)
         # World 1: nothing is reduced, the ZeRO stage does not matter; ZeRO-2 for every reference.
-        if run(ref, ref_layout, 2, "loss", ignore, args.batch * layout.dp, flags, str(ref) + ".log", model_args) != 0:
+        if run(ref, ref_layout, 2, "loss", ignore, args.batch * layout.dp, self.flags, str(ref) + ".log",
+               model_args) != 0:
             raise SystemExit(f"reference {ref} failed, see {ref}.log: {failure_reason(str(ref) + '.log')}")
-        cell = out / cell_name(layout_name, stage, recipe, ignore)
-        rc = run(cell, layout, stage, recipe, ignore, args.batch, flags, str(cell) + ".log", model_args)
-        row = {"deepspeed": version, "layout": layout_name, "sp": layout.sp, "dp": layout.dp, "gas": layout.gas,
+        cell = self.out / cell_name(layout_name, stage, recipe, ignore)
+        rc = run(cell, layout, stage, recipe, ignore, args.batch, self.flags, str(cell) + ".log", model_args)
+        row = {"deepspeed": self.version, "layout": layout_name, "sp": layout.sp, "dp": layout.dp, "gas": layout.gas,
                "contiguous_gradients": layout.contiguous, "reduce_scatter": layout.reduce_scatter,
                "reduce_bucket_size": layout.bucket or 2000, "zero_stage": stage, "loss": recipe,
                "ignore_frac": ignore, "trace": str(cell), "reference": str(ref), "sanity_cell": sanity,
@@ -171,83 +208,96 @@ def single_version(args):
             row["torch"] = torch.__version__.split("+")[0]
         except ImportError:
             pass
-        if rc != 0:
-            why = failure_reason(str(cell) + ".log")
-            if "unsupported grad type: torch.FloatTensor" in why:
-                # engine.py split_half_float_double_sparse: the CPU tensor's type string is not in the
-                # list of 'torch.cpu.*Tensor' names, so the stage-0 reduction refuses it.
-                row.update({"scale": None, "status": "not-runnable",
-                            "note": f"not runnable on CPU: the run stops in the stage-0 gradient all-reduce "
-                                    f"({why}) (code: {KNOWN_CPU_LIMITS[0]})"})
-            else:
-                row.update({"scale": None, "status": "failed",
-                            "note": f"run failed (exit {rc}): {why}; see {cell}.log"})
-        else:
-            row.update(measure(tools["diff"], ref, cell, cell))
-            check = reduction_check(cell)
-            row.update(check)
-            # MoE: buckets with and without expert parameters may be divided differently (that is what
-            # PR #4957 is about), so one divisor over all buckets is not expected; only the ranks'
-            # agreement on FINAL decides there.
-            problem = runnable_problem({"final_rank_spread": check["final_rank_spread"]} if layout.moe else check,
-                                       per_bucket=stage == 3)
-            row.update(stage3_paths(str(cell) + ".log"))
-            if problem:
-                known = KNOWN_CPU_LIMITS[stage] if stage < 2 or (stage == 2 and not layout.contiguous) else ""
-                row.update({"measured_but_invalid": {k: row[k] for k in ("scale", "min", "max", "residual")},
-                            "scale": None, "status": "not-runnable",
-                            "note": f"not runnable on CPU: {problem}" + (f" (code: {known})" if known else "")})
-            else:
-                row["status"] = "measured"
-                if not args.no_emulation:
-                    row.update(emulation_row(args, tools, out, version, layout_name, stage, recipe, ignore, cell,
-                                             flags))
+        row.update(failed_run(rc, cell) if rc != 0 else self.judge(layout_name, stage, recipe, ignore, ref, cell))
         row["seconds"] = round(time.time() - t0, 1)
-        previous[key] = row
-        merge_write(out, [row])
-        s = row.get("scale")
-        emu = row.get("emulation_exit")
-        print(f"deepspeed {version} {layout_name:12s} z{stage} {recipe:15s} ignore {ignore:4.2f}: "
-              + (f"FINAL scale {s:.4f} [{row['min']:.4f}, {row['max']:.4f}] residual {row['residual']:.1e} "
-                 f"divisor {row.get('effective_divisor', float('nan')):.3f}; emulation "
-                 + ("exit 0 (match)" if emu == 0 else f"exit {emu}" if emu is not None
-                    else row.get("emulation_note", "-"))
-                 if s is not None else row["note"]) + f"  ({row['seconds']} s)", flush=True)
         return row
 
-    stage_ok = {}
-    if not args.no_sanity:
+    def judge(self, layout_name, stage, recipe, ignore, ref, cell):
+        """Fields of a cell that ran: FINAL against the reference, the reduction checks, and either why it is
+        not runnable on CPU or the emulation's comparison."""
+        layout = LAYOUTS[layout_name]
+        fields = measure(self.tools["diff"], ref, cell, cell)
+        check = reduction_check(cell)
+        fields.update(check)
+        # MoE: buckets with and without expert parameters may be divided differently (that is what
+        # PR #4957 is about), so one divisor over all buckets is not expected; only the ranks'
+        # agreement on FINAL decides there.
+        problem = runnable_problem({"final_rank_spread": check["final_rank_spread"]} if layout.moe else check,
+                                   per_bucket=stage == 3)
+        fields.update(stage3_paths(str(cell) + ".log"))
+        if problem:
+            known = KNOWN_CPU_LIMITS[stage] if stage < 2 or (stage == 2 and not layout.contiguous) else ""
+            fields.update({"measured_but_invalid": {k: fields[k] for k in ("scale", "min", "max", "residual")},
+                           "scale": None, "status": "not-runnable",
+                           "note": f"not runnable on CPU: {problem}" + (f" (code: {known})" if known else "")})
+            return fields
+        fields["status"] = "measured"
+        if not self.args.no_emulation:
+            fields.update(emulation_row(self.args, self.tools, self.out, self.version, layout_name, stage, recipe,
+                                        ignore, cell, self.flags))
+        return fields
+
+    def sanity(self, cells):
+        """{stage: (ok, row)} of each stage's sanity cell. A run that failed (a crash, a timeout) says nothing
+        about the stage: its cells still run and are checked one by one. Only a sanity cell that ran and did
+        not reduce marks the stage."""
+        stage_ok = {}
         for stage in sorted({c[1] for c in cells}):
-            r = do_cell(SANITY[0], stage, SANITY[1], SANITY[2], sanity=True)
-            # A run that failed (a crash, a timeout) says nothing about the stage: its cells still run and are
-            # checked one by one. Only a sanity cell that ran and did not reduce marks the stage.
+            r = self.cell(SANITY[0], stage, SANITY[1], SANITY[2], sanity=True)
             ok = r.get("status") == "failed" or (
                 r.get("scale") is not None and abs(r["scale"] - 1.0) < 1e-4 and abs(r["min"] - 1.0) < 1e-3
                 and abs(r["max"] - 1.0) < 1e-3)
             stage_ok[stage] = (ok, r)
-    # Stages whose failure an sp cell already shows (this run or an earlier one into the same OUT).
-    shown_failure = {r["zero_stage"] for r in previous.values()
-                     if not r.get("sanity_cell") and r.get("status") == "not-runnable" and not r.get("not_run")}
-    for layout_name, stage, recipe, ignore in cells:
-        if (layout_name, recipe, ignore) == SANITY:
-            continue
-        ok, srow = stage_ok.get(stage, (True, None))
-        if not ok and stage in shown_failure:
-            layout = LAYOUTS[layout_name]
-            sc = srow.get("scale") if srow.get("scale") is not None else (srow.get("measured_but_invalid") or {}).get("scale")
-            row = {"deepspeed": version, "layout": layout_name, "sp": layout.sp, "dp": layout.dp, "gas": layout.gas,
-                   "zero_stage": stage, "loss": recipe, "ignore_frac": ignore, "scale": None,
-                   "status": "not-runnable", "not_run": True,
-                   "note": (f"not runnable on CPU: ZeRO-{stage} fails the dp=2 sanity cell "
-                            f"({srow.get('note') or f'FINAL scale {sc}'}); not run")}
-            previous[(version, layout_name, stage, recipe, ignore)] = row
-            merge_write(out, [row])
-            continue
-        do_cell(layout_name, stage, recipe, ignore)
-        if not ok:
-            shown_failure.add(stage)
-    print(f"wrote {out / 'table.md'}")
-    return 0
+        return stage_ok
+
+    def mark_not_run(self, layout_name, stage, recipe, ignore, srow):
+        """A cell of a stage whose sanity cell failed, once an sp cell shows the failure: marked, not run."""
+        layout = LAYOUTS[layout_name]
+        sc = srow.get("scale") if srow.get("scale") is not None else (srow.get("measured_but_invalid") or {}).get("scale")
+        row = {"deepspeed": self.version, "layout": layout_name, "sp": layout.sp, "dp": layout.dp, "gas": layout.gas,
+               "zero_stage": stage, "loss": recipe, "ignore_frac": ignore, "scale": None,
+               "status": "not-runnable", "not_run": True,
+               "note": (f"not runnable on CPU: ZeRO-{stage} fails the dp=2 sanity cell "
+                        f"({srow.get('note') or f'FINAL scale {sc}'}); not run")}
+        self.previous[(self.version, layout_name, stage, recipe, ignore)] = row
+        merge_write(self.out, [row])
+
+    def run_all(self, cells):
+        stage_ok = {} if self.args.no_sanity else self.sanity(cells)
+        # Stages whose failure an sp cell already shows (this run or an earlier one into the same OUT).
+        shown_failure = {r["zero_stage"] for r in self.previous.values()
+                         if not r.get("sanity_cell") and r.get("status") == "not-runnable" and not r.get("not_run")}
+        for layout_name, stage, recipe, ignore in cells:
+            if (layout_name, recipe, ignore) == SANITY:
+                continue
+            ok, srow = stage_ok.get(stage, (True, None))
+            if not ok and stage in shown_failure:
+                self.mark_not_run(layout_name, stage, recipe, ignore, srow)
+                continue
+            self.cell(layout_name, stage, recipe, ignore)
+            if not ok:
+                shown_failure.add(stage)
+        print(f"wrote {self.out / 'table.md'}")
+        return 0
+
+
+def failed_run(rc, cell):
+    """Fields of a cell whose run exited `rc` != 0: not runnable on CPU when the log shows stage 0's known
+    refusal, else failed."""
+    why = failure_reason(str(cell) + ".log")
+    if "unsupported grad type: torch.FloatTensor" in why:
+        # engine.py split_half_float_double_sparse: the CPU tensor's type string is not in the
+        # list of 'torch.cpu.*Tensor' names, so the stage-0 reduction refuses it.
+        return {"scale": None, "status": "not-runnable",
+                "note": f"not runnable on CPU: the run stops in the stage-0 gradient all-reduce "
+                        f"({why}) (code: {KNOWN_CPU_LIMITS[0]})"}
+    return {"scale": None, "status": "failed", "note": f"run failed (exit {rc}): {why}; see {cell}.log"}
+
+
+def single_version(args):
+    """Every requested cell for the DeepSpeed installed in this Python."""
+    cells = VersionCells(args)
+    return cells.run_all(requested_cells(args, cells.version))
 
 
 # ---- every version, each in its own environment ------------------------------------------------

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""One #5248 run: the runner now lives in the package (gradtrace.ds5248_run, also what
-gradtrace-deepspeed-versions runs). As a script this is `python -m gradtrace.ds5248_run` (same options,
-see its docstring); as a module (`import run`, alst.py) it is that module itself, not a copy."""
+"""One #5248 run, the study's command line: runs gradtrace.deepspeed_versions.ds5248_run's main (the code,
+which gradtrace-deepspeed-versions runs too; options in its docstring).
+
+    .venv/bin/python tools/repro/ds5248/run.py --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
+"""
 
 import sys
 
-from gradtrace import ds5248_run
+from gradtrace.deepspeed_versions import ds5248_run
 
 if __name__ == "__main__":
     sys.exit(ds5248_run.main())
-sys.modules[__name__] = ds5248_run

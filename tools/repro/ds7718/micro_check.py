@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 import gradtrace
-from gradtrace.trace import read_trace_set
+from gradtrace import read_trace_set
 
 
 def owned_sums(reader, step):

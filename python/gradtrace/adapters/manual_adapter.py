@@ -222,7 +222,7 @@ def attach(model, out_dir, optimizer=None, **options) -> ManualCapture:
     RowwiseParallel, SequenceParallel; any Shard/Replicate placements on a 1-D or 2-D DeviceMesh)
     need nothing: the table records their full shape, the mesh dims become named groups ("tp", ...)
     with the degrees, each parameter is TP_SHARD (partition_dim, shard_count) or REPLICATED, and
-    FINAL writes each rank's local piece at its offsets (gradtrace.dtensor); a Partial gradient
+    FINAL writes each rank's local piece at its offsets (gradtrace.adapters.dtensor); a Partial gradient
     (a norm under SequenceParallel) is reduced first, an all-reduce over its mesh dims inside
     ``optimizer.step()``'s pre-hook that every rank runs. Hand-written (Megatron-style) shards,
     plain tensors holding part of a parameter: ``shards={param or name: (dim, start, full_size)}``

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import _gtcodec
+from .. import _gtcodec
 
 # The adapters' reduction paths -> the table's (semantics/scaling_policy.h ReductionPath).
 PATHS = ("engine", "zero", "zero3-reduce-scatter", "zero3-allreduce")

@@ -2,9 +2,9 @@
 """DeepSpeed #5248 on CPU: the issue's Ulysses training loop with real DeepSpeed, captured by
 gradtrace.deepspeed_adapter.
 
-    python -m gradtrace.ds5248_run --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
-    python -m gradtrace.ds5248_run --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
-    (tools/repro/ds5248/run.py is this module under its old name; gradtrace-deepspeed-versions runs it
+    python -m gradtrace.deepspeed_versions.ds5248_run --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
+    python -m gradtrace.deepspeed_versions.ds5248_run --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
+    (tools/repro/ds5248/run.py runs this main(); gradtrace-deepspeed-versions runs it
     for --model ds5248 and --model moe)
 
 Without RANK in the environment it launches sp x dp worker processes of itself (gloo on 127.0.0.1,
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     ap.add_argument("--moe-experts", type=int, default=0,
                     help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
     ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
-                    help="tiny: model.py's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
+                    help="tiny: ds5248_model's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
                          "model (capture/model.cc), weights and global batches from --init")
     ap.add_argument("--init", help="--model gradtrace: the file of `gradtrace-train --export-init FILE` (same "
                                    "--seed --seq-len --vocab --hidden --heads --layers --steps --gas, and "
@@ -123,7 +123,7 @@ def launch(args, argv, script=None, world=None, python=None, extra_env=None, log
     output to the open file `log` (default: inherited); the worst exit status (124 after args.timeout s)."""
     world = args.sp * args.dp if world is None else world
     port = str(free_port())
-    target = ["-m", __name__ if __name__ != "__main__" else "gradtrace.ds5248_run"] if script is None \
+    target = ["-m", __name__ if __name__ != "__main__" else "gradtrace.deepspeed_versions.ds5248_run"] if script is None \
         else [os.path.abspath(script)]
     procs = []
     for r in range(world):
@@ -317,24 +317,22 @@ def reduce_scatter_list_via_all_reduce(output, input_list, op=None, group=None):
     return reduce_scatter_tensor_via_all_reduce(output, torch.cat([t.reshape(-1) for t in input_list]), op, group)
 
 
-def worker(args):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import torch
-    import torch.distributed as tdist
+def init_distributed_on_cpu():
+    """deepspeed.init_distributed on gloo, with the runtime patches old releases and torch's gloo need."""
     import deepspeed
-    from gradtrace import deepspeed_adapter
-    from gradtrace.ds5248_model import build_gradtrace_model, build_model, load_gradtrace_init, make_batch
-    from gradtrace.ds5248_mpu import UlyssesMPU
 
-    torch.set_num_threads(1)
     disable_shm_comm_op()
     gloo_for_stubbed_oneccl()
     deepspeed.init_distributed(dist_backend="gloo")  # the CPU accelerator's default is ccl only with oneCCL
     gloo_all_gather_fallback()
     gloo_list_all_to_all()
     gloo_reduce_scatter_via_all_reduce()
-    mpu = UlyssesMPU(args.sp, args.dp)
-    recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
+
+
+def build_loop_model(args, mpu, recipe):
+    """(model, gradtrace-train's init or None): the --model to train, its loss recipe and groups set."""
+    from gradtrace.deepspeed_versions.ds5248_model import build_gradtrace_model, build_model, load_gradtrace_init
+
     sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
     init = None
     if args.model == "gradtrace":
@@ -346,6 +344,15 @@ def worker(args):
     model.recipe = "local-mean" if recipe == "local-mean-div-sp" else recipe
     if args.sp * args.dp > 1:
         model.sdp_group, model.dp = mpu.get_sequence_data_parallel_group(), args.dp
+    return model, init
+
+
+def initialize_engine(args, model, mpu):
+    """deepspeed.initialize with SGD over the model (expert parameters in their own groups); ZeRO-3 partitions
+    over the sequence-data-parallel group first (--zero3-partition sdp)."""
+    import torch
+    import deepspeed
+
     params = model.parameters()
     if args.moe_experts:
         # ZeRO needs the expert parameters in their own optimizer groups (deepspeed.moe.utils).
@@ -360,45 +367,74 @@ def worker(args):
                             config_dict_or_path=ds_config(args))
     optimizer = torch.optim.SGD(params, lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(args), mpu=mpu)
-    cap = deepspeed_adapter.attach(
-        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
-        config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
-                "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
-                "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
-        extra={"runner": "gradtrace.ds5248_run", "argv": json.dumps(sys.argv[1:]), "model": args.model})
+    return engine
 
+
+def global_batch(args, init, step, micro):
+    """(input_ids, labels, position_ids) of micro-step `micro` of `step`: all batch x dp rows, whole sequence;
+    gradtrace-train's with --init (its --ignore-frac applies, not ours), else drawn from --seed."""
+    import torch
+    from gradtrace.deepspeed_versions.ds5248_model import make_batch
+
+    if init is not None:
+        key = f"batch/{step}/{micro}/"
+        if key + "input_ids" not in init:
+            raise SystemExit(f"ds5248: --init has no {key}*: export with --steps {args.steps} --gas {args.gas}")
+        ids, labels, pos = (init[key + k] for k in ("input_ids", "labels", "position_ids"))
+        if tuple(ids.shape) != (args.batch * args.dp, args.seq_len):
+            raise SystemExit(f"ds5248: --init batch is {tuple(ids.shape)}, expected "
+                             f"({args.batch * args.dp}, {args.seq_len}): export with "
+                             f"--batch {args.batch * args.dp} --seq-len {args.seq_len}")
+        return ids, labels, pos
+    ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
+                             args.vocab, args.ignore_frac)
+    return ids, labels, torch.arange(args.seq_len).unsqueeze(0).expand(args.batch * args.dp, -1)
+
+
+def train(args, engine, cap, mpu, recipe, init):
+    """The issue's loop: each rank takes its dp rows and its contiguous sp chunk of the sequence."""
     sp, sp_rank, dp_rank = args.sp, mpu.get_sequence_parallel_rank(), mpu.get_data_parallel_rank()
     assert args.seq_len % sp == 0, "seq_len must divide by sp"
     sub = args.seq_len // sp
     lo, hi = sp_rank * sub, (sp_rank + 1) * sub
+    rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
     for step in range(args.steps):
         for micro in range(args.gas):
-            rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
-            if init is not None:  # gradtrace-train's global batch (its --ignore-frac applies, not ours)
-                key = f"batch/{step}/{micro}/"
-                if key + "input_ids" not in init:
-                    raise SystemExit(f"ds5248: --init has no {key}*: export with --steps {args.steps} --gas {args.gas}")
-                ids, labels, pos = (init[key + k] for k in ("input_ids", "labels", "position_ids"))
-                if tuple(ids.shape) != (args.batch * args.dp, args.seq_len):
-                    raise SystemExit(f"ds5248: --init batch is {tuple(ids.shape)}, expected "
-                                     f"({args.batch * args.dp}, {args.seq_len}): export with "
-                                     f"--batch {args.batch * args.dp} --seq-len {args.seq_len}")
-            else:
-                ids, labels = make_batch(args.seed, step * args.gas + micro, args.batch * args.dp, args.seq_len,
-                                         args.vocab, args.ignore_frac)
-                pos = torch.arange(args.seq_len).unsqueeze(0).expand(args.batch * args.dp, -1)
-            input_ids = ids[rows, lo:hi]
+            ids, labels, pos = global_batch(args, init, step, micro)
             lab = labels[rows, lo:hi]
-            position_ids = pos[rows, lo:hi]
-            loss = engine(input_ids=input_ids, labels=lab, position_ids=position_ids)
+            loss = engine(input_ids=ids[rows, lo:hi], labels=lab, position_ids=pos[rows, lo:hi])
             if recipe == "local-mean-div-sp":
                 loss = loss / sp
             engine.backward(loss)
             cap.record_step(loss, (lab != -100).sum())
             engine.step()
+
+
+def worker(args):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as tdist
+    import deepspeed
+    from gradtrace.adapters import deepspeed_adapter
+    from gradtrace.deepspeed_versions.ds5248_mpu import UlyssesMPU
+
+    torch.set_num_threads(1)
+    init_distributed_on_cpu()
+    mpu = UlyssesMPU(args.sp, args.dp)
+    recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
+    model, init = build_loop_model(args, mpu, recipe)
+    engine = initialize_engine(args, model, mpu)
+    cap = deepspeed_adapter.attach(
+        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
+        config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
+                "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
+                "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
+        extra={"runner": "gradtrace.deepspeed_versions.ds5248_run", "argv": json.dumps(sys.argv[1:]),
+               "model": args.model})
+    train(args, engine, cap, mpu, recipe, init)
     cap.close()
     if tdist.get_rank() == 0:
-        print(f"ds5248: wrote {args.out} (deepspeed {deepspeed.__version__}, sp={sp} dp={args.dp} "
+        print(f"ds5248: wrote {args.out} (deepspeed {deepspeed.__version__}, sp={args.sp} dp={args.dp} "
               f"zero={args.zero_stage} loss={args.loss}; recorded {cap.recorded}; "
               f"unrecordable {cap.unrecordable or 'none'}"
               + (f"; stage-3 paths {cap.zero3_paths}" if hasattr(cap, "zero3_paths") else "") + ")", flush=True)

@@ -25,7 +25,7 @@ lacks is reported, see ``DeepSpeedCapture.unrecordable``):
   ``_buffered_reduce_fallback_preserving_fp32`` receive the list of gradients (all-reduced in place).
 - Stage 0: ``DeepSpeedEngine.allreduce_and_copy(small_bucket, dp_group, ...)`` receives a list of
   ``param.grad`` tensors, all-reduces a flattened copy and copies it back.
-- ZeRO-3: ``gradtrace.deepspeed_zero3`` (stage 3's bucket reduction, both of its paths, and ``partition_grads``).
+- ZeRO-3: ``gradtrace.adapters.deepspeed_zero3`` (stage 3's bucket reduction, both of its paths, and ``partition_grads``).
 - FINAL: ``deepspeed.utils.safe_get_full_grad(param)`` for every parameter (a collective for ZeRO-1/2/3; for
   ZeRO-3 it all-gathers the fp32 gradient partitions; every rank calls it for every parameter in the same order)
   inside a wrapper of ``engine.step``, at gradient-accumulation boundaries, before the optimizer step consumes
@@ -90,6 +90,15 @@ def _call(obj, name, default=None):
         return default
 
 
+def _reduce_bucket_size(engine, stage) -> int:
+    """The elements per reduction bucket: ZeRO's reduce_bucket_size, or stage 0's allreduce bucket."""
+    if stage > 0:
+        return int(getattr(engine.optimizer, "reduce_bucket_size", 0) or _call(engine, "zero_reduce_bucket_size", 0))
+    # stage 0: DeepSpeedEngine.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
+    import deepspeed.runtime.engine as ds_engine
+    return int(getattr(ds_engine, "MEMORY_OPT_ALLREDUCE_SIZE", 0))
+
+
 class DeepSpeedCapture:
     """The object ``attach`` returns. Not thread-safe; one per rank."""
 
@@ -114,7 +123,40 @@ class DeepSpeedCapture:
         self.unrecordable: dict[str, str] = {}  # phase -> why this DeepSpeed version cannot record it
         self.rank = tdist.get_rank() if tdist.is_initialized() else 0
         self.world = tdist.get_world_size() if tdist.is_initialized() else 1
+        self._index_params(engine)
 
+        stage = int(_call(engine, "zero_optimization_stage", 0) or 0)
+        self.zero_stage = stage
+        self._install_hooks(stage)
+
+        groups = self._groups(engine, mpu)
+        sp, dp = len(groups["sp"]), len(groups["dp"])
+        ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
+        self.ds_version = ds_version
+        gas = int(_call(engine, "gradient_accumulation_steps", 1) or 1)
+        backend = tdist.get_backend() if tdist.is_initialized() else ""
+        cfg = {"world": self.world, "dp": dp, "sp": sp, "zero_stage": stage, "gas": gas,
+               "reduce_bucket_size": _reduce_bucket_size(engine, stage), "backend": str(backend),
+               "scaling": f"deepspeed@{ds_version}", "capture_mode": mode,
+               "loss": loss_recipe}
+        cfg.update(config or {})
+        expert_rule, expert_degrees = _expert_layout(engine.module.named_parameters(), groups)
+        layout = Layout.infer(groups, dp=dp, sp=sp, gas=gas, default_group="sdp", **expert_degrees)
+        if expert_rule:
+            layout.add_rule(expert_rule, kind="EXPERT", grad_group="edp")
+        self.recorder = RankRecorder(
+            engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
+            layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg,
+            extra=self._run_extra(engine, ds_version, stage, extra),
+            producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
+            shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite)
+        self.path = self.recorder.path
+        self.writer = self.recorder.writer
+        for phase, why in self.unrecordable.items():
+            log.warning("gradtrace: DeepSpeed %s: cannot record %s: %s", ds_version, phase, why)
+
+    def _index_params(self, engine) -> None:
+        """The parameter table's ids and names of the module's parameters that take gradients."""
         self.names: dict[int, str] = {}
         self.param_ids: dict[int, int] = {}  # id(Parameter) -> param table id
         self.params: list[torch.nn.Parameter] = []
@@ -125,13 +167,10 @@ class DeepSpeedCapture:
             self.names[id(p)] = name
             self.params.append(p)
 
-        stage = int(_call(engine, "zero_optimization_stage", 0) or 0)
-        self.zero_stage = stage
-        self._install_hooks(stage)
-
-        # Process groups and coordinates. sdp = the group gradients are reduced over.
-        sdp = getattr(engine, "seq_data_parallel_group", None)
-        sdp_ranks = _group_ranks(sdp)
+    def _groups(self, engine, mpu) -> dict[str, list[int]]:
+        """The ranks of this rank's groups: sdp (the group gradients are reduced over), sp and dp, from the
+        engine and the mpu (one without get_data_parallel_group, or Ulysses': dp = sdp ranks at this sp offset)."""
+        sdp_ranks = _group_ranks(getattr(engine, "seq_data_parallel_group", None))
         sp_ranks, dp_ranks = [self.rank], sdp_ranks
         if mpu is not None and hasattr(mpu, "get_sequence_parallel_group"):
             sp_ranks = _group_ranks(mpu.get_sequence_parallel_group())
@@ -140,21 +179,11 @@ class DeepSpeedCapture:
             dp_ranks = _group_ranks(mpu.get_data_parallel_group())
         elif len(sp_ranks) > 1:
             dp_ranks = [r for r in sdp_ranks if (r - self.rank) % len(sp_ranks) == 0]
-        sp, dp = len(sp_ranks), len(dp_ranks)
-        ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
-        self.ds_version = ds_version
-        gas = int(_call(engine, "gradient_accumulation_steps", 1) or 1)
-        if stage > 0:
-            bucket = int(getattr(engine.optimizer, "reduce_bucket_size", 0) or _call(engine, "zero_reduce_bucket_size", 0))
-        else:  # stage 0: DeepSpeedEngine.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
-            import deepspeed.runtime.engine as ds_engine
-            bucket = int(getattr(ds_engine, "MEMORY_OPT_ALLREDUCE_SIZE", 0))
-        backend = tdist.get_backend() if tdist.is_initialized() else ""
-        cfg = {"world": self.world, "dp": dp, "sp": sp, "zero_stage": stage, "gas": gas,
-               "reduce_bucket_size": bucket, "backend": str(backend),
-               "scaling": f"deepspeed@{ds_version}", "capture_mode": mode,
-               "loss": loss_recipe}
-        cfg.update(config or {})
+        return {"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}
+
+    def _run_extra(self, engine, ds_version, stage, extra) -> dict:
+        """RunInfo.extra: the DeepSpeed config and versions, the hooks installed, the phases that cannot be
+        recorded, ZeRO's reduction-path settings, then the caller's ``extra``."""
         ds_config = getattr(getattr(engine, "_config", None), "_param_dict", None)
         run_extra = {
             "ds_config": json.dumps(ds_config, sort_keys=True, default=str) if ds_config is not None else "",
@@ -174,20 +203,7 @@ class DeepSpeedCapture:
                 if isinstance(value, bool):
                     run_extra[key] = "true" if value else "false"
         run_extra.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (extra or {}).items()})
-        groups = {"sp": sp_ranks, "dp": dp_ranks, "sdp": sdp_ranks}
-        expert_rule, expert_degrees = _expert_layout(engine.module.named_parameters(), groups)
-        layout = Layout.infer(groups, dp=dp, sp=sp, gas=gas, default_group="sdp", **expert_degrees)
-        if expert_rule:
-            layout.add_rule(expert_rule, kind="EXPERT", grad_group="edp")
-        self.recorder = RankRecorder(
-            engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
-            layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg, extra=run_extra,
-            producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
-            shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite)
-        self.path = self.recorder.path
-        self.writer = self.recorder.writer
-        for phase, why in self.unrecordable.items():
-            log.warning("gradtrace: DeepSpeed %s: cannot record %s: %s", ds_version, phase, why)
+        return run_extra
 
     # ---- hook installation ---------------------------------------------------------------------
 

@@ -96,7 +96,7 @@ def make_layout(options: dict, groups: dict | None = None, layout=None, params=N
     in ``options`` (removed from it, so that the rest goes to the RankRecorder). Checks the loss
     recipe first (``loss=`` or ``config={"loss": ...}``), before an adapter hooks anything.
     ``params``: the model's (name, parameter) pairs; DTensor parameters add their DeviceMesh dims as
-    named groups (``tp``, ...) and a rule each (TP_SHARD / REPLICATED, gradtrace.dtensor.mesh_layout),
+    named groups (``tp``, ...) and a rule each (TP_SHARD / REPLICATED, gradtrace.adapters.dtensor.mesh_layout),
     after the given ``groups`` and ``rules``, which take precedence."""
     from .layout import Layout, group_ranks, world_and_rank
 

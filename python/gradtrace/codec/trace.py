@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import _gtcodec
+from .. import _gtcodec
 from .dtypes import NUMPY_DTYPES, dtype_name, float_to_bf16, is_tensor, tensor_to_numpy
 
 TraceError = _gtcodec.TraceError

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import sysconfig
 
-from gradtrace import dsversions_releases as releases
+from gradtrace.deepspeed_versions import releases
 
 DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_ENVS", "~/.cache/gradtrace/deepspeed-envs")).expanduser()
 

@@ -9,7 +9,7 @@ naming a recipe of that list.
 
 from __future__ import annotations
 
-from . import _gtcodec
+from .. import _gtcodec
 
 __all__ = ["ALIASES", "known", "check", "resolve"]
 

@@ -21,7 +21,7 @@ FINAL: this rank's shard of each gradient (the DTensor's local tensor) at its of
 parameter, before ``optimizer.step()``; the diff joins the ranks' shards. ``full_final=True``
 writes each rank's ``full_tensor()`` instead (an all-gather per parameter). FSDP2 x TP (a 2-D
 ``(dp, tp)`` mesh after ``parallelize_module``): each rank's local block at its global offsets
-(gradtrace.dtensor: ``_StridedShard`` included, one slice per contiguous run), a Partial placement
+(gradtrace.adapters.dtensor: ``_StridedShard`` included, one slice per contiguous run), a Partial placement
 reduced first; the layout records the mesh's ``tp`` group and each parameter's TP_SHARD /
 REPLICATED kind.
 
@@ -40,7 +40,7 @@ import math
 
 from .adapter_base import Capture, make_layout
 from .dtensor import block_pieces, local_index
-from .dtypes import torch_dtype_name
+from ..codec.dtypes import torch_dtype_name
 from .rank_recorder import RankRecorder
 
 log = logging.getLogger("gradtrace")

@@ -29,11 +29,12 @@ import time
 import uuid
 import warnings
 
-from . import _gtcodec, loss_recipes
-from .dtypes import torch_dtype_name
+from .. import _gtcodec
+from .._gtcodec import locked_by_writer
+from ..codec.dtypes import torch_dtype_name
+from ..codec.trace import TraceError, TraceWriter
+from . import loss_recipes
 from .layout import Layout
-from ._gtcodec import locked_by_writer
-from .trace import TraceError, TraceWriter
 
 log = logging.getLogger("gradtrace")
 
@@ -158,7 +159,7 @@ def init_sketch(param, shape) -> list[float]:
     hand-written or ZeRO-3 piece whose size is not the table's) or an empty one."""
     import torch
 
-    from . import _gtcodec, dtensor
+    from . import dtensor
 
     numel = 1
     for d in shape:
@@ -218,8 +219,6 @@ class RankRecorder:
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
                  producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
                  accum_dtype=None, on_error: str = "warn", overwrite: bool = False):
-        import torch.distributed as tdist
-
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {ON_ERROR}")
         self.on_error = on_error
@@ -230,6 +229,22 @@ class RankRecorder:
         self.layout = layout or Layout.infer()
         self.rank = self.layout.rank
         self.optimizer = optimizer
+        self._start_counting(steps)
+        self._param_regex = re.compile(params) if params else None
+        self.phases = set(phases)
+        self.recorded = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
+        table = self._param_table(named_params, shape_of, grad_dtype, accum_dtype, comm_dtype)
+        self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
+        cfg = {**self.layout.config(), "dtype": table[0]["dtype"] if table else "FP32", "backend": _backend(),
+               "capture_mode": mode, "loss": loss, "loss_description": loss_description, **_comm_fields(comm_dtype),
+               "comm_hook": comm_hook, **(config or {})}
+        self.path = rank_file(out_dir, self.rank)
+        self.run_info = self._run_info(table, cfg, agree_run_id(run_id), framework, framework_version, packages,
+                                       producer, producer_version, extra)
+        self._open_writer(out_dir, mode, overwrite)
+
+    def _start_counting(self, steps) -> None:
+        """Step and micro-step counters, the ``steps`` filter, and the per-step input moments."""
         self.step = 0
         self.micro = 0
         self._last_micro = 0
@@ -241,15 +256,16 @@ class RankRecorder:
         self._inputs = [0, 0.0, 0.0]  # count, sum, sum of squares of this step's inputs (input_moments)
         self.micro_steps: list[int] = []
         self._warned = False
-        self._param_regex = re.compile(params) if params else None
-        self.phases = set(phases)
-        self.recorded = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
+
+    def _param_table(self, named_params, shape_of, grad_dtype, accum_dtype, comm_dtype) -> list[dict]:
+        """RunInfo's parameter table (those with requires_grad, in order), filling ids, names, params and
+        shapes; the init sketch of each parameter is read here, at attach."""
         self.ids: dict[int, int] = {}  # id(parameter) -> param table id
         self.names: list[str] = []
         self.params: list = []
         self.shapes: list[list[int]] = []  # full (global) shape per param id, as in the table
         # param id -> per dim, the global indices of the full parameter this rank's tensor holds (a hand-written
-        # shard: manual_adapter's shards=); DTensors carry their own (gradtrace.dtensor)
+        # shard: manual_adapter's shards=); DTensors carry their own (gradtrace.adapters.dtensor)
         self.blocks: dict[int, list] = {}
         table = []
         for name, p in named_params:
@@ -266,15 +282,13 @@ class RankRecorder:
                           "accum_dtype": torch_dtype_name(accum_dtype if accum_dtype is not None else p.dtype),
                           **self.layout.param_fields(name),
                           **_comm_fields(comm_dtype), "init_sketch": init_sketch(p, shape)})
-        self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
-        run_id = agree_run_id(run_id)
-        backend = str(tdist.get_backend()) if tdist.is_available() and tdist.is_initialized() else ""
-        cfg = {**self.layout.config(), "dtype": table[0]["dtype"] if table else "FP32", "backend": backend,
-               "capture_mode": mode, "loss": loss, "loss_description": loss_description,
-               **_comm_fields(comm_dtype), "comm_hook": comm_hook}
-        cfg.update(config or {})
+        return table
+
+    def _run_info(self, table, cfg, run_id, framework, framework_version, packages, producer, producer_version,
+                  extra) -> dict:
+        """This rank's RunInfo: the parameter table, Config ``cfg``, the versions of what ran."""
         versions = environment_versions(packages)
-        run_info = {
+        return {
             "producer": producer or "gradtrace adapter",
             "producer_version": producer_version or f"{framework} {framework_version} / torch {versions['torch']}",
             "framework": framework,
@@ -290,17 +304,18 @@ class RankRecorder:
                       **({"inferred": "; ".join(self.layout.inferred)} if self.layout.inferred else {}), **(extra or {})},
             **self.layout.run_fields(),
         }
-        self.path = rank_file(out_dir, self.rank)
-        self.run_info = run_info
+
+    def _open_writer(self, out_dir, mode, overwrite) -> None:
+        """Creates this rank's file. A failure is a write error (on_error decides), except that a trace
+        already there is the user's choice to make (overwrite=, or another directory), not a write error:
+        refused whatever on_error says, as is one a live writer holds."""
         self.writer = GuardedWriter(self, None)
-        # A trace already there is the user's choice to make (overwrite=, or another directory), not a write
-        # error: refused whatever on_error says, as is one a live writer holds.
         existed = os.path.isfile(self.path) and not os.path.islink(self.path)
         try:
             os.makedirs(out_dir, exist_ok=True)
-            writer = TraceWriter(self.path, run_info, mode=mode, overwrite=overwrite)
+            writer = TraceWriter(self.path, self.run_info, mode=mode, overwrite=overwrite)
         except (TraceError, OSError) as e:
-            if on_error == "raise" or (existed and (not overwrite or locked_by_writer(self.path))):
+            if self.on_error == "raise" or (existed and (not overwrite or locked_by_writer(self.path))):
                 raise
             self.write_failed(e)
         else:
@@ -374,7 +389,7 @@ class RankRecorder:
         """(param id, element offset, tensor) pieces of ``values``, parameter ``pid``'s gradient as
         this rank holds it: a DTensor gives its local tensor at its offsets in the flattened global
         parameter (with ``reduce``, Partial placements are reduced first: a collective every rank runs
-        in the same order, as FINAL does; gradtrace.dtensor); a declared hand-written shard
+        in the same order, as FINAL does; gradtrace.adapters.dtensor); a declared hand-written shard
         (``blocks``) its block's runs; anything else is the whole parameter at offset 0."""
         from . import dtensor
 
@@ -487,6 +502,13 @@ class RankRecorder:
         if self.writer is not None:
             writer, self.writer = self.writer, None
             writer.close()
+
+
+def _backend() -> str:
+    """The default process group's backend, "" without one."""
+    import torch.distributed as tdist
+
+    return str(tdist.get_backend()) if tdist.is_available() and tdist.is_initialized() else ""
 
 
 def _full_shape(p) -> list[int]:

@@ -48,18 +48,14 @@ reference or from its predecessor, or failed (bisect: 1 when no single first bad
 import argparse
 import hashlib
 import json
-import os
 import pathlib
 import shlex
 import sys
 import time
 
-from gradtrace import dsversions_bisect as bisect_mod
-from gradtrace import dsversions_cache as cache_mod
-from gradtrace import dsversions_envs as envs
-from gradtrace import dsversions_releases as releases
-from gradtrace import dsversions_report as report
-from gradtrace import dsversions_runner as runner
+from gradtrace.deepspeed_versions import bisection as bisect_mod
+from gradtrace.deepspeed_versions import cache as cache_mod
+from gradtrace.deepspeed_versions import envs, releases, report, runner
 
 
 class BadInput(Exception):

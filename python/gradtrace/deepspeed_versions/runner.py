@@ -1,9 +1,9 @@
 """Run one training entry point under one DeepSpeed release and capture it (gradtrace-deepspeed-versions).
 
 Entry points:
-- `model:ds5248`: the #5248 Ulysses loop (gradtrace.ds5248_run) with the tiny dense model;
+- `model:ds5248`: the #5248 Ulysses loop (gradtrace.deepspeed_versions.ds5248_run) with the tiny dense model;
 - `model:moe`: the same loop with every MLP a deepspeed.moe.layer.MoE of 2 experts (ep_size 1);
-- `script:PATH`: the user's script, started once per rank (the contract is in deepspeed_versions.py);
+- `script:PATH`: the user's script, started once per rank (the contract is in command.py);
 - `emulation`: gradtrace-train --scaling deepspeed@RELEASE (the C++ emulation of that release's reduction,
   a real capture by gradtrace-train; for tests and for checking the command without DeepSpeed envs).
 
@@ -12,6 +12,7 @@ A run is a trace directory plus a summary (loss, the grad norm DeepSpeed reporte
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -22,11 +23,22 @@ import time
 import types
 
 import gradtrace
-from gradtrace import ds5248_run, loss_recipes
+from gradtrace.adapters import loss_recipes
+from gradtrace.deepspeed_versions import ds5248_run
 
 # Not resolved: a dev build's package folder may hold symlinks to the sources, without the extension.
 PACKAGE_PARENT = pathlib.Path(os.path.abspath(gradtrace.__file__)).parent.parent
 MOE_EXPERTS = 2
+LOOP_MODULE = "gradtrace.deepspeed_versions.ds5248_run"  # the built-in #5248 loop, run with -m
+# The modules that loop runs: their bytes key the cache of a model entry.
+LOOP_SOURCES = (LOOP_MODULE, "gradtrace.deepspeed_versions.ds5248_model",
+                "gradtrace.deepspeed_versions.ds5248_mpu", "gradtrace.adapters.deepspeed_adapter",
+                "gradtrace.adapters.deepspeed_zero3")
+
+
+def _source_of(module: str) -> pathlib.Path:
+    """The file of `module`, found without importing it (the model and the adapter import torch)."""
+    return pathlib.Path(importlib.util.find_spec(module).origin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +51,7 @@ class Entry:
     def digest(self) -> str:
         """Hash of what the entry runs: the script's bytes, or the package's loop sources."""
         h = hashlib.sha256(f"{self.kind}:{self.name}:{self.loss}:{json.dumps(self.script_args)}".encode())
-        files = [pathlib.Path(self.name)] if self.kind == "script" else [
-            pathlib.Path(m.__file__) for m in (ds5248_run,)] + [
-            pathlib.Path(gradtrace.__file__).parent / f for f in ("ds5248_model.py", "ds5248_mpu.py",
-                                                                 "deepspeed_adapter.py", "deepspeed_zero3.py")]
+        files = [pathlib.Path(self.name)] if self.kind == "script" else [_source_of(m) for m in LOOP_SOURCES]
         for f in files:
             h.update(f.read_bytes() if f.exists() else b"")
         return h.hexdigest()[:16]
@@ -105,7 +114,7 @@ def run(entry: Entry, python, config_path, layout: Layout, out: pathlib.Path, lo
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         if entry.kind == "model":
-            cmd = [str(python), "-m", "gradtrace.ds5248_run", "--sp", str(layout.sp), "--dp", str(layout.dp),
+            cmd = [str(python), "-m", LOOP_MODULE, "--sp", str(layout.sp), "--dp", str(layout.dp),
                    "--ds-config", str(config_path), "--loss", entry.loss, "--out", str(out),
                    "--timeout", str(timeout)]
             if entry.name == "moe":
@@ -153,7 +162,7 @@ def summarize(trace_dir: pathlib.Path) -> dict:
     """loss: the mean over ranks and micro-steps of the first step's losses (each rank's loss as passed to
     backward); grad_norm: the norm DeepSpeed reported for that step (rank 0), None when none was."""
     from gradtrace import _gtcodec
-    from gradtrace.trace import TraceReader
+    from gradtrace.codec.trace import TraceReader
     losses, norm = [], None
     trace_dir = pathlib.Path(trace_dir)
     names = sorted(os.listdir(trace_dir)) if trace_dir.is_dir() else []

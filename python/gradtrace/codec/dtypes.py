@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _gtcodec
+from .. import _gtcodec
 
 # The one dtype table (proto/dtype.h, through _gtcodec): canonical name (the proto enum name) -> numpy
 # dtype of a values array ("BF16": its raw bits, numpy having no bfloat16).

@@ -1,0 +1,8 @@
+"""``python -m gradtrace.deepspeed_versions``: the same command as ``gradtrace-deepspeed-versions``."""
+
+import sys
+
+from gradtrace.deepspeed_versions.command import main
+
+if __name__ == "__main__":
+    sys.exit(main())
