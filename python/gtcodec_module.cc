@@ -439,69 +439,18 @@ class PyWriter {
   // dtype name, contiguous buffer, capture mode) tuples; the package builds
   // them from the user's dicts.
   void write_bucket(const py::dict& header, const py::list& slices) {
-    pb::BucketRecord record;
-    record.set_step(DictGet<int64_t>(header, "step", 0));
-    record.set_micro_step(DictGet<int32_t>(header, "micro_step", 0));
-    record.set_bucket_id(DictGet<int32_t>(header, "bucket_id", 0));
-    if (!header.contains("phase")) throw py::value_error("bucket record needs a phase");
-    record.set_phase(ParsePhase(header["phase"]));
-    record.set_group(DictGet<std::string>(header, "group", ""));
-    record.set_bucket_numel(DictGet<int64_t>(header, "bucket_numel", 0));
-    record.set_partition_offset(DictGet<int64_t>(header, "partition_offset", 0));
-    record.set_partition_count(DictGet<int64_t>(header, "partition_count", 0));
-    record.set_divisor(DictGet<double>(header, "divisor", 0.0));
-
-    struct Pending {
-      const pb::ParamInfo* param;
-      int64_t offset;
-      int64_t count;
-      pb::DType dtype;
-      py::buffer_info buf;
-      CaptureMode mode;
-    };
-    std::vector<Pending> pending;
+    pb::BucketRecord record = BucketHeader(header);
+    // Every tuple is checked before the first slice is encoded: a bad one raises with nothing written.
+    std::vector<PendingSlice> pending;
     pending.reserve(slices.size());
-    for (size_t i = 0; i < slices.size(); ++i) {
-      const auto t = slices[i].cast<py::tuple>();
-      if (t.size() != 5) throw py::value_error("slice tuple must have 5 items");
-      const std::string at = "slice " + std::to_string(i);
-      const auto param_id = t[0].cast<int64_t>();
-      if (param_id < 0 || param_id >= run_.params_size()) {
-        throw py::value_error(at + ": param_id " + std::to_string(param_id) + " out of range [0, " +
-                              std::to_string(run_.params_size()) + ")");
-      }
-      const pb::ParamInfo& param = run_.params(static_cast<int>(param_id));
-      const auto offset = t[1].cast<int64_t>();
-      pb::DType dtype;
-      const auto dtype_name = t[2].cast<std::string>();
-      if (!ParseDType(dtype_name, &dtype)) {
-        throw py::value_error(at + ": unknown dtype '" + dtype_name + "': expected " + DTypeNamesInWords());
-      }
-      py::buffer_info buf = t[3].cast<py::buffer>().request();
-      if (static_cast<size_t>(buf.itemsize) != DTypeSize(dtype)) {
-        throw py::value_error(at + ": buffer item size " + std::to_string(buf.itemsize) + " does not match dtype " +
-                              dtype_name);
-      }
-      if (buf.ndim != 1 || (buf.size > 1 && buf.strides[0] != buf.itemsize)) {
-        throw py::value_error(at + ": values must be a contiguous 1-D buffer");
-      }
-      const int64_t count = buf.size;
-      if (offset < 0 || offset > param.numel() || count > param.numel() - offset) {
-        throw py::value_error(at + ": elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
-                              ") outside parameter '" + param.name() + "' of " + std::to_string(param.numel()) +
-                              " elements (expected offset + count <= numel)");
-      }
-      Expected<CaptureMode> mode = ParseCaptureMode(t[4].cast<std::string>());
-      if (!mode.ok()) throw py::value_error(at + ": " + mode.status().message());
-      pending.push_back({&param, offset, count, dtype, std::move(buf), *mode});
-    }
+    for (size_t i = 0; i < slices.size(); ++i) pending.push_back(ParseSlice(i, slices[i]));
     CheckOpen();
     Status st;
     {
       // The buffers stay alive (and their views held) in `pending`.
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      for (const Pending& p : pending) {
+      for (const PendingSlice& p : pending) {
         *record.add_slices() = MakeSlice(*p.param, p.offset, p.count, p.dtype, p.buf.ptr, p.mode);
       }
       st = writer_->WriteBucket(record);
@@ -528,19 +477,78 @@ class PyWriter {
     if (closed_) throw py::value_error("write to a closed TraceWriter");
   }
 
+  // One slice of write_bucket, checked against the run's parameter table; encoded later, without the GIL.
+  struct PendingSlice {
+    const pb::ParamInfo* param;
+    int64_t offset;
+    int64_t count;
+    pb::DType dtype;
+    py::buffer_info buf;
+    CaptureMode mode;
+  };
+
+  // The BucketRecord's scalar fields from write_bucket's `header` dict.
+  static pb::BucketRecord BucketHeader(const py::dict& header) {
+    pb::BucketRecord record;
+    record.set_step(DictGet<int64_t>(header, "step", 0));
+    record.set_micro_step(DictGet<int32_t>(header, "micro_step", 0));
+    record.set_bucket_id(DictGet<int32_t>(header, "bucket_id", 0));
+    if (!header.contains("phase")) throw py::value_error("bucket record needs a phase");
+    record.set_phase(ParsePhase(header["phase"]));
+    record.set_group(DictGet<std::string>(header, "group", ""));
+    record.set_bucket_numel(DictGet<int64_t>(header, "bucket_numel", 0));
+    record.set_partition_offset(DictGet<int64_t>(header, "partition_offset", 0));
+    record.set_partition_count(DictGet<int64_t>(header, "partition_count", 0));
+    record.set_divisor(DictGet<double>(header, "divisor", 0.0));
+    return record;
+  }
+
+  // Slice tuple `i` of write_bucket; ValueError naming it when it does not fit the parameter table.
+  PendingSlice ParseSlice(size_t i, const py::handle& item) const {
+    const auto t = item.cast<py::tuple>();
+    if (t.size() != 5) throw py::value_error("slice tuple must have 5 items");
+    const std::string at = "slice " + std::to_string(i);
+    const auto param_id = t[0].cast<int64_t>();
+    if (param_id < 0 || param_id >= run_.params_size()) {
+      throw py::value_error(at + ": param_id " + std::to_string(param_id) + " out of range [0, " +
+                            std::to_string(run_.params_size()) + ")");
+    }
+    const pb::ParamInfo& param = run_.params(static_cast<int>(param_id));
+    const auto offset = t[1].cast<int64_t>();
+    pb::DType dtype;
+    const auto dtype_name = t[2].cast<std::string>();
+    if (!ParseDType(dtype_name, &dtype)) {
+      throw py::value_error(at + ": unknown dtype '" + dtype_name + "': expected " + DTypeNamesInWords());
+    }
+    py::buffer_info buf = t[3].cast<py::buffer>().request();
+    if (static_cast<size_t>(buf.itemsize) != DTypeSize(dtype)) {
+      throw py::value_error(at + ": buffer item size " + std::to_string(buf.itemsize) + " does not match dtype " +
+                            dtype_name);
+    }
+    if (buf.ndim != 1 || (buf.size > 1 && buf.strides[0] != buf.itemsize)) {
+      throw py::value_error(at + ": values must be a contiguous 1-D buffer");
+    }
+    const int64_t count = buf.size;
+    if (offset < 0 || offset > param.numel() || count > param.numel() - offset) {
+      throw py::value_error(at + ": elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                            ") outside parameter '" + param.name() + "' of " + std::to_string(param.numel()) +
+                            " elements (expected offset + count <= numel)");
+    }
+    Expected<CaptureMode> mode = ParseCaptureMode(t[4].cast<std::string>());
+    if (!mode.ok()) throw py::value_error(at + ": " + mode.status().message());
+    return {&param, offset, count, dtype, std::move(buf), *mode};
+  }
+
   std::unique_ptr<TraceWriter> writer_;
   pb::RunInfo run_;
   bool closed_ = false;
   std::mutex mu_;
 };
 
-}  // namespace
-}  // namespace gradtrace
+// --- Module registration, one area each --------------------------------------
 
-PYBIND11_MODULE(_gtcodec, m) {
-  using namespace gradtrace;
-  m.doc() = "Binding of the gradtrace C++ trace codec; use the `gradtrace` package, not this module.";
-
+// gradtrace.TraceError, and the translator that raises it for a CodecError.
+void RegisterTraceError(py::module_& m) {
   g_trace_error = PyErr_NewExceptionWithDoc(
       "gradtrace.TraceError",
       "A trace file could not be opened, read or written. str(e) is the codec's one-line message naming the "
@@ -559,7 +567,9 @@ PYBIND11_MODULE(_gtcodec, m) {
       PyErr_SetObject(g_trace_error, exc.ptr());
     }
   });
+}
 
+void RegisterReader(py::module_& m) {
   py::class_<PyReader>(m, "Reader")
       .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("use_index") = true)
       .def("run_info_json", &PyReader::run_info_json)
@@ -578,7 +588,9 @@ PYBIND11_MODULE(_gtcodec, m) {
       .def_property_readonly("stop_offset", [](const PyReader& r) { return r.reader().stop_offset(); })
       .def_property_readonly("stored_bytes", [](const PyReader& r) { return r.reader().stored_bytes(); })
       .def_property_readonly("raw_bytes", [](const PyReader& r) { return r.reader().raw_bytes(); });
+}
 
+void RegisterWriter(py::module_& m) {
   py::class_<PyWriter>(m, "Writer")
       .def(py::init<const std::string&, const std::string&, int, bool, bool>(), py::arg("path"),
            py::arg("run_info_json"), py::arg("zstd_level") = WriterOptions{}.zstd_level, py::arg("write_index") = true,
@@ -590,7 +602,11 @@ PYBIND11_MODULE(_gtcodec, m) {
       .def_property_readonly("path", [](const PyWriter& w) { return w.writer().path(); })
       .def_property_readonly("bytes_written", [](const PyWriter& w) { return w.writer().bytes_written(); })
       .def_property_readonly("raw_bytes", [](const PyWriter& w) { return w.writer().raw_bytes(); });
+}
 
+// The codec's rules outside the reader and writer: sketch positions, fingerprints, verification, capture
+// modes, the JSON's int64 fields, and the format version.
+void RegisterCodecFunctions(py::module_& m) {
   m.def(
       "sketch_positions",
       [](const std::string& name, int64_t numel, int64_t k) {
@@ -629,59 +645,70 @@ PYBIND11_MODULE(_gtcodec, m) {
     CollectInt64Paths(pb::RunInfo::descriptor(), "", 0, &out);
     return out;
   });
-  // Reduction semantics (semantics/): the one DeepSpeed release table and the
-  // bucket divisors its policies plan, for the Python repro tools.
-  m.def("deepspeed_releases", [] {
-    auto rule = [](semantics::ScalingRule r) {
-      switch (r) {
-        case semantics::ScalingRule::kSum:
-          return "sum";
-        case semantics::ScalingRule::kMean:
-          return "mean";
-        case semantics::ScalingRule::kDs4530:
-          return "ds-4530";
-        case semantics::ScalingRule::kDsPre4957:
-          return "ds-pre-4957";
-      }
-      return "?";
-    };
-    py::list out;
-    for (const auto& r : semantics::DeepSpeedReleases()) {
-      py::dict d;
-      d["version"] = r.version;
-      d["engine"] = rule(r.engine);
-      d["zero"] = rule(r.zero);
-      d["zero3_reduce_scatter"] = rule(r.zero3_reduce_scatter);
-      d["zero3_allreduce"] = rule(r.zero3_allreduce);
-      d["engine_cite"] = r.engine_cite;
-      d["zero_cite"] = r.zero_cite;
-      d["zero3_cite"] = r.zero3_cite;
-      d["engine_unmodelled"] = r.engine_unmodelled;
-      d["has_pr4530"] = semantics::HasPr4530(r.version);
-      d["has_pr4957"] = semantics::HasPr4957(r.version);
-      out.append(d);
-    }
-    return out;
-  });
+  // The elements whose initial values ParamInfo.init_sketch records (proto/init_sketch.h): one rule for every producer.
   m.def(
-      "bucket_divisor",
-      [](const std::string& policy, const std::string& path, int group_size, int sp, bool has_moe) {
-        auto p = semantics::ResolvePolicy(policy);
-        if (!p.ok()) throw py::value_error(p.status().message());
-        semantics::BucketContext b;
-        const auto parsed = semantics::ParseReductionPath(path);
-        if (!parsed) {
-          throw py::value_error("path: expected engine, zero, zero3-reduce-scatter or zero3-allreduce, got '" + path +
-                                "'");
-        }
-        b.path = *parsed;
-        if (group_size < 1 || sp < 1) throw py::value_error("group_size and sp must be >= 1");
-        b.group_size = group_size;
-        b.sp = sp;
-        b.has_moe = has_moe;
-        return semantics::PlanBucketScaling(*p, b).Divisor();
-      },
-      py::arg("policy"), py::arg("path"), py::arg("group_size"), py::arg("sp"), py::arg("has_moe") = false);
+      "init_sketch_positions", [](int64_t numel) { return InitSketchPositions(numel); }, py::arg("numel"));
+  m.attr("FORMAT_VERSION") = py::make_tuple(format::kMajorVersion, format::kMinorVersion);
+}
+
+const char* ScalingRuleName(semantics::ScalingRule r) {
+  switch (r) {
+    case semantics::ScalingRule::kSum:
+      return "sum";
+    case semantics::ScalingRule::kMean:
+      return "mean";
+    case semantics::ScalingRule::kDs4530:
+      return "ds-4530";
+    case semantics::ScalingRule::kDsPre4957:
+      return "ds-pre-4957";
+  }
+  return "?";
+}
+
+// The one DeepSpeed release table (semantics/deepspeed_releases.h), a dict per release.
+py::list DeepSpeedReleaseTable() {
+  py::list out;
+  for (const auto& r : semantics::DeepSpeedReleases()) {
+    py::dict d;
+    d["version"] = r.version;
+    d["engine"] = ScalingRuleName(r.engine);
+    d["zero"] = ScalingRuleName(r.zero);
+    d["zero3_reduce_scatter"] = ScalingRuleName(r.zero3_reduce_scatter);
+    d["zero3_allreduce"] = ScalingRuleName(r.zero3_allreduce);
+    d["engine_cite"] = r.engine_cite;
+    d["zero_cite"] = r.zero_cite;
+    d["zero3_cite"] = r.zero3_cite;
+    d["engine_unmodelled"] = r.engine_unmodelled;
+    d["has_pr4530"] = semantics::HasPr4530(r.version);
+    d["has_pr4957"] = semantics::HasPr4957(r.version);
+    out.append(d);
+  }
+  return out;
+}
+
+// The divisor `policy` plans for one bucket; ValueError names the argument that is wrong.
+double BucketDivisor(const std::string& policy, const std::string& path, int group_size, int sp, bool has_moe) {
+  auto p = semantics::ResolvePolicy(policy);
+  if (!p.ok()) throw py::value_error(p.status().message());
+  semantics::BucketContext b;
+  const auto parsed = semantics::ParseReductionPath(path);
+  if (!parsed) {
+    throw py::value_error("path: expected engine, zero, zero3-reduce-scatter or zero3-allreduce, got '" + path + "'");
+  }
+  b.path = *parsed;
+  if (group_size < 1 || sp < 1) throw py::value_error("group_size and sp must be >= 1");
+  b.group_size = group_size;
+  b.sp = sp;
+  b.has_moe = has_moe;
+  return semantics::PlanBucketScaling(*p, b).Divisor();
+}
+
+// Reduction semantics (semantics/): the one DeepSpeed release table and the
+// bucket divisors its policies plan, for the Python repro tools.
+void RegisterSemantics(py::module_& m) {
+  m.def("deepspeed_releases", &DeepSpeedReleaseTable);
+  m.def("bucket_divisor", &BucketDivisor, py::arg("policy"), py::arg("path"), py::arg("group_size"), py::arg("sp"),
+        py::arg("has_moe") = false);
   // The one list of loss recipe names (semantics/loss_recipes.cc): what the adapters accept as `loss=`.
   m.def("loss_recipes", [] { return semantics::KnownLossRecipes(); });
   // And the other spellings of some (the DeepSpeed loops' command lines): alias -> recipe, the same list.
@@ -703,7 +730,10 @@ PYBIND11_MODULE(_gtcodec, m) {
       },
       py::arg("zero_stage"), py::arg("bucket_elements"), py::arg("reduce_bucket_size"), py::arg("reduce_scatter"),
       py::arg("contiguous_gradients"));
-  // The trace format's file names (proto/rank_file.h): what the recorders write and read_trace_set lists.
+}
+
+// The trace format's file names (proto/rank_file.h): what the recorders write and read_trace_set lists.
+void RegisterRankFiles(py::module_& m) {
   m.def(
       "rank_file_name",
       [](int rank) {
@@ -724,7 +754,10 @@ PYBIND11_MODULE(_gtcodec, m) {
       },
       py::arg("path"));
   m.attr("RANK_FILE_PATTERN") = kRankFilePattern;
-  // The dtype table (proto/dtype.h): canonical names, sizes, aliases, and the numpy type of a values array.
+}
+
+// The dtype table (proto/dtype.h): canonical names, sizes, aliases, and the numpy type of a values array.
+void RegisterDTypes(py::module_& m) {
   m.def("dtypes", [] {
     py::list out;
     for (const DTypeInfo& row : DTypes()) {
@@ -748,8 +781,19 @@ PYBIND11_MODULE(_gtcodec, m) {
         return std::string(DTypeName(dtype));
       },
       py::arg("name"));
-  // The elements whose initial values ParamInfo.init_sketch records (proto/init_sketch.h): one rule for every producer.
-  m.def(
-      "init_sketch_positions", [](int64_t numel) { return InitSketchPositions(numel); }, py::arg("numel"));
-  m.attr("FORMAT_VERSION") = py::make_tuple(format::kMajorVersion, format::kMinorVersion);
+}
+
+}  // namespace
+}  // namespace gradtrace
+
+PYBIND11_MODULE(_gtcodec, m) {
+  using namespace gradtrace;
+  m.doc() = "Binding of the gradtrace C++ trace codec; use the `gradtrace` package, not this module.";
+  RegisterTraceError(m);
+  RegisterReader(m);
+  RegisterWriter(m);
+  RegisterCodecFunctions(m);
+  RegisterSemantics(m);
+  RegisterRankFiles(m);
+  RegisterDTypes(m);
 }
