@@ -82,18 +82,22 @@ Expected<Source> MakeSource(const pb::Slice& s) {
   return src;
 }
 
+// The size of `header` (no slices) in any chunk: its chunk fields at their widest varints.
+size_t WidestHeaderBytes(const pb::BucketRecord& header) {
+  pb::BucketRecord widest = header;
+  widest.set_chunk(-1);
+  widest.set_chunk_count(-1);
+  widest.set_last_slice_continues(true);
+  return widest.ByteSizeLong();
+}
+
 }  // namespace
 
 Expected<std::vector<pb::BucketRecord>> SplitRecord(const pb::BucketRecord& record, size_t target) {
   if (record.ByteSizeLong() <= target) return std::vector<pb::BucketRecord>{record};
   pb::BucketRecord header = record;
   header.clear_slices();
-  // Worst-case header: chunk fields at their widest varints.
-  pb::BucketRecord widest = header;
-  widest.set_chunk(-1);
-  widest.set_chunk_count(-1);
-  widest.set_last_slice_continues(true);
-  const size_t header_bytes = widest.ByteSizeLong();
+  const size_t header_bytes = WidestHeaderBytes(header);
   if (header_bytes + kSliceOverhead >= target) return Status::InvalidArgument("chunk target too small");
   const size_t budget = target - header_bytes;
 

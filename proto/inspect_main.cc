@@ -132,50 +132,41 @@ struct BucketTally {
   uint64_t stored = 0;
   uint64_t raw = 0;
 };
+// Per (step, micro-step, phase).
+using BucketTallies = std::map<std::tuple<int64_t, int32_t, int>, BucketTally>;
 
-// Returns the reader's final status.
-Status InspectFile(const TraceSource& source, bool frames) {
-  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(source);
-  if (!opened.ok()) return opened.status();
-  TraceReader& r = **opened;
-  PrintRunInfo(r);
-  std::vector<pb::StepInfo> steps;
-  std::map<std::tuple<int64_t, int32_t, int>, BucketTally> buckets;
-  int count = 0;
-  Frame f;
-  if (frames) std::printf("frames\n  %10s %-8s %10s %10s  %s\n", "offset", "type", "stored", "raw", "contents");
-  while (r.Next(&f)) {
-    ++count;
-    if (f.step) steps.push_back(*f.step);
-    if (f.bucket) {
-      BucketTally& t = buckets[{f.bucket->step(), f.bucket->micro_step(), f.bucket->phase()}];
-      ++t.frames;
-      t.slices += f.bucket->slices_size();
-      for (const pb::Slice& s : f.bucket->slices()) t.elements += s.count();
-      t.stored += f.stored_len;
-      t.raw += f.raw_len;
+void Tally(const Frame& f, BucketTallies* buckets) {
+  BucketTally& t = (*buckets)[{f.bucket->step(), f.bucket->micro_step(), f.bucket->phase()}];
+  ++t.frames;
+  t.slices += f.bucket->slices_size();
+  for (const pb::Slice& s : f.bucket->slices()) t.elements += s.count();
+  t.stored += f.stored_len;
+  t.raw += f.raw_len;
+}
+
+// One line of --frames.
+void PrintFrame(const Frame& f) {
+  std::string what;
+  const char* type = "unknown";
+  if (f.step) {
+    type = "step";
+    what = "step " + std::to_string(f.step->step()) + " micro " + std::to_string(f.step->micro_step());
+  } else if (f.bucket) {
+    type = "bucket";
+    what = "step " + std::to_string(f.bucket->step()) + " micro " + std::to_string(f.bucket->micro_step()) +
+           " bucket " + std::to_string(f.bucket->bucket_id()) + " " + PhaseName(f.bucket->phase()) + " slices " +
+           std::to_string(f.bucket->slices_size());
+    if (f.bucket->chunk_count() > 1) {
+      what += " chunk " + std::to_string(f.bucket->chunk() + 1) + "/" + std::to_string(f.bucket->chunk_count());
     }
-    if (!frames) continue;
-    std::string what;
-    const char* type = "unknown";
-    if (f.step) {
-      type = "step";
-      what = "step " + std::to_string(f.step->step()) + " micro " + std::to_string(f.step->micro_step());
-    } else if (f.bucket) {
-      type = "bucket";
-      what = "step " + std::to_string(f.bucket->step()) + " micro " + std::to_string(f.bucket->micro_step()) +
-             " bucket " + std::to_string(f.bucket->bucket_id()) + " " + PhaseName(f.bucket->phase()) + " slices " +
-             std::to_string(f.bucket->slices_size());
-      if (f.bucket->chunk_count() > 1) {
-        what += " chunk " + std::to_string(f.bucket->chunk() + 1) + "/" + std::to_string(f.bucket->chunk_count());
-      }
-    }
-    std::printf("  %10llu %-8s %10u %10u  %s\n", static_cast<unsigned long long>(f.offset), type, f.stored_len,
-                f.raw_len, what.c_str());
   }
-  std::printf("steps        %zu\n", steps.size());
-  // The micro-steps each optimizer step ran (its optimizer-step StepInfo carries the last one's index):
-  // gradtrace-diff takes them as gas when the config records none (diff/trace_set.cc, InferGas).
+  std::printf("  %10llu %-8s %10u %10u  %s\n", static_cast<unsigned long long>(f.offset), type, f.stored_len, f.raw_len,
+              what.c_str());
+}
+
+// The micro-steps each optimizer step ran (its optimizer-step StepInfo carries the last one's index):
+// gradtrace-diff takes them as gas when the config records none (diff/trace_set.cc, InferGas).
+void PrintInferredGas(const pb::RunInfo& run, const std::vector<pb::StepInfo>& steps, const BucketTallies& buckets) {
   std::map<int64_t, int32_t> last_micro;  // per step, from the optimizer-step StepInfo and FINAL records
   for (const pb::StepInfo& s : steps) {
     if (s.optimizer_step()) last_micro[s.step()] = std::max(last_micro[s.step()], s.micro_step());
@@ -186,12 +177,15 @@ Status InspectFile(const TraceSource& source, bool frames) {
   }
   std::set<int32_t> micro_counts;
   for (const auto& [step, micro] : last_micro) micro_counts.insert(micro + 1);
-  if (micro_counts.size() == 1 && *micro_counts.begin() > 1 && r.run_info().config().gas() <= 1) {
+  if (micro_counts.size() == 1 && *micro_counts.begin() > 1 && run.config().gas() <= 1) {
     std::printf(
         "gas          %d micro-steps in every optimizer step, Config.gas records %d: gradtrace-diff infers "
         "gas %d\n",
-        *micro_counts.begin(), r.run_info().config().gas(), *micro_counts.begin());
+        *micro_counts.begin(), run.config().gas(), *micro_counts.begin());
   }
+}
+
+void PrintSteps(const std::vector<pb::StepInfo>& steps) {
   if (!steps.empty())
     std::printf("  %6s %5s %14s %12s %12s %14s\n", "step", "micro", "loss", "valid_tokens", "lr", "grad_norm");
   for (const pb::StepInfo& s : steps) {
@@ -210,6 +204,9 @@ Status InspectFile(const TraceSource& source, bool frames) {
     std::printf("  %6lld %5d %14.8g %12lld %12.6g %14s\n", static_cast<long long>(s.step()), s.micro_step(), s.loss(),
                 static_cast<long long>(s.valid_tokens()), s.lr(), norm.c_str());
   }
+}
+
+void PrintBuckets(const BucketTallies& buckets) {
   std::printf("buckets\n  %6s %5s %-12s %7s %7s %12s %10s %10s\n", "step", "micro", "phase", "frames", "slices",
               "elements", "stored", "raw");
   for (const auto& [key, t] : buckets) {
@@ -217,6 +214,29 @@ Status InspectFile(const TraceSource& source, bool frames) {
                 std::get<1>(key), PhaseName(std::get<2>(key)), t.frames, t.slices, static_cast<long long>(t.elements),
                 Bytes(t.stored).c_str(), Bytes(t.raw).c_str());
   }
+}
+
+// Returns the reader's final status.
+Status InspectFile(const TraceSource& source, bool frames) {
+  Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(source);
+  if (!opened.ok()) return opened.status();
+  TraceReader& r = **opened;
+  PrintRunInfo(r);
+  std::vector<pb::StepInfo> steps;
+  BucketTallies buckets;
+  int count = 0;
+  Frame f;
+  if (frames) std::printf("frames\n  %10s %-8s %10s %10s  %s\n", "offset", "type", "stored", "raw", "contents");
+  while (r.Next(&f)) {
+    ++count;
+    if (f.step) steps.push_back(*f.step);
+    if (f.bucket) Tally(f, &buckets);
+    if (frames) PrintFrame(f);
+  }
+  std::printf("steps        %zu\n", steps.size());
+  PrintInferredGas(r.run_info(), steps, buckets);
+  PrintSteps(steps);
+  PrintBuckets(buckets);
   const double ratio = r.stored_bytes() ? static_cast<double>(r.raw_bytes()) / r.stored_bytes() : 0.0;
   std::printf("totals       %d frames; %s on disk; payload %s stored, %s raw; compression ratio %.3f\n", count,
               Bytes(r.file_size()).c_str(), Bytes(r.stored_bytes()).c_str(), Bytes(r.raw_bytes()).c_str(), ratio);

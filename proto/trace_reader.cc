@@ -60,6 +60,76 @@ bool IsSkippableZstdFrame(const std::string& stored) {
                                 ZSTD_MAGIC_SKIPPABLE_MASK) == ZSTD_MAGIC_SKIPPABLE_START;
 }
 
+// Declared sizes against the limits, before anything is allocated for them.
+Status CheckDeclaredSizes(const frame_io::FrameHeader& h) {
+  if (h.stored_len > format::kMaxFramePayload) {
+    return Status::LimitExceeded("declared stored_len " + std::to_string(h.stored_len) + " exceeds the limit of " +
+                                 std::to_string(format::kMaxFramePayload));
+  }
+  if (h.raw_len > format::kMaxFramePayload) {
+    return Status::LimitExceeded("declared raw_len " + std::to_string(h.raw_len) + " exceeds the limit of " +
+                                 std::to_string(format::kMaxFramePayload));
+  }
+  return Status::Ok();
+}
+
+// The CRC over header and payload, then type and reserved bits (which a newer minor version may use).
+Status CheckFrame(const uint8_t* hb, const frame_io::FrameHeader& h, const std::string& stored, bool newer_minor) {
+  uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
+                               format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
+  crc = crc32c::Extend(crc, stored.data(), stored.size());
+  if (crc32c::Mask(crc) != h.masked_crc) {
+    return Status::Corruption("checksum mismatch (stored " + Hex(h.masked_crc) + ", computed " +
+                              Hex(crc32c::Mask(crc)) + ")");
+  }
+  if (h.type == 0 || (h.type > kIndex && !newer_minor)) {
+    return Status::Corruption("unknown frame type " + std::to_string(h.type));
+  }
+  if (h.reserved != 0 && !newer_minor) {
+    return Status::Corruption("reserved frame header bits set (" + std::to_string(h.reserved) + ")");
+  }
+  return Status::Ok();
+}
+
+// Decompresses a zstd payload into *payload. The zstd frame's own content
+// size must agree with raw_len, so the output buffer (raw_len <=
+// kMaxFramePayload) is the only allocation and decompression cannot write
+// past it.
+Status DecompressZstd(const std::string& stored, uint32_t raw_len, ZSTD_DCtx* ctx, std::string* payload) {
+  if (IsSkippableZstdFrame(stored)) return Status::Corruption("payload is a zstd skippable frame, not data");
+  const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content != raw_len) {
+    return Status::Corruption("zstd frame content size does not match raw_len " + std::to_string(raw_len));
+  }
+  if (ZSTD_findFrameCompressedSize(stored.data(), stored.size()) != stored.size()) {
+    return Status::Corruption("payload is not exactly one zstd frame");
+  }
+  payload->resize(raw_len);
+  const size_t n = ZSTD_decompressDCtx(ctx, payload->data(), payload->size(), stored.data(), stored.size());
+  if (ZSTD_isError(n)) return Status::Corruption(std::string("zstd: ") + ZSTD_getErrorName(n));
+  if (n != raw_len) {
+    return Status::Corruption("decompressed " + std::to_string(n) + " bytes, raw_len says " + std::to_string(raw_len));
+  }
+  return Status::Ok();
+}
+
+// The payload by the frame's codec; an uncompressed one is taken from `stored` (swapped, not copied).
+Status DecodePayload(const frame_io::FrameHeader& h, std::string& stored, ZSTD_DCtx* ctx, std::string* payload) {
+  switch (static_cast<format::Codec>(h.codec)) {
+    case format::Codec::kNone:
+      if (h.raw_len != h.stored_len) {
+        return Status::Corruption("raw_len " + std::to_string(h.raw_len) + " != stored_len " +
+                                  std::to_string(h.stored_len) + " for an uncompressed frame");
+      }
+      payload->swap(stored);
+      return Status::Ok();
+    case format::Codec::kZstd:
+      return DecompressZstd(stored, h.raw_len, ctx, payload);
+    default:
+      return Status::Corruption("unknown codec " + std::to_string(h.codec));
+  }
+}
+
 }  // namespace
 
 TraceReader::~TraceReader() {
@@ -75,75 +145,86 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& source, const ReadOptions& options) {
   std::unique_ptr<TraceReader> r(new TraceReader());
-  const std::string& path = source.display();
-  r->path_ = path;
+  r->path_ = source.display();
+  GT_RETURN_IF_ERROR(r->OpenWindow(source));
+  GT_RETURN_IF_ERROR(r->ReadFileHeader());
+  GT_RETURN_IF_ERROR(r->ReadRunInfo());
+  if (options.use_index) r->TryLoadIndex();
+  return r;
+}
+
+Status TraceReader::OpenWindow(const TraceSource& source) {
+  const std::string& path = path_;
   // Regression (issue 20): a FIFO named rank-00001.gtrace blocked fopen() forever.
   auto file = OpenRegularFile(source.path, path);
   if (!file.ok()) return file.status();
-  r->file_ = *file;
+  file_ = *file;
   struct stat st;
-  if (fstat(fileno(r->file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
+  if (fstat(fileno(file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
   const uint64_t real_size = static_cast<uint64_t>(st.st_size);
   if (source.offset > real_size || source.size.value_or(0) > real_size - source.offset) {
     return Status::Truncated(path + ": window [" + std::to_string(source.offset) + ", +" +
                              std::to_string(source.size.value_or(0)) + ") runs past the end of " + source.path + " (" +
                              std::to_string(real_size) + " bytes)");
   }
-  r->base_ = source.offset;
-  r->file_size_ = source.size.value_or(real_size - source.offset);
-  r->end_of_frames_ = r->file_size_;
-  r->zstd_ctx_ = ZSTD_createDCtx();
-  if (r->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
+  base_ = source.offset;
+  file_size_ = source.size.value_or(real_size - source.offset);
+  end_of_frames_ = file_size_;
+  zstd_ctx_ = ZSTD_createDCtx();
+  if (zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
+  return Status::Ok();
+}
 
-  if (r->file_size_ < format::kFileHeaderSize) {
-    return Status::Truncated(r->Where(0) + (r->file_size_ == 0
-                                                ? std::string("empty file")
-                                                : "truncated file header: " + std::to_string(r->file_size_) + " of " +
-                                                      std::to_string(format::kFileHeaderSize) + " bytes"));
+Status TraceReader::ReadFileHeader() {
+  if (file_size_ < format::kFileHeaderSize) {
+    return Status::Truncated(Where(0) + (file_size_ == 0
+                                             ? std::string("empty file")
+                                             : "truncated file header: " + std::to_string(file_size_) + " of " +
+                                                   std::to_string(format::kFileHeaderSize) + " bytes"));
   }
   uint8_t h[format::kFileHeaderSize];
-  if (!ReadExact(r->file_, r->base_, h, sizeof h))
-    return Status::IoError(r->Where(0) + "read failed: " + std::strerror(errno));
+  if (!ReadExact(file_, base_, h, sizeof h)) return Status::IoError(Where(0) + "read failed: " + std::strerror(errno));
   if (std::memcmp(h, format::kFileMagic, 8) != 0)
-    return Status::Corruption(r->Where(0) + "bad magic: not a gradtrace file");
+    return Status::Corruption(Where(0) + "bad magic: not a gradtrace file");
   const uint16_t major = frame_io::GetU16(h + 8);
   const uint16_t minor = frame_io::GetU16(h + 10);
   const uint32_t flags = frame_io::GetU32(h + 12);
   const std::string version = std::to_string(major) + "." + std::to_string(minor);
   const std::string ours = std::to_string(format::kMajorVersion) + "." + std::to_string(format::kMinorVersion);
   if (major > format::kMajorVersion) {
-    return Status::InvalidArgument(r->Where(8) + "format version " + version + " is newer than this reader's " + ours +
+    return Status::InvalidArgument(Where(8) + "format version " + version + " is newer than this reader's " + ours +
                                    ": read it with a newer gradtrace");
   }
   if (major < format::kMajorVersion) {
-    return Status::InvalidArgument(r->Where(8) + "format version " + version + " is not supported (this reader reads " +
+    return Status::InvalidArgument(Where(8) + "format version " + version + " is not supported (this reader reads " +
                                    std::to_string(format::kMajorVersion) + ".x)");
   }
-  r->newer_minor_ = minor > format::kMinorVersion;
-  r->minor_ = minor;
-  if ((flags & ~format::kKnownFlags) != 0 && !r->newer_minor_) {
-    return Status::Corruption(r->Where(12) + "unknown header flags " + Hex(flags) + " in a version " + version +
-                              " file");
+  newer_minor_ = minor > format::kMinorVersion;
+  minor_ = minor;
+  if ((flags & ~format::kKnownFlags) != 0 && !newer_minor_) {
+    return Status::Corruption(Where(12) + "unknown header flags " + Hex(flags) + " in a version " + version + " file");
   }
-  r->indexed_flag_ = (flags & format::kFlagIndexed) != 0;
+  indexed_flag_ = (flags & format::kFlagIndexed) != 0;
+  return Status::Ok();
+}
 
+Status TraceReader::ReadRunInfo() {
   RawFrame run;
   uint64_t next = 0;
-  GT_RETURN_IF_ERROR(r->ReadRaw(format::kFileHeaderSize, r->file_size_, &run, &next));
+  GT_RETURN_IF_ERROR(ReadRaw(format::kFileHeaderSize, file_size_, &run, &next));
   const uint64_t at = format::kFileHeaderSize;
   if (run.type != kRunInfo) {
-    return Status::Corruption(r->Where(at) + "first frame has type " + std::to_string(run.type) +
-                              ", expected RunInfo (" + std::to_string(kRunInfo) + ")");
+    return Status::Corruption(Where(at) + "first frame has type " + std::to_string(run.type) + ", expected RunInfo (" +
+                              std::to_string(kRunInfo) + ")");
   }
-  if (Status s = ParseBounded(run.payload, ParseLimitsFor(format::FrameType::kRunInfo), &r->run_); !s.ok()) {
-    return At(r->Where(at), s);
+  if (Status s = ParseBounded(run.payload, ParseLimitsFor(format::FrameType::kRunInfo), &run_); !s.ok()) {
+    return At(Where(at), s);
   }
-  if (Status s = ValidateRunInfo(r->run_); !s.ok()) return At(r->Where(at), s);
-  r->stored_bytes_ += run.stored_len;
-  r->raw_bytes_ += run.raw_len;
-  r->first_data_offset_ = r->pos_ = next;
-  if (options.use_index) r->TryLoadIndex();
-  return r;
+  if (Status s = ValidateRunInfo(run_); !s.ok()) return At(Where(at), s);
+  stored_bytes_ += run.stored_len;
+  raw_bytes_ += run.raw_len;
+  first_data_offset_ = pos_ = next;
+  return Status::Ok();
 }
 
 Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next) {
@@ -162,14 +243,7 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   if (!ReadExact(file_, base_ + offset, hb, sizeof hb))
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
-  if (h.stored_len > format::kMaxFramePayload) {
-    return Status::LimitExceeded(Where(offset) + "declared stored_len " + std::to_string(h.stored_len) +
-                                 " exceeds the limit of " + std::to_string(format::kMaxFramePayload));
-  }
-  if (h.raw_len > format::kMaxFramePayload) {
-    return Status::LimitExceeded(Where(offset) + "declared raw_len " + std::to_string(h.raw_len) +
-                                 " exceeds the limit of " + std::to_string(format::kMaxFramePayload));
-  }
+  if (Status s = CheckDeclaredSizes(h); !s.ok()) return At(Where(offset), s);
   const uint64_t left = limit - offset - format::kFrameHeaderSize;
   if (left < h.stored_len) {
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
@@ -183,58 +257,11 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   }
-  uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
-                               format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
-  crc = crc32c::Extend(crc, stored.data(), stored.size());
-  if (crc32c::Mask(crc) != h.masked_crc) {
-    return Status::Corruption(Where(offset) + "checksum mismatch (stored " + Hex(h.masked_crc) + ", computed " +
-                              Hex(crc32c::Mask(crc)) + ")");
-  }
-  if (h.type == 0 || (h.type > kIndex && !newer_minor_)) {
-    return Status::Corruption(Where(offset) + "unknown frame type " + std::to_string(h.type));
-  }
-  if (h.reserved != 0 && !newer_minor_) {
-    return Status::Corruption(Where(offset) + "reserved frame header bits set (" + std::to_string(h.reserved) + ")");
-  }
+  if (Status s = CheckFrame(hb, h, stored, newer_minor_); !s.ok()) return At(Where(offset), s);
   out->type = h.type;
   out->stored_len = h.stored_len;
   out->raw_len = h.raw_len;
-  switch (static_cast<format::Codec>(h.codec)) {
-    case format::Codec::kNone:
-      if (h.raw_len != h.stored_len) {
-        return Status::Corruption(Where(offset) + "raw_len " + std::to_string(h.raw_len) + " != stored_len " +
-                                  std::to_string(h.stored_len) + " for an uncompressed frame");
-      }
-      out->payload.swap(stored);
-      break;
-    case format::Codec::kZstd: {
-      // The zstd frame's own content size must agree with raw_len, so the
-      // output buffer (raw_len <= kMaxFramePayload) is the only allocation and
-      // decompression cannot write past it.
-      if (IsSkippableZstdFrame(stored)) {
-        return Status::Corruption(Where(offset) + "payload is a zstd skippable frame, not data");
-      }
-      const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
-      if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content != h.raw_len) {
-        return Status::Corruption(Where(offset) + "zstd frame content size does not match raw_len " +
-                                  std::to_string(h.raw_len));
-      }
-      if (ZSTD_findFrameCompressedSize(stored.data(), stored.size()) != stored.size()) {
-        return Status::Corruption(Where(offset) + "payload is not exactly one zstd frame");
-      }
-      out->payload.resize(h.raw_len);
-      const size_t n =
-          ZSTD_decompressDCtx(Dctx(zstd_ctx_), out->payload.data(), out->payload.size(), stored.data(), stored.size());
-      if (ZSTD_isError(n)) return Status::Corruption(Where(offset) + "zstd: " + ZSTD_getErrorName(n));
-      if (n != h.raw_len) {
-        return Status::Corruption(Where(offset) + "decompressed " + std::to_string(n) + " bytes, raw_len says " +
-                                  std::to_string(h.raw_len));
-      }
-      break;
-    }
-    default:
-      return Status::Corruption(Where(offset) + "unknown codec " + std::to_string(h.codec));
-  }
+  if (Status s = DecodePayload(h, stored, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
   *next = offset + format::kFrameHeaderSize + h.stored_len;
   return Status::Ok();
 }
@@ -273,6 +300,34 @@ Status TraceReader::ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next) {
   }
 }
 
+std::string TraceReader::IndexEntriesProblem(const pb::Index& part, int64_t before, uint64_t index_offset,
+                                             uint64_t* prev) const {
+  for (int i = 0; i < part.entries_size(); ++i) {
+    const pb::IndexEntry& e = part.entries(i);
+    auto entry = [&] { return "index entry " + std::to_string(before + i); };
+    // Entries point at data frames, strictly ascending.
+    if (e.offset() < first_data_offset_ || e.offset() >= index_offset) {
+      return entry() + " points at offset " + std::to_string(e.offset()) + ", outside the data frames [" +
+             std::to_string(first_data_offset_) + ", " + std::to_string(index_offset) + ")";
+    }
+    if (before + i > 0 && e.offset() <= *prev) {
+      return entry() + " (offset " + std::to_string(e.offset()) + ") is not after the previous one (offset " +
+             std::to_string(*prev) + ")";
+    }
+    *prev = e.offset();
+    // Catalogued param ids: distinct, ascending, inside the parameter table.
+    int32_t last_id = -1;
+    for (int32_t id : e.param_ids()) {
+      if (id <= last_id || id >= run_.params_size()) {
+        return entry() + " lists parameter id " + std::to_string(id) + " (table has " +
+               std::to_string(run_.params_size()) + ", ids ascending)";
+      }
+      last_id = id;
+    }
+  }
+  return "";
+}
+
 bool TraceReader::TryLoadIndex() {
   // Any doubt about the index means scanning: the scan then reports what is
   // wrong with the index frames or the footer at their offsets.
@@ -285,7 +340,6 @@ bool TraceReader::TryLoadIndex() {
   if (index_offset < first_data_offset_ || index_offset > footer - format::kFrameHeaderSize) return false;
   pb::Index merged;
   uint64_t prev = 0;
-  bool first_entry = true;
   for (uint64_t off = index_offset; off < footer;) {
     RawFrame raw;
     uint64_t next = 0;
@@ -298,36 +352,15 @@ bool TraceReader::TryLoadIndex() {
     }
     // From here on the frames are sound but what they say is not: the scan
     // cannot see that, so the reason is kept for VerifyFile.
-    auto refuse = [&](const std::string& what) {
-      index_status_ = Status::Corruption(Where(off) + what + ": index ignored");
-      return false;
-    };
+    std::string problem;
     if (merged.entries_size() + static_cast<int64_t>(part.entries_size()) > format::kMaxIndexEntries) {
-      return refuse("index lists more than " + std::to_string(format::kMaxIndexEntries) + " entries");
+      problem = "index lists more than " + std::to_string(format::kMaxIndexEntries) + " entries";
+    } else {
+      problem = IndexEntriesProblem(part, merged.entries_size(), index_offset, &prev);
     }
-    for (int i = 0; i < part.entries_size(); ++i) {
-      const pb::IndexEntry& e = part.entries(i);
-      auto entry = [&] { return "index entry " + std::to_string(merged.entries_size() + i); };
-      // Entries point at data frames, strictly ascending.
-      if (e.offset() < first_data_offset_ || e.offset() >= index_offset) {
-        return refuse(entry() + " points at offset " + std::to_string(e.offset()) + ", outside the data frames [" +
-                      std::to_string(first_data_offset_) + ", " + std::to_string(index_offset) + ")");
-      }
-      if (!first_entry && e.offset() <= prev) {
-        return refuse(entry() + " (offset " + std::to_string(e.offset()) + ") is not after the previous one (offset " +
-                      std::to_string(prev) + ")");
-      }
-      first_entry = false;
-      prev = e.offset();
-      // Catalogued param ids: distinct, ascending, inside the parameter table.
-      int32_t last_id = -1;
-      for (int32_t id : e.param_ids()) {
-        if (id <= last_id || id >= run_.params_size()) {
-          return refuse(entry() + " lists parameter id " + std::to_string(id) + " (table has " +
-                        std::to_string(run_.params_size()) + ", ids ascending)");
-        }
-        last_id = id;
-      }
+    if (!problem.empty()) {
+      index_status_ = Status::Corruption(Where(off) + problem + ": index ignored");
+      return false;
     }
     merged.mutable_entries()->MergeFrom(part.entries());
     off = next;

@@ -110,7 +110,14 @@ class TraceReader {
   // Reads and checks the frame at `offset`, which must end by `limit`.
   Status ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
+  // Open's steps: the file (or archive window), the file header, the RunInfo frame.
+  Status OpenWindow(const TraceSource& source);
+  Status ReadFileHeader();
+  Status ReadRunInfo();
   bool TryLoadIndex();
+  // Why the entries of one index frame cannot be trusted, or "" when they can. `before`: the entries of the
+  // frames before it; *prev: the offset of the last entry so far (updated).
+  std::string IndexEntriesProblem(const pb::Index& part, int64_t before, uint64_t index_offset, uint64_t* prev) const;
   Status ScanEnd(uint64_t offset);
   std::string Where(uint64_t offset) const;  // "<path>: offset <N>: "
 
