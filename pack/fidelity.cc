@@ -89,10 +89,8 @@ int32_t LargestK(const ParamCost& c, double bytes, int64_t cap) {
   return static_cast<int32_t>(std::floor(k / unit) * unit);
 }
 
-}  // namespace
-
-Expected<std::vector<Choice>> PlanFidelity(const Costs& costs, const std::vector<std::string>& priority,
-                                           const std::map<std::string, std::string>& differs, double budget) {
+// The parameters' indices in `priority` order, the rest after them in table order.
+std::vector<size_t> PriorityOrder(const Costs& costs, const std::vector<std::string>& priority) {
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < costs.params.size(); ++i) index.emplace(costs.params[i].name, i);
   std::vector<size_t> order;
@@ -104,87 +102,136 @@ Expected<std::vector<Choice>> PlanFidelity(const Costs& costs, const std::vector
   for (size_t i = 0; i < costs.params.size(); ++i) {
     if (placed.insert(i).second) order.push_back(i);
   }
+  return order;
+}
 
-  std::vector<Choice> choice(costs.params.size());
-  double left = budget - static_cast<double>(costs.fixed_bytes);
-  for (size_t i = 0; i < costs.params.size(); ++i) {
-    const ParamCost& c = costs.params[i];
-    choice[i].name = c.name;
-    choice[i].mode.kind = c.full_slices == 0 ? CaptureMode::Kind::kFull : CaptureMode::Kind::kStats;
-    choice[i].est_bytes = StatsBytes(c);
-    left -= choice[i].est_bytes;
+// The choices while the budget is spent: every parameter starts as stats,
+// then each round moves parameters to dearer modes while they fit in what is
+// left.
+class Planner {
+ public:
+  Planner(const Costs& costs, std::vector<size_t> order)
+      : costs_(costs), order_(std::move(order)), choice_(costs.params.size()) {}
+
+  // Stats for every parameter (full where nothing can be re-encoded); returns what is left of `budget`,
+  // negative when even that does not fit.
+  double StartAsStats(double budget) {
+    left_ = budget - static_cast<double>(costs_.fixed_bytes);
+    for (size_t i = 0; i < costs_.params.size(); ++i) {
+      const ParamCost& c = costs_.params[i];
+      choice_[i].name = c.name;
+      choice_[i].mode.kind = c.full_slices == 0 ? CaptureMode::Kind::kFull : CaptureMode::Kind::kStats;
+      choice_[i].est_bytes = StatsBytes(c);
+      left_ -= choice_[i].est_bytes;
+    }
+    return left_;
   }
+
+  // Round 1, breadth: the largest K up to kBreadthSketchK that every
+  // parameter can have at once (full where that is no dearer); when not even
+  // kMinSketchK fits for all, parameters take it in priority order instead.
+  void Breadth() {
+    const int64_t breadth_k = BreadthK();
+    for (size_t i : order_) {
+      const ParamCost& c = costs_.params[i];
+      if (c.full_slices == 0) continue;
+      const int64_t k = std::min<int64_t>(breadth_k, c.numel / 2);
+      if ((k < kMinSketchK || c.full_bytes <= SketchBytes(c, k)) && Take(i, kFull, c.full_bytes)) continue;
+      if (k >= kMinSketchK) Take(i, {CaptureMode::Kind::kSketch, static_cast<int32_t>(k)}, SketchBytes(c, k));
+    }
+  }
+
+  // Round 2, depth, in priority order: full if it fits, else the largest K.
+  void Depth() {
+    for (size_t i : order_) {
+      const ParamCost& c = costs_.params[i];
+      if (c.full_slices == 0 || choice_[i].mode.kind == CaptureMode::Kind::kFull) continue;
+      if (Take(i, kFull, c.full_bytes)) continue;
+      const int32_t k = LargestK(c, choice_[i].est_bytes + left_, c.numel / 2);
+      if (k > choice_[i].mode.k) Take(i, {CaptureMode::Kind::kSketch, k}, SketchBytes(c, k));
+    }
+  }
+
+  // The choices with their README lines, in priority order, so the README lists what differs first.
+  std::vector<Choice> Explained(const std::map<std::string, std::string>& differs) {
+    for (size_t i = 0; i < choice_.size(); ++i) {
+      const ParamCost& c = costs_.params[i];
+      auto d = differs.find(c.name);
+      const std::string status = d == differs.end() ? "matches" : "differs (" + d->second + ")";
+      if (c.full_slices == 0) {
+        choice_[i].why = "captured as sketch or stats: kept";
+      } else if (choice_[i].mode.kind == CaptureMode::Kind::kFull) {
+        choice_[i].why = status + "; full fits (" + HumanBytes(c.full_bytes) + ")";
+      } else {
+        choice_[i].why = status + "; full needs " + HumanBytes(c.full_bytes) + ", more than was left";
+      }
+    }
+    std::vector<Choice> ordered;
+    for (size_t i : order_) ordered.push_back(choice_[i]);
+    return ordered;
+  }
+
+ private:
+  static constexpr CaptureMode kFull{CaptureMode::Kind::kFull, 0};
+
+  // Tries to move parameter i to `mode` costing `bytes`; true when it fits.
+  bool Take(size_t i, CaptureMode mode, double bytes) {
+    const double extra = bytes - choice_[i].est_bytes;
+    if (extra > left_) return false;
+    left_ -= extra;
+    choice_[i].mode = mode;
+    choice_[i].est_bytes = bytes;
+    return true;
+  }
+
+  // What giving every parameter sketch:k (or full, when no dearer) would add.
+  double BreadthCost(int64_t k) const {
+    double extra = 0;
+    for (size_t i : order_) {
+      const ParamCost& c = costs_.params[i];
+      if (c.full_slices == 0) continue;
+      const int64_t ki = std::min<int64_t>(k, c.numel / 2);
+      const double best = ki >= kMinSketchK ? std::min(c.full_bytes, SketchBytes(c, ki)) : c.full_bytes;
+      if (best <= left_ + choice_[i].est_bytes) extra += std::max(0.0, best - choice_[i].est_bytes);
+    }
+    return extra;
+  }
+
+  // Round 1's K: the largest in [kMinSketchK, kBreadthSketchK] that fits for all, else kBreadthSketchK.
+  int64_t BreadthK() const {
+    int64_t lo = kMinSketchK, hi = kBreadthSketchK;
+    const bool uniform = BreadthCost(lo) <= left_;
+    while (uniform && lo < hi) {  // largest k in [lo, hi] with BreadthCost(k) <= left_
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (BreadthCost(mid) <= left_) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return uniform ? lo : kBreadthSketchK;
+  }
+
+  const Costs& costs_;
+  const std::vector<size_t> order_;
+  std::vector<Choice> choice_;
+  double left_ = 0;
+};
+
+}  // namespace
+
+Expected<std::vector<Choice>> PlanFidelity(const Costs& costs, const std::vector<std::string>& priority,
+                                           const std::map<std::string, std::string>& differs, double budget) {
+  Planner planner(costs, PriorityOrder(costs, priority));
+  const double left = planner.StartAsStats(budget);
   if (left < 0) {
     return Status::InvalidArgument("the traces need about " + HumanBytes(budget - left) +
                                    " even as stats for every parameter, and about " +
                                    HumanBytes(std::max(budget, 0.0)) + " is left for them");
   }
-  // Tries to move parameter i to `mode` costing `bytes`; true when it fits.
-  auto take = [&](size_t i, CaptureMode mode, double bytes) {
-    const double extra = bytes - choice[i].est_bytes;
-    if (extra > left) return false;
-    left -= extra;
-    choice[i].mode = mode;
-    choice[i].est_bytes = bytes;
-    return true;
-  };
-  const CaptureMode full{CaptureMode::Kind::kFull, 0};
-  // Round 1, breadth: the largest K up to kBreadthSketchK that every
-  // parameter can have at once (full where that is no dearer); when not even
-  // kMinSketchK fits for all, parameters take it in priority order instead.
-  auto breadth_cost = [&](int64_t k) {
-    double extra = 0;
-    for (size_t i : order) {
-      const ParamCost& c = costs.params[i];
-      if (c.full_slices == 0) continue;
-      const int64_t ki = std::min<int64_t>(k, c.numel / 2);
-      const double best = ki >= kMinSketchK ? std::min(c.full_bytes, SketchBytes(c, ki)) : c.full_bytes;
-      if (best <= left + choice[i].est_bytes) extra += std::max(0.0, best - choice[i].est_bytes);
-    }
-    return extra;
-  };
-  int64_t lo = kMinSketchK, hi = kBreadthSketchK;
-  const bool uniform = breadth_cost(lo) <= left;
-  while (uniform && lo < hi) {  // largest k in [lo, hi] with breadth_cost(k) <= left
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (breadth_cost(mid) <= left) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int64_t breadth_k = uniform ? lo : kBreadthSketchK;
-  for (size_t i : order) {
-    const ParamCost& c = costs.params[i];
-    if (c.full_slices == 0) continue;
-    const int64_t k = std::min<int64_t>(breadth_k, c.numel / 2);
-    if ((k < kMinSketchK || c.full_bytes <= SketchBytes(c, k)) && take(i, full, c.full_bytes)) continue;
-    if (k >= kMinSketchK) take(i, {CaptureMode::Kind::kSketch, static_cast<int32_t>(k)}, SketchBytes(c, k));
-  }
-  // Round 2, depth, in priority order: full if it fits, else the largest K.
-  for (size_t i : order) {
-    const ParamCost& c = costs.params[i];
-    if (c.full_slices == 0 || choice[i].mode.kind == CaptureMode::Kind::kFull) continue;
-    if (take(i, full, c.full_bytes)) continue;
-    const int32_t k = LargestK(c, choice[i].est_bytes + left, c.numel / 2);
-    if (k > choice[i].mode.k) take(i, {CaptureMode::Kind::kSketch, k}, SketchBytes(c, k));
-  }
-  for (size_t i = 0; i < choice.size(); ++i) {
-    const ParamCost& c = costs.params[i];
-    auto d = differs.find(c.name);
-    const std::string status = d == differs.end() ? "matches" : "differs (" + d->second + ")";
-    if (c.full_slices == 0) {
-      choice[i].why = "captured as sketch or stats: kept";
-    } else if (choice[i].mode.kind == CaptureMode::Kind::kFull) {
-      choice[i].why = status + "; full fits (" + HumanBytes(c.full_bytes) + ")";
-    } else {
-      choice[i].why = status + "; full needs " + HumanBytes(c.full_bytes) + ", more than was left";
-    }
-  }
-  // Table order: the priority order, so the README lists what differs first.
-  std::vector<Choice> ordered;
-  for (size_t i : order) ordered.push_back(choice[i]);
-  return ordered;
+  planner.Breadth();
+  planner.Depth();
+  return planner.Explained(differs);
 }
 
 }  // namespace gradtrace::pack

@@ -5,6 +5,7 @@
 // line "gradtrace-pack: <file>: <what>" on stderr and the output untouched.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -27,14 +28,8 @@ int Fail(std::string message) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace gradtrace;
-  CLI::App app{"gradtrace-pack: pack trace sets, their diff and the environment into one archive for a bug report",
-               "gradtrace-pack"};
-  pack::PackOptions o;
-  std::string limit_text = "25M", step_text;
+// The command line into `o`; --limit and --step as text, parsed after.
+void AddOptions(CLI::App& app, gradtrace::pack::PackOptions& o, std::string& limit_text, std::string& step_text) {
   app.add_option("SETS", o.sets, "trace set A (the reference), and B (the suspect); one set packs a --self check")
       ->required()
       ->expected(1, 2);
@@ -50,6 +45,41 @@ int main(int argc, char** argv) {
   app.add_option("--rtol", o.diff.rtol, "diff option: relative tolerance");
   app.add_option("--rename", o.diff.renames, "diff option: rename rule 'REGEX=REPL' (repeatable)");
   app.add_option("--threads", o.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+// --step's text as a step number; nullopt when it is not one.
+std::optional<int64_t> ParseStep(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || n < 0) return std::nullopt;
+  return n;
+}
+
+// Two lines on stdout: what was written, and the packed diff's verdict with the command that repeats it.
+void PrintPacked(const gradtrace::pack::PackOptions& o, const gradtrace::pack::PackResult& r) {
+  using gradtrace::pack::HumanBytes;
+  std::printf("%s: %s in %zu members (limit %s); traces %s\n", o.output.c_str(),
+              HumanBytes(static_cast<double>(r.archive_bytes)).c_str(), r.members,
+              HumanBytes(static_cast<double>(o.limit)).c_str(),
+              r.reencoded ? ("re-encoded from " + HumanBytes(static_cast<double>(r.captured_bytes)) + " to " +
+                             HumanBytes(static_cast<double>(r.packed_trace_bytes)) +
+                             " (README.md lists what each parameter kept)")
+                                .c_str()
+                          : "byte for byte as captured");
+  std::printf("packed diff (exit %d): %s\nrerun: gradtrace-diff %s\n", r.diff_exit,
+              gradtrace::TerminalSafe(r.headline).c_str(), o.output.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gradtrace;
+  CLI::App app{"gradtrace-pack: pack trace sets, their diff and the environment into one archive for a bug report",
+               "gradtrace-pack"};
+  pack::PackOptions o;
+  std::string limit_text = "25M", step_text;
+  AddOptions(app, o, limit_text, step_text);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -61,13 +91,8 @@ int main(int argc, char** argv) {
   if (!limit.ok()) return Fail(limit.status().message());
   o.limit = *limit;
   if (!step_text.empty()) {
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(step_text.c_str(), &end, 10);
-    if (errno != 0 || end == step_text.c_str() || *end != '\0' || n < 0) {
-      return Fail("--step: expected a step number, got '" + step_text + "'");
-    }
-    o.diff.step = n;
+    o.diff.step = ParseStep(step_text);
+    if (!o.diff.step) return Fail("--step: expected a step number, got '" + step_text + "'");
   }
   if (o.sets.size() == 1) o.diff.mode = "self";  // one trace set packs a --self check
   if (Status st = diff::ValidateDiffOptions(o.diff, diff::OptionSource::kCommandLine); !st.ok()) {
@@ -84,16 +109,6 @@ int main(int argc, char** argv) {
     return Fail(o.output + ": " + e.what());
   }
   if (!packed->ok()) return Fail(packed->status().message());
-  const pack::PackResult& r = **packed;
-  std::printf("%s: %s in %zu members (limit %s); traces %s\n", o.output.c_str(),
-              pack::HumanBytes(static_cast<double>(r.archive_bytes)).c_str(), r.members,
-              pack::HumanBytes(static_cast<double>(o.limit)).c_str(),
-              r.reencoded ? ("re-encoded from " + pack::HumanBytes(static_cast<double>(r.captured_bytes)) + " to " +
-                             pack::HumanBytes(static_cast<double>(r.packed_trace_bytes)) +
-                             " (README.md lists what each parameter kept)")
-                                .c_str()
-                          : "byte for byte as captured");
-  std::printf("packed diff (exit %d): %s\nrerun: gradtrace-diff %s\n", r.diff_exit, TerminalSafe(r.headline).c_str(),
-              o.output.c_str());
+  PrintPacked(o, **packed);
   return 0;
 }

@@ -60,6 +60,16 @@ struct Cleanup {
   std::string path;
 };
 
+// The temporaries beside the output, removed however Pack ends: the archive being written, the last one
+// that fit, and the re-encoded traces.
+struct Temporaries {
+  explicit Temporaries(const std::string& out)
+      : tmp(out + ".tmp." + std::to_string(::getpid())),
+        best(out + ".fit." + std::to_string(::getpid())),
+        work(out + ".reencode." + std::to_string(::getpid())) {}
+  Cleanup tmp, best, work;
+};
+
 diff::LoadOptions LoadOptionsWithThreads(int threads) {
   diff::LoadOptions o;
   o.threads = threads;
@@ -148,33 +158,31 @@ struct Written {
   diff::Report report;
 };
 
-// Writes the whole archive to `tmp`; messages name options.output.
-Expected<Written> WriteArchive(const PackOptions& options, const std::string& tmp, const Attempt& attempt,
-                               uint64_t captured_bytes, const std::vector<diff::TraceSet>& captured) {
-  const std::string& out = options.output;
-  auto tar = TarWriter::Create(tmp, out, static_cast<int64_t>(std::time(nullptr)));
-  if (!tar.ok()) return tar.status();
-  TarWriter& w = **tar;
+// The packed trace members of each set, as windows of the archive being written.
+using PackedSets = std::map<std::string, std::vector<TraceSource>>;
+
+// Copies the traces into the archive, flushed so that they can be read back from `tmp`. `name`: the
+// archive's file name, which names the members. *bytes: what was copied.
+Status CopyTraces(const std::vector<TraceMember>& traces, const std::string& tmp, const std::string& name, TarWriter* w,
+                  PackedSets* packed, uint64_t* bytes) {
   uint64_t total = 0, done = 0;
-  for (const TraceMember& m : attempt.traces) total += m.source.size.value_or(fs::file_size(m.source.path));
+  for (const TraceMember& m : traces) total += m.source.size.value_or(fs::file_size(m.source.path));
   diff::Progress bar("gradtrace-pack: copying traces", diff::Progress::Wanted(total));
-  // Members are named by the archive's file name, as the README's rerun
-  // command (`gradtrace-diff bug.gtpack`, run where the file is) names them.
-  const std::string name = fs::path(out).filename().string();
-  std::map<std::string, std::vector<TraceSource>> packed;  // set -> its members, read back from `tmp`
-  for (const TraceMember& m : attempt.traces) {
-    GT_RETURN_IF_ERROR(w.AddCopy(m.name, m.source, [&](uint64_t n) { bar.Update(done += n, total); }));
-    const ArchiveMember& am = w.members().back();
-    packed[m.set].push_back(TraceSource::Window(tmp, am.offset, am.size, name + ":" + am.name));
+  for (const TraceMember& m : traces) {
+    GT_RETURN_IF_ERROR(w->AddCopy(m.name, m.source, [&](uint64_t n) { bar.Update(done += n, total); }));
+    const ArchiveMember& am = w->members().back();
+    (*packed)[m.set].push_back(TraceSource::Window(tmp, am.offset, am.size, name + ":" + am.name));
   }
   bar.Finish();
-  GT_RETURN_IF_ERROR(w.Flush());
-  Written result;
-  result.trace_bytes = done;
+  *bytes = done;
+  return w->Flush();
+}
 
-  // The report comes from the packed members, named as the archive will be,
-  // so `gradtrace-diff ARCHIVE` reproduces it byte for byte.
-  Say("comparing the packed traces (" + HumanBytes(static_cast<double>(done)) + ")");
+// The report comes from the packed members, named as the archive will be,
+// so `gradtrace-diff ARCHIVE` reproduces it byte for byte. Adds it in its three
+// renderings (and the captured traces' report, when re-encoded).
+Expected<diff::Report> AddReports(const PackOptions& options, const std::string& name, const PackedSets& packed,
+                                  const Attempt& attempt, TarWriter* w) {
   std::vector<diff::TraceSet> sets;
   for (const auto& [set, sources] : packed) {
     auto s = diff::TraceSet::LoadSources(name + ":" + set, sources, LoadOptionsWithThreads(options.threads));
@@ -185,16 +193,15 @@ Expected<Written> WriteArchive(const PackOptions& options, const std::string& tm
   for (const auto& s : sets) ptrs.push_back(&s);
   auto report = RunComparison(ptrs, options.diff, options.threads);
   if (!report.ok()) return report.status();
-  GT_RETURN_IF_ERROR(w.Add("report.json", diff::RenderJson(*report)));
-  GT_RETURN_IF_ERROR(w.Add("report.md", diff::RenderMarkdown(*report)));
-  GT_RETURN_IF_ERROR(w.Add("report.html", diff::RenderHtml(WithBucketViews(*report, ptrs, options))));
-  if (attempt.original) GT_RETURN_IF_ERROR(w.Add("original-report.json", diff::RenderJson(*attempt.original)));
+  GT_RETURN_IF_ERROR(w->Add("report.json", diff::RenderJson(*report)));
+  GT_RETURN_IF_ERROR(w->Add("report.md", diff::RenderMarkdown(*report)));
+  GT_RETURN_IF_ERROR(w->Add("report.html", diff::RenderHtml(WithBucketViews(*report, ptrs, options))));
+  if (attempt.original) GT_RETURN_IF_ERROR(w->Add("original-report.json", diff::RenderJson(*attempt.original)));
+  return report;
+}
 
-  std::vector<PackedSet> env_sets;
-  for (size_t i = 0; i < captured.size(); ++i) env_sets.push_back({SetName(i), options.sets[i], &captured[i]});
-  GT_RETURN_IF_ERROR(
-      w.Add("environment.json", diff::DumpJson(EnvironmentJson(env_sets, options.argv, std::time(nullptr)))));
-
+diff::Json Manifest(const PackOptions& options, const Attempt& attempt, uint64_t captured_bytes,
+                    uint64_t packed_bytes) {
   diff::Json manifest = diff::Json::object();
   manifest["format"] = diff::kPackFormat;
   manifest["diff"] = diff::PackedDiffToJson(options.diff);
@@ -202,32 +209,63 @@ Expected<Written> WriteArchive(const PackOptions& options, const std::string& tm
   for (size_t i = 0; i < options.sets.size(); ++i) manifest["sets"][SetName(i)] = options.sets[i];
   manifest["limit_bytes"] = options.limit;
   manifest["captured_trace_bytes"] = captured_bytes;
-  manifest["packed_trace_bytes"] = done;
+  manifest["packed_trace_bytes"] = packed_bytes;
   manifest["reencoded"] = !attempt.fidelity.empty();
   manifest["fidelity"] = diff::Json::array();
   for (const Choice& c : attempt.fidelity) {
     manifest["fidelity"].push_back({{"param", c.name}, {"kept", c.mode.ToString()}, {"why", c.why}});
   }
-  GT_RETURN_IF_ERROR(w.Add(diff::kPackManifest, diff::DumpJson(manifest)));
+  return manifest;
+}
 
+// The attachments under attached/, then the README that lists them.
+Status AddAttachmentsAndReadme(const PackOptions& options, const Attempt& attempt, const diff::Report& report,
+                               uint64_t captured_bytes, uint64_t packed_bytes, TarWriter* w) {
   ReadmeFacts facts;
-  facts.archive = fs::path(out).filename().string();
+  facts.archive = fs::path(options.output).filename().string();
   facts.sources = options.sets;
   facts.mode = options.diff.mode;
   facts.diff_options = Options(options.diff);
-  facts.headline = diff::Headline(*report);
-  facts.exit_code = report->ExitCode();
+  facts.headline = diff::Headline(report);
+  facts.exit_code = report.ExitCode();
   facts.captured_bytes = captured_bytes;
-  facts.packed_trace_bytes = done;
+  facts.packed_trace_bytes = packed_bytes;
   facts.limit = options.limit;
   facts.fidelity = attempt.fidelity;
   facts.original_report = attempt.original.has_value();
   for (const std::string& a : options.attachments) {
     const std::string base = fs::path(a).filename().string();
-    GT_RETURN_IF_ERROR(w.AddCopy("attached/" + base, TraceSource::File(a), nullptr));
+    GT_RETURN_IF_ERROR(w->AddCopy("attached/" + base, TraceSource::File(a), nullptr));
     facts.attachments.push_back(base);
   }
-  GT_RETURN_IF_ERROR(w.Add("README.md", RenderReadme(facts)));
+  return w->Add("README.md", RenderReadme(facts));
+}
+
+// Writes the whole archive to `tmp`; messages name options.output.
+Expected<Written> WriteArchive(const PackOptions& options, const std::string& tmp, const Attempt& attempt,
+                               uint64_t captured_bytes, const std::vector<diff::TraceSet>& captured) {
+  const std::string& out = options.output;
+  auto tar = TarWriter::Create(tmp, out, static_cast<int64_t>(std::time(nullptr)));
+  if (!tar.ok()) return tar.status();
+  TarWriter& w = **tar;
+  // Members are named by the archive's file name, as the README's rerun
+  // command (`gradtrace-diff bug.gtpack`, run where the file is) names them.
+  const std::string name = fs::path(out).filename().string();
+  Written result;
+  PackedSets packed;  // set -> its members, read back from `tmp`
+  GT_RETURN_IF_ERROR(CopyTraces(attempt.traces, tmp, name, &w, &packed, &result.trace_bytes));
+
+  Say("comparing the packed traces (" + HumanBytes(static_cast<double>(result.trace_bytes)) + ")");
+  auto report = AddReports(options, name, packed, attempt, &w);
+  if (!report.ok()) return report.status();
+
+  std::vector<PackedSet> env_sets;
+  for (size_t i = 0; i < captured.size(); ++i) env_sets.push_back({SetName(i), options.sets[i], &captured[i]});
+  GT_RETURN_IF_ERROR(
+      w.Add("environment.json", diff::DumpJson(EnvironmentJson(env_sets, options.argv, std::time(nullptr)))));
+  GT_RETURN_IF_ERROR(
+      w.Add(diff::kPackManifest, diff::DumpJson(Manifest(options, attempt, captured_bytes, result.trace_bytes))));
+  GT_RETURN_IF_ERROR(AddAttachmentsAndReadme(options, attempt, *report, captured_bytes, result.trace_bytes, &w));
   GT_RETURN_IF_ERROR(w.Finish());
   result.size = w.size();
   result.members = w.members().size();
@@ -310,6 +348,88 @@ Expected<std::vector<diff::TraceSet>> LoadCaptured(const PackOptions& options) {
   return captured;
 }
 
+// The captured traces' diff, run the first time they do not fit: it says which parameters to keep best.
+Expected<diff::Report> CompareCaptured(const PackOptions& options, const std::vector<diff::TraceSet>& captured,
+                                       uint64_t captured_bytes) {
+  Say("the traces (" + HumanBytes(static_cast<double>(captured_bytes)) + ") do not fit " +
+      HumanBytes(static_cast<double>(options.limit)) + ": comparing them to choose what to keep");
+  std::vector<const diff::TraceSet*> ptrs;
+  for (const auto& s : captured) ptrs.push_back(&s);
+  return RunComparison(ptrs, options.diff, options.threads);
+}
+
+// What each parameter costs in each mode, read from the captured traces once.
+Status MeasureCaptured(const std::vector<diff::TraceSet>& captured, uint64_t captured_bytes,
+                       std::optional<Costs>* costs) {
+  std::vector<const diff::TraceSet*> ptrs;
+  for (const auto& s : captured) ptrs.push_back(&s);
+  diff::Progress bar("gradtrace-pack: measuring", diff::Progress::Wanted(captured_bytes));
+  auto measured = MeasureCosts(ptrs, [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); });
+  bar.Finish();
+  if (!measured.ok()) return measured.status();
+  *costs = std::move(*measured);
+  return Status::Ok();
+}
+
+// Plans the fidelity for `budget` and re-encodes the captured traces into `work` (emptied first) by it.
+Status Replan(const PackOptions& options, const std::vector<diff::TraceSet>& captured, const Costs& costs,
+              const std::vector<std::string>& priority, const std::map<std::string, std::string>& differs,
+              double budget, const std::string& work, Attempt* attempt) {
+  auto plan = PlanFidelity(costs, priority, differs, budget);
+  if (!plan.ok()) {
+    return Status::InvalidArgument(options.output + ": cannot fit under --limit " +
+                                   HumanBytes(static_cast<double>(options.limit)) + ": " + plan.status().message() +
+                                   " (reports, environment and README take about " +
+                                   HumanBytes(static_cast<double>(options.limit) - budget) + ")");
+  }
+  std::error_code ec;
+  fs::remove_all(work, ec);
+  auto traces = Reencode(CapturedMembers(captured), *plan, work);
+  if (!traces.ok()) return traces.status();
+  attempt->traces = std::move(*traces);
+  attempt->fidelity = std::move(*plan);
+  return Status::Ok();
+}
+
+// Everything but the traces, guessed until an archive has been written:
+// reports and README grow with the parameters.
+double GuessedBudget(const PackOptions& options, size_t params, size_t traces) {
+  double overhead = 64e3 + 3e3 * params + 2048.0 * traces;
+  for (const std::string& a : options.attachments) overhead += fs::file_size(a) + 1024;
+  return static_cast<double>(options.limit) - overhead;
+}
+
+// The last archive that fit, kept at `best_tmp` until it is renamed into place at the end.
+struct Best {
+  Written written;
+  bool reencoded = false;
+};
+
+// Moves the archive just written at `tmp` to `best_tmp`, replacing the one that fit before.
+Status KeepAsBest(const std::string& out, const std::string& tmp, const std::string& best_tmp,
+                  std::optional<Best>* best, Written written, bool reencoded) {
+  if (*best) std::remove(best_tmp.c_str());
+  if (std::rename(tmp.c_str(), best_tmp.c_str()) != 0) {
+    return Status::IoError(out + ": cannot rename " + tmp + ": " + std::strerror(errno));
+  }
+  *best = Best{std::move(written), reencoded};
+  return Status::Ok();
+}
+
+// Renames the best archive into place as the output; `result` gains what it holds.
+Expected<PackResult> Finish(const std::string& out, const std::string& best_tmp, const Best& best, PackResult result) {
+  if (std::rename(best_tmp.c_str(), out.c_str()) != 0) {
+    return Status::IoError(out + ": cannot rename into place: " + std::strerror(errno));
+  }
+  result.archive_bytes = best.written.size;
+  result.packed_trace_bytes = best.written.trace_bytes;
+  result.members = best.written.members;
+  result.reencoded = best.reencoded;
+  result.headline = diff::Headline(best.written.report);
+  result.diff_exit = best.written.report.ExitCode();
+  return result;
+}
+
 }  // namespace
 
 Expected<PackResult> Pack(const PackOptions& options) {
@@ -321,84 +441,43 @@ Expected<PackResult> Pack(const PackOptions& options) {
   PackResult result;
   for (const auto& s : captured) result.captured_bytes += s.total_bytes();
 
-  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
-  Cleanup tmp_cleanup{tmp};
-  const std::string best_tmp = out + ".fit." + std::to_string(::getpid());
-  Cleanup best_cleanup{best_tmp};
-  // The last archive that fit, renamed into place at the end.
-  struct Best {
-    Written written;
-    bool reencoded = false;
-  };
+  const Temporaries temps(out);
   std::optional<Best> best;
-  const std::string work = out + ".reencode." + std::to_string(::getpid());
-  Cleanup work_cleanup{work};
 
   Attempt attempt;
   attempt.traces = CapturedMembers(captured);
   std::optional<Costs> costs;
   std::vector<std::string> priority;
   std::map<std::string, std::string> differs;
-  // Everything but the traces, guessed until an archive has been written:
-  // reports and README grow with the parameters.
-  size_t params = captured[0].run().params_size();
-  double overhead = 64e3 + 3e3 * params + 2048.0 * attempt.traces.size();
-  for (const std::string& a : options.attachments) overhead += fs::file_size(a) + 1024;
-  double budget = static_cast<double>(options.limit) - overhead;
+  const size_t params = captured[0].run().params_size();
+  double budget = GuessedBudget(options, params, attempt.traces.size());
   bool try_captured = static_cast<double>(result.captured_bytes) <= budget;
   bool rest_measured = false;  // budget from a written archive rather than a guess
+  const double limit = static_cast<double>(options.limit);
   for (int n = 1; n <= kMaxAttempts; ++n) {
     result.attempts = n;
-    if (!try_captured) {
-      if (!costs) {
-        Say("the traces (" + HumanBytes(static_cast<double>(result.captured_bytes)) + ") do not fit " +
-            HumanBytes(static_cast<double>(options.limit)) + ": comparing them to choose what to keep");
-        std::vector<const diff::TraceSet*> ptrs;
-        for (const auto& s : captured) ptrs.push_back(&s);
-        auto original = RunComparison(ptrs, options.diff, options.threads);
-        if (!original.ok()) return original.status();
-        Priorities(*original, &priority, &differs);
-        if (!rest_measured) {
-          budget = static_cast<double>(options.limit) -
-                   RestOfArchive(*original, options, captured[0].run().params_size(), attempt.traces.size());
-        }
-        attempt.original = std::move(*original);
-        diff::Progress bar("gradtrace-pack: measuring", diff::Progress::Wanted(result.captured_bytes));
-        auto measured = MeasureCosts(ptrs, [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); });
-        bar.Finish();
-        if (!measured.ok()) return measured.status();
-        costs = std::move(*measured);
-      }
-      auto plan = PlanFidelity(*costs, priority, differs, budget);
-      if (!plan.ok()) {
-        return Status::InvalidArgument(out + ": cannot fit under --limit " +
-                                       HumanBytes(static_cast<double>(options.limit)) + ": " + plan.status().message() +
-                                       " (reports, environment and README take about " +
-                                       HumanBytes(static_cast<double>(options.limit) - budget) + ")");
-      }
-      std::error_code ec;
-      fs::remove_all(work, ec);
-      auto traces = Reencode(CapturedMembers(captured), *plan, work);
-      if (!traces.ok()) return traces.status();
-      attempt.traces = std::move(*traces);
-      attempt.fidelity = std::move(*plan);
+    if (!try_captured && !costs) {
+      auto original = CompareCaptured(options, captured, result.captured_bytes);
+      if (!original.ok()) return original.status();
+      Priorities(*original, &priority, &differs);
+      if (!rest_measured) budget = limit - RestOfArchive(*original, options, params, attempt.traces.size());
+      attempt.original = std::move(*original);
+      GT_RETURN_IF_ERROR(MeasureCaptured(captured, result.captured_bytes, &costs));
     }
-    auto written = WriteArchive(options, tmp, attempt, result.captured_bytes, captured);
+    if (!try_captured)
+      GT_RETURN_IF_ERROR(Replan(options, captured, *costs, priority, differs, budget, temps.work.path, &attempt));
+    auto written = WriteArchive(options, temps.tmp.path, attempt, result.captured_bytes, captured);
     if (!written.ok()) return written.status();
     rest_measured = true;
     Say("attempt " + std::to_string(n) + ": " + HumanBytes(static_cast<double>(written->size)) + " (limit " +
-        HumanBytes(static_cast<double>(options.limit)) + ")");
+        HumanBytes(limit) + ")");
     const double size = static_cast<double>(written->size);
-    const double limit = static_cast<double>(options.limit);
     if (written->size <= options.limit) {
       // A re-encoded archive well under the limit was planned on pessimistic
       // estimates: keep it, and try once more with the room left.
       const bool roomy = !try_captured && size < kGoodFill * limit && n < kMaxAttempts;
-      if (best) std::remove(best_tmp.c_str());
-      if (std::rename(tmp.c_str(), best_tmp.c_str()) != 0) {
-        return Status::IoError(out + ": cannot rename " + tmp + ": " + std::strerror(errno));
-      }
-      best = Best{std::move(*written), !attempt.fidelity.empty()};
+      GT_RETURN_IF_ERROR(
+          KeepAsBest(out, temps.tmp.path, temps.best.path, &best, std::move(*written), !attempt.fidelity.empty()));
       if (!roomy) break;
       budget += kGoodFill * (limit - size);
       continue;
@@ -409,20 +488,8 @@ Expected<PackResult> Pack(const PackOptions& options) {
     budget = try_captured ? limit - rest - 16e3 : budget - 1.1 * (size - limit) - 16e3;
     try_captured = false;
   }
-  if (best) {
-    if (std::rename(best_tmp.c_str(), out.c_str()) != 0) {
-      return Status::IoError(out + ": cannot rename into place: " + std::strerror(errno));
-    }
-    result.archive_bytes = best->written.size;
-    result.packed_trace_bytes = best->written.trace_bytes;
-    result.members = best->written.members;
-    result.reencoded = best->reencoded;
-    result.headline = diff::Headline(best->written.report);
-    result.diff_exit = best->written.report.ExitCode();
-    return result;
-  }
-  return Status::InvalidArgument(out + ": could not fit under --limit " +
-                                 HumanBytes(static_cast<double>(options.limit)) + " in " +
+  if (best) return Finish(out, temps.best.path, *best, std::move(result));
+  return Status::InvalidArgument(out + ": could not fit under --limit " + HumanBytes(limit) + " in " +
                                  std::to_string(kMaxAttempts) + " attempts");
 }
 
