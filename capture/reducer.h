@@ -94,7 +94,29 @@ class Reducer {
   const ReduceConfig& config() const { return config_; }
 
  private:
+  // What a bucket's reduction leaves on this rank: the full reduced bucket and the range this rank owns.
+  struct Reduced {
+    at::Tensor full;
+    int64_t own_begin = 0, own_count = 0;
+  };
+
   void PlanBuckets();
+  // The parameters in rank 0's gradient-ready order, unused ones last: the same on every rank.
+  std::vector<int> AgreedOrder() const;
+  // Cuts one stream of parameters (in order) into buckets of at most bucket_size elements.
+  void PlanStream(const std::vector<int>& stream, bool expert_stream);
+  // Plans `cur`'s path and scaling, appends it to buckets_ and leaves `cur` empty; nothing when it is empty.
+  void CloseBucket(Bucket* cur, bool expert_stream);
+
+  // PRE_REDUCE, the collective with its scaling, POST_REDUCE; records to `sink` unless it is null.
+  Status ReduceBucket(const Bucket& b, BucketMeta meta, GradSink* sink, Reduced* d) const;
+  // The engine and unpartitioned paths: every rank holds the whole reduced bucket.
+  void AllReduce(const Bucket& b, at::Tensor& flat, Reduced* d) const;
+  // The partitioned paths: each range reduced to its owner, scaled there, then all-gathered.
+  void ReduceToOwners(const Bucket& b, at::Tensor& flat, Reduced* d) const;
+  // Leaves the reduced gradient in each parameter's grad() and records FINAL unless `sink` is null.
+  Status InstallFinal(const Bucket& b, const Reduced& d, BucketMeta meta, GradSink* sink);
+
   at::Tensor Flatten(const Bucket& b) const;
   std::vector<SliceRef> Slices(const Bucket& b, const at::Tensor& flat, int64_t begin, int64_t count) const;
 

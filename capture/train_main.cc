@@ -174,6 +174,95 @@ std::string RunId(c10d::Store& store, int rank, const gc::TrainOptions& o) {
   return std::string(v.begin(), v.end());
 }
 
+// The parameter table: one ParamInfo per model parameter, in the model's order.
+void AddParams(const gc::TrainOptions& o, const gc::Groups& groups, const gc::TransformerLM& model, pb::RunInfo* run) {
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const auto& p = model.params()[i];
+    auto* info = run->add_params();
+    info->set_id(static_cast<int32_t>(i));
+    info->set_name(p.name);
+    for (int64_t d : p.tensor.sizes()) info->add_shape(d);
+    info->set_dtype(ProtoDTypeOf(o.dtype));
+    info->set_numel(p.tensor.numel());
+    info->set_kind(p.expert ? pb::EXPERT : pb::DENSE);
+    info->set_grad_group(gc::GradGroup(groups, o.zero_stage, p.expert).name);
+    // Gradients are computed and reduced in the parameters' dtype; the initial values tell another seed apart.
+    info->set_grad_dtype(info->dtype());
+    const at::Tensor flat = p.tensor.detach().reshape(-1).to(at::kCPU, at::kDouble);
+    for (int64_t pos : gradtrace::InitSketchPositions(flat.numel())) info->add_init_sketch(flat[pos].item<double>());
+  }
+}
+
+// This rank's RunInfo: producer, configuration, groups and parameter table, written at the head of its trace.
+pb::RunInfo MakeRunInfo(const gc::TrainOptions& o, const gc::DistEnv& env, const gc::Topology& topo,
+                        const gc::Groups& groups, const gc::TransformerLM& model, const std::string& run_id) {
+  pb::RunInfo run;
+  run.set_producer("gradtrace-train");
+  run.set_producer_version(GRADTRACE_VERSION);
+  run.set_framework("gradtrace-train");
+  run.set_framework_version(GRADTRACE_VERSION);
+  (*run.mutable_versions())["torch"] = TORCH_VERSION;
+  (*run.mutable_versions())["gradtrace"] = GRADTRACE_VERSION;
+  run.set_run_id(run_id);
+  FillConfig(o, run.mutable_config());
+  run.set_rank(env.rank);
+  run.set_dp_rank(topo.dp_rank());
+  run.set_sp_rank(topo.sp_rank());
+  run.set_host(Hostname());
+  AddGroup(groups.world, &run);
+  AddGroup(groups.sdp, &run);
+  AddGroup(groups.sp, &run);
+  AddGroup(groups.dp, &run);
+  if (o.moe_experts > 0) AddGroup(groups.edp, &run);
+  AddParams(o, groups, model, &run);
+  run.set_created_unix_ns(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  auto policy = gradtrace::semantics::ResolvePolicy(o.scaling);
+  (*run.mutable_extra())["scaling_engine_cite"] = policy->engine_cite;
+  (*run.mutable_extra())["scaling_zero_cite"] = policy->zero_cite;
+  (*run.mutable_extra())["launcher"] = env.source;
+  (*run.mutable_extra())["reference"] =
+      "FINAL equals the mean over DP replicas of each replica's full-sequence token-mean gradient when the "
+      "recipe and policy are consistent";
+  return run;
+}
+
+// Progress lines from rank 0, and the test-only fault injection.
+gc::TrainHooks MakeHooks(int rank) {
+  gc::TrainHooks hooks;
+  if (rank == 0) hooks.progress = [](const std::string& line) { std::cerr << "gradtrace-train: " << line << "\n"; };
+  // Test-only fault injection: GRADTRACE_TEST_KILL=RANK:STEP makes that rank
+  // die by SIGKILL before that step, as an OOM-killed rank would.
+  if (const char* kill_spec = std::getenv("GRADTRACE_TEST_KILL")) {
+    int kill_rank = -1;
+    long long kill_step = -1;
+    if (std::sscanf(kill_spec, "%d:%lld", &kill_rank, &kill_step) == 2 && kill_rank == rank) {
+      hooks.before_step = [kill_step](int64_t step) {
+        if (step == kill_step) raise(SIGKILL);
+      };
+    }
+  }
+  return hooks;
+}
+
+// Rank 0's last lines: the final loss, and what was written where (or why nothing was).
+void PrintSummary(const gc::TrainOptions& o, int world, const std::string& run_id, const gc::TrainResult& result,
+                  const gc::Recorder* recorder) {
+  char loss[64];
+  std::snprintf(loss, sizeof(loss), "%.17g", result.losses.empty() ? 0.0 : result.losses.back());
+  if (!gc::CaptureOff(o) && (!recorder || !recorder->enabled())) {
+    std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; rank 0's capture was disabled after a write "
+              << "error (its warning above says what " << o.out << " holds; run " << run_id << ")\n";
+  } else if (recorder) {
+    std::cerr << "gradtrace-train: " << CaptureSummary(recorder->stats()) << "\n";
+    std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; wrote " << world << " trace file(s) to " << o.out
+              << " (run " << run_id << ")\n";
+  } else {
+    std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; --capture off: no trace written\n";
+  }
+}
+
 int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   gc::Topology topo{o.dp, o.sp, env.rank};
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
@@ -196,50 +285,7 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
       return 1;
     }
   }
-
-  pb::RunInfo run;
-  run.set_producer("gradtrace-train");
-  run.set_producer_version(GRADTRACE_VERSION);
-  run.set_framework("gradtrace-train");
-  run.set_framework_version(GRADTRACE_VERSION);
-  (*run.mutable_versions())["torch"] = TORCH_VERSION;
-  (*run.mutable_versions())["gradtrace"] = GRADTRACE_VERSION;
-  run.set_run_id(run_id);
-  FillConfig(o, run.mutable_config());
-  run.set_rank(env.rank);
-  run.set_dp_rank(topo.dp_rank());
-  run.set_sp_rank(topo.sp_rank());
-  run.set_host(Hostname());
-  AddGroup(groups.world, &run);
-  AddGroup(groups.sdp, &run);
-  AddGroup(groups.sp, &run);
-  AddGroup(groups.dp, &run);
-  if (o.moe_experts > 0) AddGroup(groups.edp, &run);
-  for (size_t i = 0; i < model.params().size(); ++i) {
-    const auto& p = model.params()[i];
-    auto* info = run.add_params();
-    info->set_id(static_cast<int32_t>(i));
-    info->set_name(p.name);
-    for (int64_t d : p.tensor.sizes()) info->add_shape(d);
-    info->set_dtype(ProtoDTypeOf(o.dtype));
-    info->set_numel(p.tensor.numel());
-    info->set_kind(p.expert ? pb::EXPERT : pb::DENSE);
-    info->set_grad_group(gc::GradGroup(groups, o.zero_stage, p.expert).name);
-    // Gradients are computed and reduced in the parameters' dtype; the initial values tell another seed apart.
-    info->set_grad_dtype(info->dtype());
-    const at::Tensor flat = p.tensor.detach().reshape(-1).to(at::kCPU, at::kDouble);
-    for (int64_t pos : gradtrace::InitSketchPositions(flat.numel())) info->add_init_sketch(flat[pos].item<double>());
-  }
-  run.set_created_unix_ns(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
-  auto policy = gradtrace::semantics::ResolvePolicy(o.scaling);
-  (*run.mutable_extra())["scaling_engine_cite"] = policy->engine_cite;
-  (*run.mutable_extra())["scaling_zero_cite"] = policy->zero_cite;
-  (*run.mutable_extra())["launcher"] = env.source;
-  (*run.mutable_extra())["reference"] =
-      "FINAL equals the mean over DP replicas of each replica's full-sequence token-mean gradient when the "
-      "recipe and policy are consistent";
+  const pb::RunInfo run = MakeRunInfo(o, env, topo, groups, model, run_id);
 
   std::unique_ptr<gc::Recorder> recorder;
   if (!gc::CaptureOff(o)) {
@@ -248,21 +294,8 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   std::unique_ptr<gc::RecorderSink> sink;
   if (recorder) sink = std::make_unique<gc::RecorderSink>(recorder.get());
 
-  gc::TrainHooks hooks;
-  if (env.rank == 0) hooks.progress = [](const std::string& line) { std::cerr << "gradtrace-train: " << line << "\n"; };
-  // Test-only fault injection: GRADTRACE_TEST_KILL=RANK:STEP makes that rank
-  // die by SIGKILL before that step, as an OOM-killed rank would.
-  if (const char* kill_spec = std::getenv("GRADTRACE_TEST_KILL")) {
-    int kill_rank = -1;
-    long long kill_step = -1;
-    if (std::sscanf(kill_spec, "%d:%lld", &kill_rank, &kill_step) == 2 && kill_rank == env.rank) {
-      hooks.before_step = [kill_step](int64_t step) {
-        if (step == kill_step) raise(SIGKILL);
-      };
-    }
-  }
   gc::TrainResult result;
-  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), hooks, &result, &model);
+  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), MakeHooks(env.rank), &result, &model);
   if (!st.ok()) {
     std::cerr << "gradtrace-train: rank " << env.rank << ": " << st.message() << "\n";
     return 1;
@@ -276,20 +309,7 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   }
   // Nobody leaves before every trace is closed (so rank 0's summary is true).
   if (groups.world.ranks.size() > 1) groups.world.pg->barrier()->wait();
-  if (env.rank == 0) {
-    char loss[64];
-    std::snprintf(loss, sizeof(loss), "%.17g", result.losses.empty() ? 0.0 : result.losses.back());
-    if (!gc::CaptureOff(o) && (!recorder || !recorder->enabled())) {
-      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; rank 0's capture was disabled after a write "
-                << "error (its warning above says what " << o.out << " holds; run " << run_id << ")\n";
-    } else if (recorder) {
-      std::cerr << "gradtrace-train: " << CaptureSummary(recorder->stats()) << "\n";
-      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; wrote " << env.world << " trace file(s) to "
-                << o.out << " (run " << run_id << ")\n";
-    } else {
-      std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; --capture off: no trace written\n";
-    }
-  }
+  if (env.rank == 0) PrintSummary(o, env.world, run_id, result, recorder.get());
   return 0;
 }
 

@@ -23,14 +23,18 @@ std::vector<std::string> DTypeNames() {
   return out;
 }
 
-void AddOptions(CLI::App& app, TrainOptions& o) {
+// How many ranks, and how they talk.
+void AddLaunchOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--nproc", o.nproc, "start N local ranks of this binary (0: join from environment)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--dp", o.dp, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--sp", o.sp, "sequence-parallel (Ulysses) degree")->check(CLI::PositiveNumber);
   app.add_option("--backend", o.backend, "collective backend")->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_option("--timeout", o.timeout_s, "collective and rendezvous timeout in seconds")->check(CLI::PositiveNumber);
+}
 
+// How gradients are bucketed, reduced and scaled (the DeepSpeed settings).
+void AddReductionOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--zero-stage", o.zero_stage, "ZeRO stage")->check(CLI::IsMember({0, 1, 2, 3}));
   app.add_option("--scaling", o.scaling, "scaling policy: mean, sum, ds-4530, ds-pre-4957, deepspeed@VERSION");
   app.add_option("--reduce-bucket-size", o.reduce_bucket_size, "bucket size in elements")->check(CLI::PositiveNumber);
@@ -40,7 +44,10 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--gradient-predivide-factor", o.gradient_predivide_factor, "DeepSpeed gradient_predivide_factor")
       ->check(CLI::PositiveNumber);
   app.add_flag("--prescale-gradients", o.prescale_gradients, "DeepSpeed prescale_gradients");
+}
 
+// The loss and the optimizer loop.
+void AddTrainingOptions(CLI::App& app, TrainOptions& o) {
   // The recipes capture/loss.cc implements, by name or by an alias (semantics/loss_recipes.h), held as the name.
   app.add_option("--loss", o.loss, "loss recipe")
       ->transform(CLI::IsMember(std::vector<std::string>{"local-mean", "local-mean-div-sp", "token-weighted",
@@ -50,7 +57,10 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--gas", o.gas, "gradient accumulation steps (loss scaled by 1/gas)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--lr", o.lr, "learning rate")->check(CLI::NonNegativeNumber);
+}
 
+// The model and its data.
+void AddModelOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--seed", o.seed, "seed of weights and data");
   app.add_option("--seq-len", o.seq_len, "global sequence length T")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "global batch rows per micro-step")->check(CLI::PositiveNumber);
@@ -68,7 +78,10 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
 
   app.add_option("--ignore-frac", o.ignore_frac, "fraction of labels masked to -100")->check(CLI::Range(0.0, 0.99));
   app.add_option("--data", o.data_file, "file of whitespace-separated token ids")->check(CLI::ExistingFile);
+}
 
+// What is recorded, where, and what a write error does.
+void AddCaptureOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--out", o.out, "trace directory (one rank-NNNNN.gtrace per rank)");
   app.add_option("--capture", o.capture,
                  "capture mode: full, sketch:K, stats, or off (train without recording: no trace, --out optional)");
@@ -91,6 +104,15 @@ void AddOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--export-init", o.export_init,
                  "write the initial parameters and the global batches to FILE (torch.load-able); without --out, "
                  "write it and exit");
+}
+
+// In --help order.
+void AddOptions(CLI::App& app, TrainOptions& o) {
+  AddLaunchOptions(app, o);
+  AddReductionOptions(app, o);
+  AddTrainingOptions(app, o);
+  AddModelOptions(app, o);
+  AddCaptureOptions(app, o);
 }
 
 std::string OneLine(std::string s) {

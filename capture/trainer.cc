@@ -51,6 +51,71 @@ DataConfig DataConfigFrom(const TrainOptions& o) {
   return d;
 }
 
+ReduceConfig ReduceConfigFrom(const TrainOptions& o, const ScalingPolicy& policy) {
+  ReduceConfig rc;
+  rc.zero_stage = o.zero_stage;
+  rc.policy = policy;
+  rc.bucket_size = o.reduce_bucket_size;
+  rc.predivide_factor = o.gradient_predivide_factor;
+  rc.prescale = o.prescale_gradients;
+  rc.reduce_scatter = o.zero_reduce_scatter;
+  rc.final_partition_only = o.final_mode == "partition";
+  return rc;
+}
+
+// What one optimizer step adds up over its micro-steps on this rank.
+struct StepTotals {
+  double loss = 0;
+  int64_t tokens = 0;
+  pb::StepInfo inputs;  // the optimizer-step StepInfo: input moments over the micro-steps (FORMAT.md 4.1)
+};
+
+// Forward and backward of one micro-step on this rank's shard of the batch; its StepInfo goes to `sink` when
+// it wants the step.
+Status RunMicroStep(const TrainOptions& o, const Groups& groups, GradSink* sink, const DataSource& data, int64_t step,
+                    int micro, TransformerLM* model, StepTotals* totals) {
+  Batch shard = ShardBatch(data.Global(step, micro), groups.topo);
+  const at::Tensor ids_d = shard.input_ids.to(at::kDouble);
+  pb::StepInfo& inputs = totals->inputs;
+  inputs.set_input_count(inputs.input_count() + ids_d.numel());
+  inputs.set_input_sum(inputs.input_sum() + ids_d.sum().item<double>());
+  inputs.set_input_sumsq(inputs.input_sumsq() + ids_d.square().sum().item<double>());
+  at::Tensor ids = shard.input_ids.to(groups.device), pos = shard.position_ids.to(groups.device);
+  at::Tensor labels = shard.labels.to(groups.device);
+  at::Tensor logits = model->Forward(ids, pos, groups.sp);
+  LossResult loss = ComputeLoss(o.loss, logits, labels, groups.sp, groups.sdp, o.dp, o.gas);
+  loss.loss.backward();
+  const double value = loss.loss.item<double>();
+  totals->loss += value;
+  totals->tokens += loss.valid_local;
+  if (sink == nullptr || !sink->WantsStep(step)) return Status::Ok();
+  pb::StepInfo info;
+  info.set_step(step);
+  info.set_micro_step(micro);
+  info.set_loss(value);
+  info.set_valid_tokens(loss.valid_local);
+  info.set_lr(o.lr);
+  return sink->OnStep(info);
+}
+
+void KeepStepResult(const TrainHooks& hooks, const TransformerLM& model, double step_loss, TrainResult* result) {
+  result->losses.push_back(step_loss);
+  if (!hooks.keep_final_grads) return;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model.params()) grads.push_back(p.tensor.grad().detach().cpu().clone());
+  result->final_grads.push_back(std::move(grads));
+}
+
+std::string ProgressLine(const TrainOptions& o, int64_t step, const StepTotals& totals, size_t buckets,
+                         std::chrono::steady_clock::time_point t0) {
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char line[256];
+  std::snprintf(line, sizeof(line), "step %lld/%d  loss(rank 0) %.6f  valid tokens(rank 0) %lld  %zu buckets  %.3f s",
+                static_cast<long long>(step + 1), o.steps, totals.loss, static_cast<long long>(totals.tokens), buckets,
+                secs);
+  return line;
+}
+
 }  // namespace
 
 Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, const TrainHooks& hooks,
@@ -60,15 +125,7 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
   auto policy = ResolvePolicy(o.scaling);
   if (!policy.ok()) return policy.status();
 
-  ReduceConfig rc;
-  rc.zero_stage = o.zero_stage;
-  rc.policy = policy.value();
-  rc.bucket_size = o.reduce_bucket_size;
-  rc.predivide_factor = o.gradient_predivide_factor;
-  rc.prescale = o.prescale_gradients;
-  rc.reduce_scatter = o.zero_reduce_scatter;
-  rc.final_partition_only = o.final_mode == "partition";
-  Reducer reducer(&model->params(), &groups, rc);
+  Reducer reducer(&model->params(), &groups, ReduceConfigFrom(o, policy.value()));
   reducer.InstallHooks();
   Optimizer optimizer(o.optimizer, o.lr, &model->params());
 
@@ -76,59 +133,21 @@ Status RunTraining(const TrainOptions& o, const Groups& groups, GradSink* sink, 
     if (hooks.before_step) hooks.before_step(step);
     const auto t0 = std::chrono::steady_clock::now();
     optimizer.ZeroGrad();
-    double step_loss = 0;
-    int64_t step_tokens = 0;
-    pb::StepInfo inputs;  // the optimizer-step StepInfo: input moments over the micro-steps (FORMAT.md 4.1)
+    StepTotals totals;
     for (int micro = 0; micro < o.gas; ++micro) {
-      Batch shard = ShardBatch(data->Global(step, micro), groups.topo);
-      const at::Tensor ids_d = shard.input_ids.to(at::kDouble);
-      inputs.set_input_count(inputs.input_count() + ids_d.numel());
-      inputs.set_input_sum(inputs.input_sum() + ids_d.sum().item<double>());
-      inputs.set_input_sumsq(inputs.input_sumsq() + ids_d.square().sum().item<double>());
-      at::Tensor ids = shard.input_ids.to(groups.device), pos = shard.position_ids.to(groups.device);
-      at::Tensor labels = shard.labels.to(groups.device);
-      at::Tensor logits = model->Forward(ids, pos, groups.sp);
-      LossResult loss = ComputeLoss(o.loss, logits, labels, groups.sp, groups.sdp, o.dp, o.gas);
-      loss.loss.backward();
-      const double value = loss.loss.item<double>();
-      step_loss += value;
-      step_tokens += loss.valid_local;
-      if (sink != nullptr && sink->WantsStep(step)) {
-        pb::StepInfo info;
-        info.set_step(step);
-        info.set_micro_step(micro);
-        info.set_loss(value);
-        info.set_valid_tokens(loss.valid_local);
-        info.set_lr(o.lr);
-        GT_RETURN_IF_ERROR(sink->OnStep(info));
-      }
+      GT_RETURN_IF_ERROR(RunMicroStep(o, groups, sink, *data, step, micro, model, &totals));
     }
     GT_RETURN_IF_ERROR(reducer.Reduce(step, o.gas - 1, sink));
     if (sink != nullptr && sink->WantsStep(step)) {
-      inputs.set_step(step);
-      inputs.set_micro_step(o.gas - 1);
-      inputs.set_optimizer_step(true);
-      inputs.set_lr(o.lr);
-      GT_RETURN_IF_ERROR(sink->OnStep(inputs));
+      totals.inputs.set_step(step);
+      totals.inputs.set_micro_step(o.gas - 1);
+      totals.inputs.set_optimizer_step(true);
+      totals.inputs.set_lr(o.lr);
+      GT_RETURN_IF_ERROR(sink->OnStep(totals.inputs));
     }
-    if (result != nullptr) {
-      result->losses.push_back(step_loss);
-      if (hooks.keep_final_grads) {
-        std::vector<at::Tensor> grads;
-        for (const auto& p : model->params()) grads.push_back(p.tensor.grad().detach().cpu().clone());
-        result->final_grads.push_back(std::move(grads));
-      }
-    }
+    if (result != nullptr) KeepStepResult(hooks, *model, totals.loss, result);
     optimizer.Step();
-    if (hooks.progress) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      char line[256];
-      std::snprintf(line, sizeof(line),
-                    "step %lld/%d  loss(rank 0) %.6f  valid tokens(rank 0) %lld  %zu buckets  %.3f s",
-                    static_cast<long long>(step + 1), o.steps, step_loss, static_cast<long long>(step_tokens),
-                    reducer.buckets().size(), secs);
-      hooks.progress(line);
-    }
+    if (hooks.progress) hooks.progress(ProgressLine(o, step, totals, reducer.buckets().size(), t0));
   }
   if (result != nullptr) result->buckets = reducer.buckets();
   return Status::Ok();
