@@ -3,7 +3,9 @@ import torch and deepspeed only, and print the numbers that answer the report. H
 maintainer would (a fresh process, CPU, gloo) and their numbers are held to the measured answer of
 docs/ds5248.md: ZeRO-1/2 sum the SP ranks' gradients (backward(loss) gives sp x the full-sequence
 gradient, backward(loss / sp) exactly it), ZeRO-3 on its default reduce-scatter path averages them
-(1 and 1/sp)."""
+(1 and 1/sp). ds7718.py and ds7749.py hold the fixed releases' answer (docs/deepspeed-versions.md): under
+gradient accumulation the optimizer receives exactly the gradient of the mean loss over all ranks and micro-steps
+(factor 1, every micro-step weighted 1, whatever the model returns and however backward is scaled)."""
 
 import re
 import subprocess
@@ -17,15 +19,26 @@ UPSTREAM = ROOT / "tools" / "repro" / "upstream"
 LINE = re.compile(r"^ZeRO-(\d) sp=(\d) (backward\(loss(?: / sp)?\))\s+(\S+)\s+grad = ([0-9.]+) x full-sequence$")
 
 
-def _ds5248(stage, sp, home):
-    """{(loss, parameter): factor} printed by ds5248.py STAGE SP, run without gradtrace on the path."""
+FACTOR_7718 = re.compile(r"^ZeRO-(\d) gas=(\d+) grad = ([0-9.]+) x the all-micro-step gradient, residual ([0-9.]+)$")
+WEIGHT_7718 = re.compile(r"^ZeRO-(\d) gas=(\d+) micro-step (\d+) weight = (-?[0-9.]+)$")
+LINE_7749 = re.compile(r"^ZeRO-(\d) gas=(\d+) returns (logits|loss|dict)\s+(backward\(.*?\))\s+"
+                       r"grad = ([0-9.]+) x the all-micro-step gradient, residual ([0-9.]+)$")
+
+
+def _run(script, args, home):
+    """The lines script prints with args, run as a maintainer would: a fresh isolated interpreter, no gradtrace."""
     env = {"PATH": "/usr/bin:/bin", "DS_ACCELERATOR": "cpu", "HOME": str(home), "PYTHONNOUSERSITE": "1"}
-    p = subprocess.run([sys.executable, "-I", str(UPSTREAM / "ds5248.py"), str(stage), str(sp)], env=env,
+    p = subprocess.run([sys.executable, "-I", str(UPSTREAM / script), *map(str, args)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    found = [LINE.match(line) for line in p.stdout.splitlines()]
+    return p.stdout.splitlines()
+
+
+def _ds5248(stage, sp, home):
+    """{(loss, parameter): factor} printed by ds5248.py STAGE SP, run without gradtrace on the path."""
+    found = [LINE.match(line) for line in _run("ds5248.py", (stage, sp), home)]
     rows = {(m[3], m[4]): float(m[5]) for m in found if m and (int(m[1]), int(m[2])) == (stage, sp)}
-    assert len(rows) == 6, p.stdout  # 2 losses x 3 parameters
+    assert len(rows) == 6, found  # 2 losses x 3 parameters
     return rows
 
 
@@ -35,6 +48,32 @@ def test_ds5248_repro_prints_the_measured_factors(stage, sp, loss_factor, tmp_pa
     for (loss, param), factor in rows.items():
         want = loss_factor if loss == "backward(loss)" else loss_factor / sp
         assert factor == pytest.approx(want, abs=1e-4), (loss, param, rows)
+
+
+def test_ds7718_repro_counts_every_micro_step(tmp_path):
+    """ZeRO-2, gas 4: the boundary's gradient is the all-micro-step one (0.18.2 printed 0.2686, residual 0.8528,
+    weights 0 0 0 1: only the last micro-step)."""
+    lines = _run("ds7718.py", (2, 4), tmp_path)
+    factors = [m for m in map(FACTOR_7718.match, lines) if m]
+    weights = {int(m[3]): float(m[4]) for m in map(WEIGHT_7718.match, lines) if m}
+    assert len(factors) == 1 and (factors[0][1], factors[0][2]) == ("2", "4"), lines
+    assert float(factors[0][3]) == pytest.approx(1.0, abs=1e-4), lines
+    assert float(factors[0][4]) == pytest.approx(0.0, abs=1e-4), lines
+    assert sorted(weights) == [0, 1, 2, 3], lines
+    assert all(w == pytest.approx(1.0, abs=1e-4) for w in weights.values()), weights
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_ds7749_repro_divides_by_gas_once(stage, tmp_path):
+    """gas 4, the model returning logits, loss or {loss, logits}, backward(loss) or backward(loss / gas,
+    scale_wrt_gas=False): factor 1 everywhere (0.18.3 printed 0.0625 for ZeRO-2's dict + Trainer's convention)."""
+    lines = _run("ds7749.py", (stage, 4), tmp_path)
+    rows = {(m[3], m[4]): (float(m[5]), float(m[6])) for m in map(LINE_7749.match, lines)
+            if m and (int(m[1]), int(m[2])) == (stage, 4)}
+    assert len(rows) == 6, lines  # 3 outputs x 2 backward conventions
+    for key, (factor, residual) in rows.items():
+        assert factor == pytest.approx(1.0, abs=1e-4), (key, rows)
+        assert residual == pytest.approx(0.0, abs=1e-4), (key, rows)
 
 
 def test_upstream_repros_import_no_gradtrace():
