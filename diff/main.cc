@@ -16,14 +16,14 @@
 #include <string>
 
 #include "archive.h"
-#include "atomic_file.h"
-#include "diff_engine.h"
-#include "merge.h"
-#include "packed_run.h"
-#include "partial_report.h"
-#include "report.h"
-#include "self_check.h"
-#include "step_table.h"
+#include "compare/diff_engine.h"
+#include "compare/merge.h"
+#include "compare/step_table.h"
+#include "evidence/self_check.h"
+#include "load/packed_run.h"
+#include "report/atomic_file.h"
+#include "report/partial_report.h"
+#include "report/report.h"
 #include "text_escape.h"
 
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "json_io.h"
-#include "trace_set.h"
+#include "load/trace_set.h"
+#include "report/json_io.h"
 
 namespace gradtrace::pack {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "load/trace_set.h"
 #include "slice_codec.h"
 #include "status.h"
-#include "trace_set.h"
 
 namespace gradtrace::pack {
 

@@ -13,17 +13,17 @@
 #include <set>
 #include <unordered_map>
 
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
+#include "compare/step_table.h"
 #include "environment.h"
-#include "evidence.h"
+#include "evidence/evidence.h"
+#include "evidence/self_check.h"
 #include "fidelity.h"
-#include "progress.h"
+#include "load/progress.h"
 #include "rank_file.h"
 #include "readme.h"
 #include "reencode.h"
-#include "self_check.h"
 #include "signal_cleanup.h"
-#include "step_table.h"
 #include "tar_writer.h"
 #include "text_escape.h"
 

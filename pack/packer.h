@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "packed_run.h"
+#include "load/packed_run.h"
 #include "status.h"
 
 namespace gradtrace::pack {

@@ -165,7 +165,7 @@ void PrintFrame(const Frame& f) {
 }
 
 // The micro-steps each optimizer step ran (its optimizer-step StepInfo carries the last one's index):
-// gradtrace-diff takes them as gas when the config records none (diff/trace_set.cc, InferGas).
+// gradtrace-diff takes them as gas when the config records none (diff/load/trace_set.cc, InferGas).
 void PrintInferredGas(const pb::RunInfo& run, const std::vector<pb::StepInfo>& steps, const BucketTallies& buckets) {
   std::map<int64_t, int32_t> last_micro;  // per step, from the optimizer-step StepInfo and FINAL records
   for (const pb::StepInfo& s : steps) {

@@ -87,7 +87,7 @@ Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s) {
 }
 
 // Ranks index a trace set's per-rank tables: none is negative, none lies outside a recorded world (0 = not
-// recorded: the set's file count bounds it, diff/trace_set.cc), and no group lists a rank twice.
+// recorded: the set's file count bounds it, diff/load/trace_set.cc), and no group lists a rank twice.
 // Regression, issue 20: negative ranks were written and read, and a group of 1M ranks in a world of 2 accepted.
 Status CheckRanks(const pb::RunInfo& run) {
   const int world = run.config().world();

@@ -1,7 +1,7 @@
 // What an effective divisor that --self measured means: the rules that match a
 // reduction's divisor d (the sum of PRE_REDUCE over its group / POST_REDUCE)
 // against the expressions of its recorded layout (group size, dp, the split,
-// replicate, gas, a division applied twice) and name a cause. diff/self_check.cc
+// replicate, gas, a division applied twice) and name a cause. diff/evidence/self_check.cc
 // only puts a DivisorFinding into words.
 #pragma once
 

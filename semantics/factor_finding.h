@@ -2,7 +2,7 @@
 // measured factor, the two recorded configurations and each side's own
 // reduction evidence into a typed Finding (cause, dimension, parameter kind,
 // side, predicted factor, the fix, the DeepSpeed change behind it, and which
-// sentence it reads as). diff/explain.cc only puts a Finding into words.
+// sentence it reads as). diff/explain/explain.cc only puts a Finding into words.
 //
 // In order: when both configurations' predictions (predict.h) give the factor,
 // the side whose prediction is off carries it and the prediction names the

@@ -2,7 +2,7 @@
 // cell per rank's POST_REDUCE record, the divisor of each reduction, replicated
 // POST norms, and no accumulation claimed where FINAL is the micro-steps' sum;
 // a two-set diff's view of each side (TraceSide.bucket_view).
-#include "bucket_view.h"
+#include "evidence/bucket_view.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "diff_engine.h"
-#include "self_check.h"
+#include "compare/diff_engine.h"
+#include "evidence/self_check.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <set>
 
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

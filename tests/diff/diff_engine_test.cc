@@ -1,4 +1,4 @@
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
 
 #include <gtest/gtest.h>
 

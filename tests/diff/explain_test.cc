@@ -1,4 +1,4 @@
-#include "explain.h"
+#include "explain/explain.h"
 
 #include <gtest/gtest.h>
 

@@ -7,8 +7,8 @@
 
 #include <filesystem>
 
-#include "align.h"
-#include "diff_engine.h"
+#include "compare/align.h"
+#include "compare/diff_engine.h"
 #include "test_dirs.h"
 #include "trace_reader.h"
 

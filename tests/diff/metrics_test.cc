@@ -1,4 +1,4 @@
-#include "metrics.h"
+#include "compare/metrics.h"
 
 #include <gtest/gtest.h>
 

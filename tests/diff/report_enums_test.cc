@@ -10,8 +10,8 @@
 #include <string>
 
 #include "cause.h"
-#include "metrics.h"
-#include "report.h"
+#include "compare/metrics.h"
+#include "report/report.h"
 
 namespace gradtrace::diff {
 namespace {

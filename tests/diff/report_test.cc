@@ -1,4 +1,4 @@
-#include "report.h"
+#include "report/report.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "atomic_file.h"
-#include "diff_engine.h"
-#include "self_check.h"
+#include "compare/diff_engine.h"
+#include "evidence/self_check.h"
+#include "report/atomic_file.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

@@ -1,4 +1,4 @@
-#include "self_check.h"
+#include "evidence/self_check.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <set>
 
 #include "expected_divisor.h"
+#include "load/trace_set.h"
 #include "test_dirs.h"
-#include "trace_set.h"
 
 namespace gradtrace::diff {
 namespace {

@@ -1,7 +1,7 @@
 // --shard K/N and --merge: the partition, the partial report's round trip, the
 // merge's checks, and the contract that matters: the merged report is the
 // single-process report, byte for byte and field by field, for N in {1,2,3,5}.
-#include "shard.h"
+#include "compare/shard.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "atomic_file.h"
-#include "diff_engine.h"
-#include "json_io.h"
-#include "merge.h"
-#include "partial_report.h"
+#include "compare/diff_engine.h"
+#include "compare/merge.h"
+#include "report/atomic_file.h"
+#include "report/json_io.h"
+#include "report/partial_report.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

@@ -1,5 +1,5 @@
 // --step all (issue 12): one comparison per common step, a row each.
-#include "step_table.h"
+#include "compare/step_table.h"
 
 #include <gtest/gtest.h>
 

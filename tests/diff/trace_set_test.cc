@@ -1,4 +1,4 @@
-#include "trace_set.h"
+#include "load/trace_set.h"
 
 #include <gtest/gtest.h>
 

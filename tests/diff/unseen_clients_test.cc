@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "diff_engine.h"
-#include "report.h"
-#include "step_table.h"
+#include "compare/diff_engine.h"
+#include "compare/step_table.h"
+#include "report/report.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

@@ -5,10 +5,10 @@
 
 #include <map>
 
-#include "diff_engine.h"
-#include "report.h"
-#include "self_check.h"
-#include "step_table.h"
+#include "compare/diff_engine.h"
+#include "compare/step_table.h"
+#include "evidence/self_check.h"
+#include "report/report.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {

@@ -10,9 +10,9 @@
 #include "archive.h"
 #include "format.h"
 #include "fuzz_common.h"
-#include "packed_run.h"
+#include "load/packed_run.h"
+#include "load/trace_set.h"
 #include "trace_reader.h"
-#include "trace_set.h"
 
 using namespace gradtrace;
 

@@ -12,12 +12,12 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
+#include "evidence/self_check.h"
 #include "format.h"
 #include "fuzz_common.h"
+#include "load/trace_set.h"
 #include "rank_file.h"
-#include "self_check.h"
-#include "trace_set.h"
 
 using namespace gradtrace;
 

@@ -19,10 +19,10 @@
 #include <string_view>
 #include <vector>
 
+#include "compare/step_table.h"
 #include "fuzz_common.h"
 #include "readme.h"
-#include "report.h"
-#include "step_table.h"
+#include "report/report.h"
 
 using namespace gradtrace;
 

@@ -13,10 +13,10 @@
 #include <string_view>
 #include <vector>
 
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
+#include "compare/merge.h"
 #include "fuzz_common.h"
-#include "merge.h"
-#include "report.h"
+#include "report/report.h"
 
 using namespace gradtrace;
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz_common.h"
-#include "rename.h"
+#include "load/rename.h"
 
 using namespace gradtrace;
 

@@ -15,10 +15,10 @@
 #include <string>
 
 #include "archive.h"
-#include "diff_engine.h"
+#include "compare/diff_engine.h"
 #include "fuzz_common.h"
-#include "partial_report.h"
 #include "rank_file.h"
+#include "report/partial_report.h"
 #include "trace_reader.h"
 
 using namespace gradtrace;

@@ -326,7 +326,7 @@ TEST_F(TraceLogTest, NegativeRanksAndGroupMembersOutsideTheWorldAreRefused) {
   EXPECT_EQ(At(16) + "group 'sp': rank 0 listed twice", read_with([](pb::RunInfo* r) {
               for (int i = 2; i < 1'000'000; ++i) r->mutable_groups(0)->add_ranks(i % 2);
             }));
-  // World unrecorded (0): only the set knows the bound (diff/trace_set.cc); the sign is still checked.
+  // World unrecorded (0): only the set knows the bound (diff/load/trace_set.cc); the sign is still checked.
   EXPECT_EQ(At(16) + "group 'sp': rank -3 is negative", read_with([](pb::RunInfo* r) {
               r->mutable_config()->set_world(0);
               r->mutable_groups(0)->add_ranks(-3);

@@ -4,7 +4,7 @@ deepspeed.moe.layer.MoE (2 experts, ep_size 1). DeepSpeed marks expert parameter
 and reduces them over their expert-data-parallel group: the trace must say EXPERT over `edp` for
 exactly those, DENSE over `sdp` for the rest, with the ep/edp groups' ranks; and the grad norm
 DeepSpeed reports (engine.get_global_grad_norm) must agree with the norm of the FINAL gradients
-(gradtrace-diff's grad_norm check, diff/grad_norm.h)."""
+(gradtrace-diff's grad_norm check, diff/evidence/grad_norm.h)."""
 
 import json
 import subprocess

@@ -1,4 +1,4 @@
-"""Gradient bug or logging bug (diff/grad_norm.h): the diff compares the grad norm each trace reports
+"""Gradient bug or logging bug (diff/evidence/grad_norm.h): the diff compares the grad norm each trace reports
 (StepInfo.reported_grad_norm, format 1.2) with the norm of its FINAL gradients.
 
 Real autograd on a tiny MLP, data parallel over 2 ranks emulated in one process (each rank's local

@@ -1,4 +1,4 @@
-"""The diff's absolute floor (diff/tolerance.h) on a real attention whose key bias has a gradient
+"""The diff's absolute floor (diff/compare/tolerance.h) on a real attention whose key bias has a gradient
 that is zero in exact arithmetic (softmax ignores a shift shared by all keys): its values are
 rounding noise (RMS ~1e-10 against a step RMS ~1e-3) and differ between reduction orders by O(1)
 relative to themselves. Before the floor, a correct sequence-split run was a `mismatch` there (in

@@ -1,6 +1,6 @@
 // The --self rules (semantics/divisor_finding.h): an effective divisor measured
 // over a group, against the layout's expressions -> a typed DivisorFinding.
-// The words are diff/self_check.cc's (tests/diff/self_check_test.cc).
+// The words are diff/evidence/self_check.cc's (tests/diff/self_check_test.cc).
 #include "divisor_finding.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,566 @@
+#include "compare/diff_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "compare/align.h"
+#include "compare/tolerance.h"
+#include "compare/work_units.h"
+#include "evidence/evidence.h"
+#include "evidence/grad_norm.h"
+#include "evidence/setup_check.h"
+#include "expected_divisor.h"
+#include "explain/explain.h"
+#include "load/gather.h"
+#include "load/progress.h"
+#include "load/rename.h"
+#include "load/thread_pool.h"
+#include "slice_codec.h"
+
+namespace gradtrace::diff {
+namespace {
+
+// The prefix of the note naming a set whose buckets accumulate across micro-steps.
+constexpr char kAccumulationNote[] = "accumulating buckets in ";
+
+Combine CombineFor(pb::Phase phase) { return phase == pb::PRE_REDUCE ? Combine::kSum : Combine::kReplicas; }
+
+Moments MomentsOf(const SideValues& v) {
+  Moments m;
+  v.WithDense([&m](const auto& dense) {
+    for (double x : dense) m.Add(x);
+  });
+  return m;
+}
+
+std::string Coverage(const char* side, const SideValues& v) {
+  if (v.ranks == 0) return std::string("no ") + side + " records";
+  if (v.has_full()) {
+    return std::string(side) + " covers " + std::to_string(v.covered) + " of " + std::to_string(v.numel) + " elements";
+  }
+  return std::string(side) + " has no full values";
+}
+
+// B against A for one parameter, on the richest basis both sides share.
+Metrics CompareSides(const SideValues& a, const SideValues& b, std::string* note) {
+  if (a.complete() && b.complete()) {
+    return a.WithDense([&](const auto& da) {
+      return b.WithDense([&](const auto& db) { return CompareValues(da.data(), db.data(), a.numel, Basis::kFull); });
+    });
+  }
+  // Sketch: shared positions, taking dense values where a side has them.
+  auto value_at = [](const SideValues& v, int64_t pos, double* out) {
+    if (v.has_full() && v.filled[pos]) {
+      *out = v.at(pos);
+      return true;
+    }
+    auto it = v.sparse.find(pos);
+    if (it == v.sparse.end()) return false;
+    *out = it->second;
+    return true;
+  };
+  if (!a.sparse.empty() || !b.sparse.empty()) {
+    const SideValues& keys = !a.sparse.empty() ? a : b;
+    std::vector<double> va, vb;
+    for (const auto& [pos, unused] : keys.sparse) {
+      double x, y;
+      if (value_at(a, pos, &x) && value_at(b, pos, &y)) {
+        va.push_back(x);
+        vb.push_back(y);
+      }
+    }
+    if (!va.empty()) return CompareValues(va.data(), vb.data(), static_cast<int64_t>(va.size()), Basis::kSketch);
+    *note = "no shared sketch positions";
+  }
+  bool sa = a.has_stats || a.complete(), sb = b.has_stats || b.complete();
+  if (sa && sb) {
+    Moments ma = a.has_stats ? a.moments : MomentsOf(a);
+    Moments mb = b.has_stats ? b.moments : MomentsOf(b);
+    bool sums_only = a.stats_sums_only || b.stats_sums_only;
+    *note = sums_only ? "stats mode: only sums are comparable (sums over ranks or micro-steps)"
+                      : "stats mode: scale from norms; residual is the disagreement of sum/norm/max scale estimates";
+    return CompareMoments(ma, mb, sums_only);
+  }
+  if (note->empty()) {
+    *note = !a.complete() ? Coverage("A", a) : Coverage("B", b);
+  }
+  Metrics none;
+  none.nonfinite_a = 0;
+  return none;
+}
+
+struct Compared {
+  Metrics metrics;
+  std::string note;
+  bool computed = false;
+  double replica_a = 0, replica_b = 0;  // relative disagreement between replicas
+  int replica_rank_a = -1, replica_rank_b = -1, replica_first_a = -1, replica_first_b = -1;
+};
+
+// Gathers and compares every aligned parameter of `al` (y against x).
+Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, const DiffOptions& options,
+                  Progress* progress, std::vector<Compared>* out) {
+  Selection sel{al.step, al.phase};
+  auto frames_x = SelectFrames(x, sel);
+  auto frames_y = SelectFrames(y, sel);
+  std::vector<Unit> units = MakeUnits(al, frames_x, frames_y, options.unit_elements);
+  int threads = ResolveThreads(options.threads);
+  std::vector<ReaderCache> caches(threads);
+  out->assign(al.params.size(), Compared());
+  std::mutex mu;
+  Status first_error;
+  std::atomic<size_t> done{0};
+  Combine combine = CombineFor(al.phase);
+  ParallelFor(units.size(), threads, [&](size_t u, int worker) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!first_error.ok()) return;
+    }
+    std::vector<int32_t> ids_x, ids_y;
+    for (size_t i : units[u].pairs) {
+      ids_x.push_back(al.params[i].id_a);
+      ids_y.push_back(al.params[i].id_b);
+    }
+    std::vector<SideValues> vx, vy;
+    Status st = GatherParams(x, frames_x, ids_x, combine, &caches[worker], &vx);
+    if (st.ok()) st = GatherParams(y, frames_y, ids_y, combine, &caches[worker], &vy);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = st;
+      return;
+    }
+    for (size_t k = 0; k < units[u].pairs.size(); ++k) {
+      Compared& c = (*out)[units[u].pairs[k]];
+      c.metrics = CompareSides(vx[k], vy[k], &c.note);
+      c.computed = true;
+      auto rel = [](const SideValues& v) {
+        return v.replica_ref2 > 0 ? std::sqrt(v.replica_diff2 / v.replica_ref2) : (v.replica_diff2 > 0 ? 1.0 : 0.0);
+      };
+      c.replica_a = rel(vx[k]);
+      c.replica_b = rel(vy[k]);
+      c.replica_rank_a = vx[k].replica_other;
+      c.replica_rank_b = vy[k].replica_other;
+      c.replica_first_a = vx[k].replica_rank;
+      c.replica_first_b = vy[k].replica_rank;
+      // Partial coverage (truncation) is missing data, not a comparison.
+      if ((vx[k].has_full() && !vx[k].complete() && vx[k].sparse.empty() && !vx[k].has_stats) ||
+          (vy[k].has_full() && !vy[k].complete() && vy[k].sparse.empty() && !vy[k].has_stats)) {
+        c.metrics.basis = Basis::kNone;
+        c.note = !vx[k].complete() ? Coverage("A", vx[k]) : Coverage("B", vy[k]);
+      }
+    }
+    if (progress) progress->Update(done.fetch_add(1) + 1, units.size());
+  });
+  if (progress) progress->Finish();
+  return first_error;
+}
+
+TraceSide SideOf(const TraceSet& s) {
+  TraceSide t;
+  t.dir = s.dir();
+  t.producer = s.run().producer() + (s.run().producer_version().empty() ? "" : " " + s.run().producer_version());
+  t.run_id = s.run().run_id();
+  t.world = s.world();
+  t.truncated = s.truncated();
+  t.config = s.config();
+  t.framework = s.run().framework();
+  return t;
+}
+
+double LogDistance(double s) { return std::isfinite(s) && s != 0 ? std::fabs(std::log(std::fabs(s))) : 1e300; }
+
+void AddTruncations(const TraceSet& s, std::vector<std::string>* out) {
+  for (const RankFile& f : s.ranks()) {
+    if (f.truncated) {
+      out->push_back(f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing");
+    }
+  }
+}
+
+// What makes two diffs the same diff: the runs, their files' sizes, the
+// options that change results, and the aligned parameters. Not the directory
+// paths, so nodes that mount the traces at different places can share a merge.
+std::string InputFingerprint(const TraceSet& a, const TraceSet& b, const TraceSet* noise, const DiffOptions& options,
+                             const Alignment& al) {
+  std::string text = "gradtrace-diff partial 1\n";
+  for (const TraceSet* s : {&a, &b, noise}) {
+    if (s == nullptr) continue;
+    text += "set " + s->run().run_id() + " world " + std::to_string(s->world()) + " " + s->config().ShortDebugString() +
+            "\n";
+    for (const RankFile& f : s->ranks()) {
+      text += std::filesystem::path(f.path).filename().string() + " " + std::to_string(f.file_size) + " " +
+              std::to_string(f.truncated) + " " + std::to_string(f.stop_offset) + "\n";
+    }
+  }
+  char rtol[40] = "none";
+  if (options.rtol) std::snprintf(rtol, sizeof(rtol), "%.17g", *options.rtol);
+  text += "step " + std::to_string(al.step) + " phase " + PhaseName(al.phase) + " rtol " + rtol + "\n";
+  for (const auto& r : options.renames) text += "rename " + r + "\n";
+  for (const ParamPair& p : al.params) text += p.name + " " + std::to_string(p.numel) + " " + p.problem + "\n";
+  return Fingerprint(text);
+}
+
+// --noise: rel_error(A, A2) per parameter name, for the names in `part` only.
+Status MeasureNoise(const TraceSet& a, const TraceSet& noise, const std::vector<RenameRule>& rules,
+                    const DiffOptions& options, const Alignment& part,
+                    std::unordered_map<std::string, double>* by_name) {
+  auto noise_al = AlignSets(a, noise, rules, options.phase, part.step);
+  if (!noise_al.ok()) return noise_al.status();
+  std::unordered_set<std::string> names;
+  for (const ParamPair& p : part.params) names.insert(p.name);
+  std::erase_if(noise_al->params, [&](const ParamPair& p) { return !names.count(p.name); });
+  std::vector<Compared> nc;
+  GT_RETURN_IF_ERROR(CompareAll(a, noise, *noise_al, options, nullptr, &nc));
+  for (size_t i = 0; i < nc.size(); ++i) {
+    if (nc[i].computed && std::isfinite(nc[i].metrics.rel_error)) {
+      (*by_name)[noise_al->params[i].name] = nc[i].metrics.rel_error;
+    }
+  }
+  return Status();
+}
+
+ComparedParam MakeCompared(size_t index, const ParamPair& pp, const Compared& c, const TraceSet& a, const TraceSet& b) {
+  ComparedParam p;
+  p.index = index;
+  p.name = pp.name;
+  p.numel = pp.numel;
+  p.shape = pp.shape;
+  p.dtype = DTypeName(pp.dtype_b != pb::DTYPE_UNSPECIFIED ? pp.dtype_b : pp.dtype_a);
+  p.problem = pp.problem;
+  // The layout B recorded, else A's (1.0/1.1 traces record none).
+  for (const auto& [set, id] : {std::pair{&b, pp.id_b}, std::pair{&a, pp.id_a}}) {
+    if (id >= 0 && p.param_kind.empty()) p.param_kind = semantics::ParamKindName(set->run().params(id).kind());
+  }
+  if (!pp.problem.empty()) return p;
+  p.metrics = c.metrics;
+  p.note = c.note;
+  p.replica[0] = {c.replica_a, c.replica_first_a, c.replica_rank_a, ""};
+  p.replica[1] = {c.replica_b, c.replica_first_b, c.replica_rank_b, ""};
+  for (int side = 0; side < 2; ++side) {
+    ComparedParam::Replica& r = p.replica[side];
+    if (r.rel > 0) r.other_path = (side == 0 ? a : b).ranks()[std::max(r.other, 0)].path;
+  }
+  return p;
+}
+
+// Tolerance: --rtol, else measured noise, else the dtype/summand bound. Per parameter.
+std::vector<double> JudgeTolerance(const Comparison& c, Tolerance* tolerance) {
+  *tolerance = c.rtol ? FixedTolerance(*c.rtol) : DefaultTolerance(c.a.config, c.b.config);
+  std::vector<double> rtol(c.params.size(), tolerance->rtol);
+  if (c.noise_dir.empty() || c.params.empty()) return rtol;
+  double worst = 0;  // for parameters the noise run lacks
+  for (const ComparedParam& p : c.params) {
+    if (p.noise_rel_error) worst = std::max(worst, *p.noise_rel_error);
+  }
+  double u = std::max(UnitRoundoff(c.a.config.dtype()), UnitRoundoff(c.b.config.dtype()));
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    rtol[i] = std::max(4 * c.params[i].noise_rel_error.value_or(worst), 4 * u);
+  }
+  tolerance->source = "noise";
+  tolerance->rtol = *std::max_element(rtol.begin(), rtol.end());
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "rtol_p = max(4*rel_error(A, A2)_p, 4u) from %s; largest %.3g", c.noise_dir.c_str(),
+                tolerance->rtol);
+  tolerance->bound = buf;
+  return rtol;
+}
+
+// Root mean square of every element compared in A (full and sketch bases):
+// the magnitude the absolute floor scales with (tolerance.h).
+double StepRms(const Comparison& c) {
+  double sum_sq = 0;
+  int64_t n = 0;
+  for (const ComparedParam& p : c.params) {
+    if (!p.problem.empty() || (p.metrics.basis != Basis::kFull && p.metrics.basis != Basis::kSketch)) continue;
+    if (!std::isfinite(p.metrics.norm_a)) continue;
+    sum_sq += p.metrics.norm_a * p.metrics.norm_a;
+    n += p.metrics.compared;
+  }
+  return n > 0 ? std::sqrt(sum_sq / static_cast<double>(n)) : 0;
+}
+
+// One parameter's verdict; replicas that disagree beyond rtol become findings.
+ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::vector<Finding>* findings,
+                       bool* replica_problem) {
+  ParamResult r;
+  r.name = p.name;
+  r.numel = p.numel;
+  r.shape = p.shape;
+  r.dtype = p.dtype;
+  r.param_kind = p.param_kind;
+  r.rtol = rtol;
+  if (!p.problem.empty()) {
+    r.verdict = Verdict::kMissing;
+    r.note = p.problem;
+    return r;
+  }
+  r.metrics = p.metrics;
+  r.note = p.note;
+  r.verdict = Classify(p.metrics, rtol, atol);
+  if (r.verdict != Classify(p.metrics, rtol)) {
+    r.zero = true;
+    const double n = static_cast<double>(std::max<int64_t>(p.metrics.compared, 1));
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "zero up to rounding: RMS %.3g (A) and %.3g (B) against the absolute floor %.3g",
+                  p.metrics.norm_a / std::sqrt(n), p.metrics.norm_b / std::sqrt(n), atol);
+    r.note += (r.note.empty() ? "" : "; ") + std::string(buf);
+  }
+  for (int side = 0; side < 2; ++side) {
+    const ComparedParam::Replica& rep = p.replica[side];
+    if (rep.rel <= rtol) continue;
+    *replica_problem = true;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3g", rep.rel);
+    std::string msg = std::string(side == 0 ? "A" : "B") + ": replicas of '" + p.name + "' disagree (rank " +
+                      std::to_string(rep.first) + " vs rank " + std::to_string(rep.other) + ", relative difference " +
+                      buf + ", " + rep.other_path + ")";
+    findings->push_back({"replica", msg});
+    r.note += (r.note.empty() ? "" : "; ") + std::string("replicas disagree in ") + (side == 0 ? "A" : "B");
+  }
+  return r;
+}
+
+// Parameters zero up to rounding have no scale worth a group (their B/A is
+// noise over noise): one note names them instead.
+void NoteZeroParams(const std::vector<ParamResult>& params, double atol, std::vector<Finding>* findings) {
+  std::string names;
+  int count = 0;
+  for (const ParamResult& p : params) {
+    if (!p.zero) continue;
+    if (++count <= 5) names += (count > 1 ? ", " : "") + p.name;
+  }
+  if (count == 0) return;
+  if (count > 5) names += ", ...";
+  char floor[32];
+  std::snprintf(floor, sizeof floor, "%.3g", atol);
+  findings->push_back({"note", std::to_string(count) + (count == 1 ? " parameter is" : " parameters are") +
+                                   " zero up to rounding in both sets (RMS below the absolute floor " + floor +
+                                   "): no scale is measured for " + (count == 1 ? "it" : "them") + " (" + names + ")"});
+}
+
+// Overall verdict (REPORT_SCHEMA.md): the worst parameter verdict by the one
+// severity order (metrics.h Severity), with a truncated set "incomplete" above
+// scaled and below missing.
+std::string OverallVerdict(const Report& report, bool replica_problem) {
+  Verdict worst = replica_problem ? Verdict::kMismatch : Verdict::kMatch;
+  for (const ParamResult& p : report.params) {
+    if (Severity(p.verdict) > Severity(worst)) worst = p.verdict;
+  }
+  if (Severity(worst) >= Severity(Verdict::kMissing)) return VerdictName(worst);
+  if (report.a.truncated || report.b.truncated) return "incomplete";
+  return VerdictName(worst);
+}
+
+// --phase pre/post add up a step's micro-steps; a set whose buckets accumulate
+// across micro-steps (DDP under accumulation outside no_sync, bucket_view.h)
+// holds the earlier micro-steps' reduced gradient in every later PRE/POST, so
+// that sum is not its gradient: named in a note (and the summary).
+void NoteAccumulation(int accumulating_params, const char* side, std::vector<std::string>* notes) {
+  if (accumulating_params == 0) return;
+  notes->push_back(std::string(kAccumulationNote) + side + " (" + std::to_string(accumulating_params) +
+                   " parameters): each micro-step's PRE_REDUCE holds the previous micro-steps' reduced gradient "
+                   "and FINAL is the last POST_REDUCE, so --phase pre/post (which add up the micro-steps) do not "
+                   "measure this set; compare FINAL (--phase final)");
+}
+
+// A different start, or different data by the compared step, makes the
+// gradients differ for a reason that is not a gradient bug: it becomes the
+// verdict (exit 3). Otherwise (gradients match, or the data differ only later)
+// it is a finding.
+void ApplySetup(const Comparison& c, Report* report) {
+  if (c.setup_verdict.empty()) return;
+  const bool explains = c.setup_verdict == "different-start" || c.setup_data_step <= c.step;
+  if (explains && report->verdict != "match") {
+    report->findings.push_back({"setup", "gradients differ (" + report->summary + "), but " + c.setup_summary});
+    report->verdict = c.setup_verdict;
+    report->summary = c.setup_summary;
+  } else {
+    report->findings.push_back({"setup", c.setup_summary});
+  }
+}
+
+}  // namespace
+
+Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
+                                 const TraceSet* noise) {
+  std::vector<RenameRule> rules;
+  for (const auto& text : options.renames) {
+    auto r = ParseRenameRule(text);
+    if (!r.ok()) return r.status();
+    rules.push_back(std::move(*r));
+  }
+  auto aligned = AlignSets(a, b, rules, options.phase, options.step);
+  if (!aligned.ok()) return aligned.status();
+  const Alignment& al = *aligned;
+  if (options.rtol) noise = nullptr;  // --rtol overrides the measured tolerance
+
+  Comparison c;
+  c.a = SideOf(a);
+  c.b = SideOf(b);
+  c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
+  c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
+  // What each side's own reductions show (explain.h uses it to tell a loss multiplier from a divisor).
+  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
+  int accumulating_a = 0, accumulating_b = 0;
+  const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
+  c.a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
+  c.b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  if (options.bucket_view) {
+    c.a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
+    c.b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
+  }
+  StepLossAndTokens(a, al.step, &c.a);
+  StepLossAndTokens(b, al.step, &c.b);
+  c.step = al.step;
+  c.phase = PhaseName(al.phase);
+  c.notes = al.notes;
+  for (const auto& [side, set] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
+    for (const std::string& n : set->inferences()) c.notes.push_back(std::string(side) + ": " + n);
+  }
+  if (summed) {
+    NoteAccumulation(accumulating_a, "A", &c.notes);
+    NoteAccumulation(accumulating_b, "B", &c.notes);
+  }
+  AddTruncations(a, &c.truncations);
+  AddTruncations(b, &c.truncations);
+  c.rtol = options.rtol;
+  if (noise != nullptr) c.noise_dir = noise->dir();
+  c.param_count = al.params.size();
+  c.shard = options.shard;
+  c.fingerprint = InputFingerprint(a, b, noise, options, al);
+  const SetupDifference setup = CheckSetup(a, b, al);
+  c.setup_verdict = setup.verdict;
+  c.setup_summary = setup.summary;
+  c.setup_data_step = setup.first_data_step;
+
+  // This shard's share: compared pairs weigh their elements, the others nothing.
+  std::vector<int64_t> weights;
+  for (const ParamPair& p : al.params) weights.push_back(p.problem.empty() ? p.numel : 0);
+  std::vector<size_t> mine = ShardItems(weights, options.shard);
+  Alignment part = al;
+  part.params.clear();
+  for (size_t i : mine) part.params.push_back(al.params[i]);
+
+  uint64_t bytes = a.total_bytes() + b.total_bytes();
+  Progress progress("gradtrace-diff: comparing", options.progress && Progress::Wanted(bytes));
+  std::vector<Compared> compared;
+  GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared));
+  std::unordered_map<std::string, double> noise_by_name;
+  if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, rules, options, part, &noise_by_name));
+
+  for (size_t j = 0; j < mine.size(); ++j) {
+    ComparedParam p = MakeCompared(mine[j], part.params[j], compared[j], a, b);
+    auto it = noise_by_name.find(p.name);
+    if (it != noise_by_name.end()) p.noise_rel_error = it->second;
+    c.params.push_back(std::move(p));
+  }
+  return c;
+}
+
+Expected<Report> JudgeComparison(const Comparison& c) {
+  bool whole = c.params.size() == c.param_count;
+  for (size_t i = 0; whole && i < c.params.size(); ++i) whole = c.params[i].index == i;
+  if (!whole) {
+    return Status::InvalidArgument("the comparison holds " + std::to_string(c.params.size()) + " of " +
+                                   std::to_string(c.param_count) + " parameters (shard " + std::to_string(c.shard.k) +
+                                   "/" + std::to_string(c.shard.n) + "): merge the parts before judging");
+  }
+  Report report;
+  report.mode = "diff";
+  report.a = c.a;
+  report.b = c.b;
+  report.step = c.step;
+  report.phase = c.phase;
+  for (const auto& n : c.notes) report.findings.push_back({"note", n});
+
+  std::vector<double> rtol = JudgeTolerance(c, &report.tolerance);
+  SetAbsoluteFloor(DefaultTolerance(c.a.config, c.b.config).rtol, StepRms(c), &report.tolerance);
+  bool replica_problem = false;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    report.params.push_back(
+        JudgeParam(c.params[i], rtol[i], report.tolerance.atol, &report.findings, &replica_problem));
+  }
+  for (const auto& t : c.truncations) report.findings.push_back({"truncated", t});
+  NoteZeroParams(report.params, report.tolerance.atol, &report.findings);
+
+  // Groups see the parameters in alignment order; the table shows the worst first.
+  report.groups = GroupParams(report.params, c.a, c.b, report.tolerance.rtol);
+  std::stable_sort(report.params.begin(), report.params.end(), [](const ParamResult& x, const ParamResult& y) {
+    if (Severity(x.verdict) != Severity(y.verdict)) return Severity(x.verdict) > Severity(y.verdict);
+    double rx = std::isnan(x.metrics.residual) ? -1 : x.metrics.residual;
+    double ry = std::isnan(y.metrics.residual) ? -1 : y.metrics.residual;
+    if (rx != ry) return rx > ry;
+    return LogDistance(x.metrics.scale) > LogDistance(y.metrics.scale);
+  });
+
+  report.verdict = OverallVerdict(report, replica_problem);
+  if (report.verdict == "match") {
+    report.summary = "all " + std::to_string(report.params.size()) + " parameters match";
+    if (!report.tolerance.precision.empty() && report.tolerance.source == "default") {
+      report.summary +=
+          " within " + report.tolerance.precision + " rounding (" + report.tolerance.precision_source + ")";
+    }
+  } else if (!report.groups.empty()) {
+    report.summary = report.groups.front().explanation;  // the most serious finding (GroupParams' order)
+  }
+  // Summed micro-steps of an accumulating set are not its gradient: say so before any factor.
+  for (const auto& n : c.notes) {
+    if (n.rfind(kAccumulationNote, 0) == 0 && report.verdict != "match") report.summary = n + "; " + report.summary;
+  }
+  ApplySetup(c, &report);
+  // A misreported norm is a finding of its own; with matching gradients it is the headline.
+  report.grad_norm = CheckGradNorms(report);
+  if (report.grad_norm && report.grad_norm->verdict == "misreported") {
+    report.findings.push_back({"grad-norm", report.grad_norm->message});
+    if (report.verdict == "match") report.summary = report.grad_norm->message;
+  }
+  return report;
+}
+
+Expected<Report> DiffSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options, const TraceSet* noise) {
+  auto c = CompareSets(a, b, options, noise);
+  if (!c.ok()) return c.status();
+  return JudgeComparison(*c);
+}
+
+Expected<LoadedSets> LoadSets(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  LoadOptions lo;
+  lo.threads = options.threads;
+  Progress reading("gradtrace-diff: reading", options.progress);
+  if (options.progress) {
+    lo.progress = [&reading](uint64_t done, uint64_t total) {
+      if (Progress::Wanted(total)) reading.Update(done, total);
+    };
+  }
+  auto a = TraceSet::Load(a_dir, lo);
+  if (!a.ok()) return a.status();
+  auto b = TraceSet::Load(b_dir, lo);
+  if (!b.ok()) return b.status();
+  LoadedSets sets{std::move(*a), std::move(*b), std::nullopt};
+  if (!options.noise_dir.empty()) {
+    auto n = TraceSet::Load(options.noise_dir, lo);
+    if (!n.ok()) return n.status();
+    sets.noise = std::move(*n);
+  }
+  reading.Finish();
+  return sets;
+}
+
+Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  auto sets = LoadSets(a_dir, b_dir, options);
+  if (!sets.ok()) return sets.status();
+  return CompareSets(sets->a, sets->b, options, sets->noise ? &*sets->noise : nullptr);
+}
+
+Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options) {
+  auto c = RunCompare(a_dir, b_dir, options);
+  if (!c.ok()) return c.status();
+  return JudgeComparison(*c);
+}
+
+}  // namespace gradtrace::diff

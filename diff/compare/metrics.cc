@@ -1,0 +1,205 @@
+#include "compare/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace gradtrace::diff {
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kMatch:
+      return "match";
+    case Verdict::kScaled:
+      return "scaled";
+    case Verdict::kMismatch:
+      return "mismatch";
+    case Verdict::kMissing:
+      return "missing";
+    case Verdict::kNonfinite:
+      return "nonfinite";
+  }
+  return "?";
+}
+
+int Severity(Verdict v) {
+  switch (v) {
+    case Verdict::kMatch:
+      return 0;
+    case Verdict::kScaled:
+      return 1;
+    case Verdict::kMissing:
+      return 2;
+    case Verdict::kMismatch:
+      return 3;
+    case Verdict::kNonfinite:
+      return 4;
+  }
+  return 5;
+}
+
+const char* BasisName(Basis b) {
+  switch (b) {
+    case Basis::kFull:
+      return "full";
+    case Basis::kSketch:
+      return "sketch";
+    case Basis::kStats:
+      return "stats";
+    case Basis::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+void Moments::Add(double v) {
+  if (!std::isfinite(v)) {
+    ++nonfinite;
+    return;
+  }
+  ++count;
+  sum += v;
+  sum_sq += v * v;
+  abs_max = std::max(abs_max, std::fabs(v));
+}
+
+void Moments::Merge(const Moments& o) {
+  count += o.count;
+  sum += o.sum;
+  sum_sq += o.sum_sq;
+  abs_max = std::max(abs_max, o.abs_max);
+  nonfinite += o.nonfinite;
+}
+
+template <typename A, typename B>
+Metrics CompareValues(const A* a_in, const B* b_in, int64_t n, Basis basis) {
+  Metrics m;
+  m.basis = basis;
+  m.compared = n;
+  // kLanes interleaved partial sums, element i in lane i % kLanes: independent
+  // chains the compiler turns into SIMD, in a fixed order, so results do not
+  // depend on threads or shards. No per-element branch: non-finite values are
+  // counted in a second pass only when they made a sum non-finite.
+  constexpr int kLanes = 8;
+  double aa_l[kLanes] = {}, ab_l[kLanes] = {}, bb_l[kLanes] = {};
+  auto sum = [](const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double x = a_in[i + l], y = b_in[i + l];
+      aa_l[l] += x * x;
+      ab_l[l] += x * y;
+      bb_l[l] += y * y;
+    }
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const double x = a_in[i], y = b_in[i];
+    aa_l[i - full] += x * x;
+    ab_l[i - full] += x * y;
+    bb_l[i - full] += y * y;
+  }
+  const double aa = sum(aa_l), ab = sum(ab_l), bb = sum(bb_l);
+  if (!std::isfinite(aa) || !std::isfinite(bb)) {
+    for (int64_t i = 0; i < n; ++i) {
+      m.nonfinite_a += !std::isfinite(static_cast<double>(a_in[i]));
+      m.nonfinite_b += !std::isfinite(static_cast<double>(b_in[i]));
+    }
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  m.norm_a = std::sqrt(aa);
+  m.norm_b = std::sqrt(bb);
+  m.scale = aa > 0 ? ab / aa : nan;
+  m.cosine = (aa > 0 && bb > 0) ? ab / (m.norm_a * m.norm_b) : nan;
+  double res_l[kLanes] = {}, err_l[kLanes] = {}, max_l[kLanes] = {};
+  const double s = aa > 0 ? m.scale : 0;
+  auto residuals = [&](int64_t i, int l) {
+    const double x = a_in[i], y = b_in[i];
+    const double r = y - s * x, e = y - x;
+    res_l[l] += r * r;
+    err_l[l] += e * e;
+    max_l[l] = std::max(max_l[l], std::fabs(e));  // NaN never wins, as before
+  };
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) residuals(i + l, l);
+  }
+  for (int64_t i = full; i < n; ++i) residuals(i, static_cast<int>(i - full));
+  m.max_abs_error = *std::max_element(max_l, max_l + kLanes);
+  const double res2 = sum(res_l), err2 = sum(err_l);
+  if (bb > 0) {
+    m.residual = std::sqrt(res2) / m.norm_b;
+    m.rel_error = std::sqrt(err2) / m.norm_b;
+  } else {
+    // b is zero: any non-zero a is entirely error, relative to a.
+    m.residual = aa > 0 ? 1.0 : 0.0;
+    m.rel_error = aa > 0 ? 1.0 : 0.0;
+  }
+  return m;
+}
+
+template Metrics CompareValues(const double*, const double*, int64_t, Basis);
+template Metrics CompareValues(const float*, const float*, int64_t, Basis);
+template Metrics CompareValues(const float*, const double*, int64_t, Basis);
+template Metrics CompareValues(const double*, const float*, int64_t, Basis);
+
+Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
+  Metrics m;
+  m.basis = Basis::kStats;
+  m.sums_only = sums_only;
+  m.nonfinite_a = a.nonfinite;
+  m.nonfinite_b = b.nonfinite;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  m.cosine = nan;
+  auto rel = [](double x, double y) {
+    double d = std::max(std::fabs(x), std::fabs(y));
+    return d > 0 ? std::fabs(x - y) / d : 0.0;
+  };
+  if (sums_only) {
+    m.scale = a.sum != 0 ? b.sum / a.sum : nan;
+    m.residual = nan;
+    m.rel_error = rel(a.sum, b.sum);
+    m.max_abs_error = std::fabs(b.sum - a.sum);
+    return m;
+  }
+  m.norm_a = std::sqrt(a.sum_sq);
+  m.norm_b = std::sqrt(b.sum_sq);
+  if (a.sum_sq <= 0) {
+    m.scale = nan;
+    m.residual = b.sum_sq > 0 ? 1.0 : 0.0;
+    m.rel_error = m.residual;
+    return m;
+  }
+  double s_norm = std::sqrt(b.sum_sq / a.sum_sq);
+  double sign = (a.sum * b.sum < 0) ? -1.0 : 1.0;
+  m.scale = sign * s_norm;
+  // If B = s·A exactly, every moment scales consistently; their disagreement
+  // bounds how far B is from a multiple of A (it cannot prove equality).
+  double s_sum = a.sum != 0 ? b.sum / a.sum : m.scale;
+  double s_max = a.abs_max > 0 ? sign * b.abs_max / a.abs_max : m.scale;
+  m.residual = std::max(rel(s_sum, m.scale), rel(s_max, m.scale));
+  // Relative error of the norms and sums, the closest stats analogue of ||b-a||/||b||.
+  m.rel_error =
+      std::max({rel(m.norm_a, m.norm_b), rel(a.sum, b.sum) * (std::fabs(a.sum) > 0 ? 1 : 0), std::fabs(sign - 1) / 2});
+  m.max_abs_error = std::fabs(b.abs_max - a.abs_max);
+  return m;
+}
+
+Verdict Classify(const Metrics& m, double rtol, double atol) {
+  if (m.nonfinite_a > 0 || m.nonfinite_b > 0) return Verdict::kNonfinite;
+  if (m.basis == Basis::kNone) return Verdict::kMissing;
+  if (m.norm_a == 0 && m.norm_b == 0 && !m.sums_only) return Verdict::kMatch;
+  if (m.rel_error <= rtol) return Verdict::kMatch;
+  if (atol > 0 && (m.basis == Basis::kFull || m.basis == Basis::kSketch)) {
+    // Absolute norms back from the relative ones (relative to ||b||, or all of
+    // ||a|| when b is zero).
+    const double allowed = rtol * m.norm_b + atol * std::sqrt(static_cast<double>(std::max<int64_t>(m.compared, 1)));
+    const double error = m.norm_b > 0 ? m.rel_error * m.norm_b : m.norm_a;
+    if (error <= allowed) return Verdict::kMatch;
+    const double residual = m.norm_b > 0 ? m.residual * m.norm_b : m.norm_a;
+    if (std::isfinite(m.scale) && residual <= allowed) return Verdict::kScaled;
+  }
+  if (std::isfinite(m.scale) && std::isnan(m.residual) == false && m.residual <= rtol) return Verdict::kScaled;
+  if (m.sums_only && std::isfinite(m.scale)) return Verdict::kScaled;
+  return Verdict::kMismatch;
+}
+
+}  // namespace gradtrace::diff

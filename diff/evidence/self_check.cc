@@ -1,0 +1,863 @@
+#include "evidence/self_check.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "cause.h"
+#include "compare/align.h"
+#include "compare/tolerance.h"
+#include "divisor_finding.h"
+#include "evidence/bucket_view.h"
+#include "evidence/grad_norm.h"
+#include "expected_divisor.h"
+#include "explain/explain.h"
+#include "load/gather.h"
+#include "load/progress.h"
+#include "load/thread_pool.h"
+
+namespace gradtrace::diff {
+namespace {
+
+// One reduction: a bucket of one micro-step, reduced over one group.
+struct ReductionKey {
+  int32_t micro = 0;
+  int32_t bucket = 0;
+  std::string group;
+  std::vector<int> members;
+  bool operator<(const ReductionKey& o) const {
+    return std::tie(micro, bucket, group, members) < std::tie(o.micro, o.bucket, o.group, o.members);
+  }
+};
+
+// Accumulators are per parameter and group: a parameter reduced over two groups in one step (a
+// norm summed over tp, then averaged over dp) has two reductions with divisors of their own.
+using AccKey = std::pair<int32_t, std::string>;
+
+struct Reduction {
+  std::vector<const FrameRef*> post;  // members' POST frames
+  std::set<int32_t> sample;           // when not empty, only these parameters are measured (SampleReductions)
+};
+
+struct ParamAcc {
+  double ss = 0, sp = 0, pp = 0;
+  int64_t compared = 0;
+  // Model-parallel reductions (semantics::ModelParallelReduction): ||S||^2 and n x the sum of the
+  // members' ||PRE||^2 over its reductions; they are equal (Cauchy-Schwarz) only when every member's
+  // input was the same values, identical copies rather than partial sums.
+  double sum_sq = 0, members_sq = 0;
+  std::set<int32_t> buckets;
+  std::string group;
+  int group_size = 0;
+  double declared = 0;
+  std::vector<std::string> problems;
+  void Merge(const ParamAcc& o) {
+    ss += o.ss;
+    sp += o.sp;
+    pp += o.pp;
+    compared += o.compared;
+    sum_sq += o.sum_sq;
+    members_sq += o.members_sq;
+    buckets.insert(o.buckets.begin(), o.buckets.end());
+    if (group.empty()) group = o.group;
+    group_size = std::max(group_size, o.group_size);
+    if (declared == 0) declared = o.declared;
+    problems.insert(problems.end(), o.problems.begin(), o.problems.end());
+  }
+};
+
+// Whether the members of a reduction put in identical copies of one gradient, not partial sums:
+// ||S||^2 = n x the sum of the n members' ||PRE||^2 within rtol^2 (Cauchy-Schwarz: equal only when
+// every member holds the same values).
+bool IdenticalInputs(double sum_sq, double members_sq, double rtol) {
+  return members_sq > 0 && std::isfinite(sum_sq) && std::isfinite(members_sq) &&
+         std::fabs(1 - sum_sq / members_sq) <= rtol * rtol;
+}
+
+std::string Fixed(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
+}
+
+// One sentence per divisor rule (semantics/divisor_finding.h); {cite} is `cite` when the finding names the
+// DeepSpeed change behind it.
+struct DivisorSentence {
+  semantics::DivisorRule rule;
+  const char* why;
+  const char* cite;
+};
+
+constexpr DivisorSentence kDivisorSentences[] = {
+    {semantics::DivisorRule::kUnmatched, "matches no expression of the configuration (group size, dp, sp, gas)",
+     nullptr},
+    {semantics::DivisorRule::kPartialSumsAdded,
+     "the group's ranks hold partial sums of the gradient (e.g. a norm or bias replicated under tensor/sequence "
+     "parallelism: each rank's share from its own tokens) and the reduction adds them, as the mean loss needs",
+     nullptr},
+    {semantics::DivisorRule::kPartialSumsAveraged,
+     "the reduction averages the group's partial sums of the gradient (e.g. a norm under tensor/sequence "
+     "parallelism) instead of adding them",
+     nullptr},
+    {semantics::DivisorRule::kCopiesAdded,
+     "the group's ranks hold identical copies of the gradient (each computed it whole; no reduction was needed) "
+     "and the reduction adds them",
+     nullptr},
+    {semantics::DivisorRule::kExpertsByDp,
+     "expert gradients are divided by the dense data-parallel degree, as the mean loss needs", nullptr},
+    {semantics::DivisorRule::kExpertsOverEdp,
+     "expert gradients are averaged over their expert-data-parallel group instead of divided by dp: ep x the "
+     "mean-loss gradient{cite}",
+     " (the mistake DeepSpeed PRs {ref} fixed)"},
+    {semantics::DivisorRule::kGroupMean, "the reduction averages over the group", nullptr},
+    {semantics::DivisorRule::kShardOnly,
+     "the reduction divides by the shard group only and the all-reduce over the replicas sums (an HSDP divide "
+     "factor that leaves out the replicate degree)",
+     nullptr},
+    {semantics::DivisorRule::kDpOnlyOverSp, "the reduction divides by dp only (group size / sp{cite})",
+     ", as DeepSpeed does since {ref}"},
+    {semantics::DivisorRule::kDpOnlyOverCp,
+     "the reduction divides by dp only (group size / cp): the context-parallel ranks' shares are summed", nullptr},
+    {semantics::DivisorRule::kSum, "the reduction sums without dividing", nullptr},
+    {semantics::DivisorRule::kDividedTwice, "the bucket is divided twice{cite}",
+     " (the MoE-bucket division DeepSpeed PR {ref} removed)"},
+    {semantics::DivisorRule::kSpOnly, "the reduction divides by the sequence-parallel degree only", nullptr},
+    {semantics::DivisorRule::kAlsoGas, "the reduction also divides by the accumulation steps", nullptr},
+};
+
+std::string DivisorWhy(const semantics::DivisorFinding& f) {
+  for (const DivisorSentence& s : kDivisorSentences) {
+    if (s.rule == f.rule) return FillSentence(s.why, {{"cite", CiteChange(s.cite, f.change)}});
+  }
+  std::fprintf(stderr, "gradtrace-diff: internal error: no sentence for divisor rule %d\n", static_cast<int>(f.rule));
+  std::abort();  // every rule has a row
+}
+
+// Words for an effective divisor d of a reduction over `group_size` ranks of
+// parameters of one kind, against what their recorded layout needs
+// (semantics::ExplainDivisor); fills the group's cause fields.
+std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, const pb::Config& c, bool deepspeed,
+                           double ctol, Group* g) {
+  const semantics::DivisorFinding f = semantics::ExplainDivisor(
+      {d, p.param_kind, p.group, p.group_size, p.expected, p.model_parallel, p.identical_inputs}, c, deepspeed, ctol);
+  std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
+                                     : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
+  if (!p.param_kind.empty() && count != total) which += " (" + p.param_kind + ")";
+  std::string ctx = " (group '" + p.group + "'" + (f.with_replicas ? " with its replicas" : "") + " of " +
+                    std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() + "', loss '" + c.loss() +
+                    "', which needs " + Fixed(p.expected) + ")";
+  g->cause = semantics::CauseName(f.cause);
+  g->dimension = f.dimension;
+  g->expression = f.expression;
+  g->param_kind = p.param_kind;
+  if (p.expected > 0) g->predicted = p.expected;
+  std::string s = "effective divisor " + Fixed(d) + (f.expression.empty() ? "" : " = " + f.expression) + " " + which +
+                  ctx + ": " + DivisorWhy(f);
+  if (p.expected > 0 && !f.right) {
+    s += "; the optimizer sees " + Fixed(f.multiple) + " times the gradient of the mean loss";
+  }
+  return s;
+}
+
+}  // namespace
+
+namespace {
+
+// The reductions of one step: each (micro, bucket, group) with its members'
+// POST frames, and the PRE frames of every (rank, micro, bucket).
+struct StepReductions {
+  std::map<ReductionKey, Reduction> reductions;
+  std::map<std::tuple<int, int32_t, int32_t>, std::vector<const FrameRef*>> pre;
+};
+
+// The ranks a POST_REDUCE of `group` on `rank` sums over: the group's members,
+// and under HSDP (Config.replicate > 1, FORMAT.md 4.1) each member's replicas,
+// since POST is written after the all-reduce over the replicate group.
+std::vector<int> ReductionMembers(const TraceSet& set, int rank, const std::string& group) {
+  const std::vector<int>& members = set.GroupMembers(rank, group);
+  if (!semantics::SumsOverReplicas(set.config(), group)) return members;
+  std::set<int> all(members.begin(), members.end());
+  for (int m : members) {
+    const auto& replicas = set.GroupMembers(m, "replicate");
+    all.insert(replicas.begin(), replicas.end());
+  }
+  return {all.begin(), all.end()};
+}
+
+StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* report) {
+  StepReductions out;
+  for (const FrameRef& f : set.frames()) {
+    if (f.step != step) continue;
+    if (f.phase == pb::PRE_REDUCE) out.pre[{f.rank, f.micro_step, f.bucket_id}].push_back(&f);
+    if (f.phase != pb::POST_REDUCE) continue;
+    ReductionKey key{f.micro_step, f.bucket_id, f.group, ReductionMembers(set, f.rank, f.group)};
+    if (key.members.empty()) {
+      report->findings.push_back({"divisor", set.ranks()[f.rank].path + ": POST_REDUCE of bucket " +
+                                                 std::to_string(f.bucket_id) + " names group '" + f.group +
+                                                 "' which this rank's RunInfo does not list; skipped"});
+      continue;
+    }
+    out.reductions[key].post.push_back(&f);
+  }
+  return out;
+}
+
+// The parameters of one bucket to measure: the kSampleParams smallest of at
+// least kSampleMinNumel elements held wholly by the PRE frame (~4 MB) that
+// holds the most parameters, so each member decompresses about one frame and
+// sums a few thousand elements; then, for each parameter kind the bucket holds
+// that is not among them, the parameter of that kind spread over the fewest
+// frames. Several parameters, so that one whose gradient is zero up to
+// rounding (its divisor is noise) does not move the median.
+constexpr size_t kSampleParams = 8;
+constexpr int64_t kSampleMinNumel = 64;
+
+std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const FrameRef*>& frames) {
+  std::map<int32_t, int> spread;  // parameter -> how many of these frames hold a slice of it
+  for (const FrameRef* f : frames) {
+    for (int32_t id : f->param_ids) ++spread[id];
+  }
+  std::set<int32_t> sample;
+  size_t best = 0;
+  for (const FrameRef* f : frames) {  // frames in offset order: the first of equals wins
+    std::set<int32_t> whole;
+    for (int32_t id : f->param_ids) {
+      if (spread[id] == 1) whole.insert(id);
+    }
+    if (whole.size() > best) best = whole.size(), sample = std::move(whole);
+  }
+  auto numel = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).numel() : 0; };
+  std::vector<int32_t> by_size(sample.begin(), sample.end());
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int32_t x, int32_t y) {
+    const bool x_big = numel(x) >= kSampleMinNumel, y_big = numel(y) >= kSampleMinNumel;
+    return x_big != y_big ? x_big : numel(x) < numel(y);  // large enough first, then the smallest
+  });
+  if (by_size.size() > kSampleParams) by_size.resize(kSampleParams);
+  sample = std::set<int32_t>(by_size.begin(), by_size.end());
+  auto kind = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).kind() : 0; };
+  std::map<int, int32_t> fewest;  // kind -> its parameter over the fewest frames
+  for (const auto& [id, n] : spread) {
+    auto it = fewest.find(kind(id));
+    if (it == fewest.end() || n < spread[it->second]) fewest[kind(id)] = id;
+  }
+  std::set<int> covered;
+  for (int32_t id : sample) covered.insert(kind(id));
+  for (const auto& [k, id] : fewest) {
+    if (!covered.count(k)) sample.insert(id);
+  }
+  return sample;
+}
+
+// The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
+// not every element's: a full --self pass doubled a two-set diff's time and
+// memory (docs/performance.md). The divisor is a bucket's, so its parameters
+// agree on it: SampleReductions keeps the first micro-step's reductions and, in
+// each, the parameters of one PRE frame of the first member (SampleParams), and
+// one member's POST where POST holds the whole bucket (a ZeRO partition keeps
+// every member's part). The evidence reports the median over them.
+void SampleReductions(const TraceSet& set, StepReductions* step) {
+  if (step->reductions.empty()) return;
+  const int32_t first_micro = step->reductions.begin()->first.micro;  // keys order by micro-step first
+  std::map<ReductionKey, Reduction> kept;
+  for (auto& [key, reduction] : step->reductions) {
+    if (key.micro != first_micro || key.members.empty()) continue;
+    auto pre = step->pre.find({key.members.front(), key.micro, key.bucket});
+    if (pre == step->pre.end()) continue;
+    std::vector<const FrameRef*> frames = pre->second;
+    std::sort(frames.begin(), frames.end(), [](const FrameRef* x, const FrameRef* y) { return x->offset < y->offset; });
+    Reduction r;
+    r.sample = SampleParams(set, frames);
+    const bool partitioned = std::any_of(reduction.post.begin(), reduction.post.end(),
+                                         [](const FrameRef* f) { return f->partition_count > 0; });
+    int keep_rank = -1;
+    for (const FrameRef* f : reduction.post) {
+      const bool holds =
+          std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return r.sample.count(id) > 0; });
+      if (holds && (partitioned || keep_rank < 0 || f->rank == keep_rank)) {
+        if (!partitioned) keep_rank = f->rank;
+        r.post.push_back(f);
+      }
+    }
+    kept.emplace(key, std::move(r));
+  }
+  step->reductions = std::move(kept);
+}
+
+// Adds <S,S>, <S,P>, <P,P> of one POST record against the PRE sum S of its
+// reduction to `acc` and to the record's bucket-view `cell`; returns the
+// elements the record holds.
+int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideValues>& sums,
+                       const std::vector<SideValues>& held, const ReductionKey& key, const FrameRef& post,
+                       std::map<AccKey, ParamAcc>* acc, CellSums* cell) {
+  int64_t held_total = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const SideValues& s = sums[k];
+    const SideValues& p = held[k];
+    if (p.ranks == 0) continue;
+    ParamAcc& a = (*acc)[{ids[k], key.group}];
+    a.buckets.insert(key.bucket);
+    a.group = key.group;
+    a.group_size = static_cast<int>(key.members.size());
+    if (post.divisor > 0) a.declared = post.divisor;
+    cell->post_sq += SquaredNorm(p);
+    ++cell->params;
+    auto add = [&](double sv, double pv) {
+      a.ss += sv * sv;
+      a.sp += sv * pv;
+      a.pp += pv * pv;
+      ++a.compared;
+      cell->ss += sv * sv;
+      cell->sp += sv * pv;
+      cell->pp += pv * pv;
+      ++cell->compared;
+    };
+    if (p.has_full() && s.has_full()) {
+      for (int64_t e = 0; e < p.numel; ++e) {
+        if (!p.filled[e]) continue;
+        ++held_total;
+        if (s.filled[e]) add(s.at(e), p.at(e));
+      }
+    } else if (!p.sparse.empty()) {
+      for (const auto& [pos, pv] : p.sparse) {
+        auto it = s.sparse.find(pos);
+        if (it != s.sparse.end())
+          add(it->second, pv);
+        else if (s.has_full() && s.filled[pos])
+          add(s.at(pos), pv);
+      }
+    } else if (p.has_stats && s.has_stats) {
+      add(s.moments.sum, p.moments.sum);  // sums only: exact when POST covers what PRE summed
+    }
+  }
+  return held_total;
+}
+
+// Every reduction in parallel: the PRE sum over the group's members against
+// each member's POST. Returns the accumulators per (parameter id, group); appends one
+// bucket-view cell per member's POST record to report->bucket_view (cells of a
+// micro-step > 0 whose parameters `accumulating` lists for the rank are marked).
+Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
+                                                          const SelfOptions& options,
+                                                          const std::set<std::pair<int, int32_t>>& accumulating,
+                                                          Report* report) {
+  std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
+  int threads = ResolveThreads(options.threads);
+  std::vector<ReaderCache> caches(threads);
+  std::vector<std::map<AccKey, ParamAcc>> partial(work.size());
+  std::vector<std::vector<BucketCell>> cells(work.size());
+  const double rtol = report->tolerance.rtol, ctol = ClusterTolerance(rtol);
+  std::mutex mu;
+  Status first_error;
+  Progress progress("gradtrace-diff: self-check", options.progress && Progress::Wanted(set.total_bytes()));
+  std::atomic<size_t> done{0};
+  ParallelFor(work.size(), threads, [&](size_t w, int worker) {
+    const ReductionKey& key = work[w].first;
+    auto fail = [&](Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(st);
+    };
+    // Each member's PRE frames.
+    std::map<int, std::vector<const FrameRef*>> pre_frames;  // ascending rank: the order the sum is taken in
+    std::set<int32_t> ids;
+    const std::set<int32_t>& sample = work[w].second.sample;  // empty: every parameter
+    int missing_pre = -1;
+    for (int m : key.members) {
+      if (m < 0 || m >= set.world()) continue;
+      auto it = step.pre.find({m, key.micro, key.bucket});
+      if (it == step.pre.end()) {
+        missing_pre = m;
+        continue;
+      }
+      // PRE frames of this group when the rank's bucket id names several (the same id for two groups).
+      const bool by_group =
+          std::any_of(it->second.begin(), it->second.end(), [&](const FrameRef* f) { return f->group == key.group; });
+      for (const FrameRef* f : it->second) {
+        if (by_group && f->group != key.group) continue;
+        bool wanted = false;
+        for (int32_t id : f->param_ids) {
+          if (sample.empty() || sample.count(id)) ids.insert(id), wanted = true;
+        }
+        if (wanted) pre_frames[m].push_back(f);
+      }
+    }
+    auto& acc = partial[w];
+    bool identical = false;  // a model-parallel reduction whose members' inputs were the same values
+    // The bucket-view cell of one member's POST record.
+    auto cell_of = [&](const FrameRef& post) {
+      BucketCell c;
+      c.rank = post.rank;
+      c.micro = key.micro;
+      c.bucket = key.bucket;
+      c.group = key.group;
+      c.group_size = static_cast<int>(key.members.size());
+      // The divisor the bucket needs (semantics/expected_divisor.h), from one of its parameters: one
+      // reduced over a model-parallel group if any, else an expert (the experts' divisor), else any.
+      const pb::ParamInfo* info = nullptr;
+      int best = -1;
+      for (int32_t id : post.param_ids) {
+        const pb::ParamInfo& p = set.run().params(id);
+        const int rank = semantics::ModelParallelReduction(p, key.group) ? 2 : p.kind() == pb::EXPERT ? 1 : 0;
+        if (rank > best) best = rank, info = &p;
+      }
+      c.expected = info != nullptr
+                       ? semantics::ExpectedDivisorOver(set.config(), *info, {key.group, c.group_size, identical})
+                       : semantics::ExpectedDivisor(set.config(), pb::DENSE, c.group_size);
+      c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
+                        return accumulating.count({post.rank, id}) > 0;
+                      });
+      return c;
+    };
+    if (missing_pre >= 0) {
+      for (const FrameRef* f : work[w].second.post) {
+        for (int32_t id : f->param_ids) {
+          acc[{id, key.group}].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) +
+                                                  " from rank " + std::to_string(missing_pre));
+        }
+        CellSums none;
+        none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
+        cells[w].push_back(FinishCell(none, rtol, ctol, cell_of(*f)));
+      }
+      return;
+    }
+    // Sum of PRE over the members, one member at a time (as GatherParams sums ranks) for each one's norm.
+    std::vector<int32_t> id_list(ids.begin(), ids.end());
+    std::vector<SideValues> sums(id_list.size());
+    std::map<int, double> pre_sq;
+    // Per parameter reduced over a model-parallel group: the sum of the members' ||PRE||^2, then n x it
+    // beside ||S||^2 (ParamAcc.sum_sq).
+    std::vector<char> model_parallel(id_list.size());
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      model_parallel[i] = semantics::ModelParallelReduction(set.run().params(id_list[i]), key.group);
+    }
+    std::vector<double> members_sq(id_list.size()), sum_sq(id_list.size());
+    Status st;
+    for (auto& [m, frames] : pre_frames) {
+      std::vector<std::vector<const FrameRef*>> one(set.world());
+      one[m] = frames;
+      std::vector<SideValues> mine;
+      st = GatherParams(set, one, id_list, Combine::kSum, &caches[worker], &mine);
+      if (!st.ok()) return fail(st);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (mine[i].ranks == 0) continue;
+        const double sq = SquaredNorm(mine[i]);
+        pre_sq[m] += sq;
+        if (model_parallel[i]) members_sq[i] += sq;
+        MergeRank(m, 0, std::move(mine[i]), Combine::kSum, &sums[i]);
+      }
+    }
+    for (size_t i = 0; i < id_list.size(); ++i) sums[i].numel = set.run().params(id_list[i]).numel();
+    double all_sum_sq = 0, all_members_sq = 0;
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      if (!model_parallel[i]) continue;
+      sum_sq[i] = SquaredNorm(sums[i]);
+      members_sq[i] *= static_cast<double>(key.members.size());
+      all_sum_sq += sum_sq[i];
+      all_members_sq += members_sq[i];
+    }
+    identical = IdenticalInputs(all_sum_sq, all_members_sq, rtol);
+    for (const FrameRef* post : work[w].second.post) {
+      std::vector<std::vector<const FrameRef*>> post_frames(set.world());
+      post_frames[post->rank] = {post};
+      std::vector<SideValues> held;
+      st = GatherParams(set, post_frames, id_list, Combine::kReplicas, &caches[worker], &held);
+      if (!st.ok()) return fail(st);
+      CellSums cell;
+      cell.pre_sq = pre_sq[post->rank];
+      const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc, &cell);
+      cells[w].push_back(FinishCell(cell, rtol, ctol, cell_of(*post)));
+      // ZeRO-1/2: the partition the record declares must be what its slices hold (a sampled reduction
+      // measures only some of them).
+      if (sample.empty() && post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
+        std::lock_guard<std::mutex> lock(mu);
+        report->findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
+                                                   std::to_string(key.bucket) + " declares a partition of " +
+                                                   std::to_string(post->partition_count) + " elements but holds " +
+                                                   std::to_string(held_total)});
+      }
+    }
+    for (size_t i = 0; i < id_list.size(); ++i) {
+      auto it = model_parallel[i] ? acc.find({id_list[i], key.group}) : acc.end();
+      if (it == acc.end()) continue;
+      it->second.sum_sq += sum_sq[i];
+      it->second.members_sq += members_sq[i];
+    }
+    progress.Update(done.fetch_add(1) + 1, work.size());
+  });
+  progress.Finish();
+  if (!first_error.ok()) return first_error;
+  std::map<AccKey, ParamAcc> total;
+  for (auto& m : partial) {
+    for (auto& [k, acc] : m) total[k].Merge(acc);
+  }
+  for (auto& c : cells) report->bucket_view.insert(report->bucket_view.end(), c.begin(), c.end());
+  std::sort(report->bucket_view.begin(), report->bucket_view.end(), [](const BucketCell& x, const BucketCell& y) {
+    return std::tie(x.rank, x.micro, x.bucket, x.group) < std::tie(y.rank, y.micro, y.bucket, y.group);
+  });
+  return total;
+}
+
+// One parameter's effective divisor and verdict (tolerance.h: rtol with the absolute floor).
+SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const pb::Config& config, double rtol,
+                         double ctol, double atol, std::vector<Finding>* findings) {
+  SelfParam p;
+  p.name = info.name();
+  p.numel = info.numel();
+  p.group = acc.group;
+  p.group_size = acc.group_size;
+  p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
+  p.compared = acc.compared;
+  p.declared = acc.declared;
+  p.param_kind = semantics::ParamKindName(info.kind());
+  p.model_parallel = semantics::ModelParallelReduction(info, p.group);
+  p.identical_inputs = p.model_parallel && IdenticalInputs(acc.sum_sq, acc.members_sq, rtol);
+  p.expected =
+      p.group_size > 0 ? semantics::ExpectedDivisorOver(config, info, {p.group, p.group_size, p.identical_inputs}) : 0;
+  const double n = static_cast<double>(acc.compared);
+  if (acc.compared == 0 || acc.sp == 0) {
+    p.divisor = std::nan("");
+    p.residual = std::nan("");
+    p.verdict = SelfVerdict::kMissing;
+  } else if (std::sqrt(acc.pp / n) <= atol && std::sqrt(acc.ss / n) <= atol) {
+    // Zero up to rounding on both sides: no divisor to measure, nothing wrong.
+    p.divisor = std::nan("");
+    p.residual = 0;
+    p.verdict = SelfVerdict::kOk;
+  } else {
+    p.divisor = acc.ss / acc.sp;
+    double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
+    p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
+    // Relative to ||POST||, with the absolute floor's share (tolerance.h).
+    const double allowed = std::max(rtol, 1e-6) + (acc.pp > 0 ? atol * std::sqrt(n / acc.pp) : 0);
+    if (p.residual > allowed) {
+      p.verdict = SelfVerdict::kInconsistent;
+    } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
+      p.verdict = SelfVerdict::kWrongDivisor;
+    } else {
+      p.verdict = SelfVerdict::kOk;
+    }
+    if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * std::fabs(p.divisor)) {
+      findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
+                                          " but the effective divisor is " + Fixed(p.divisor)});
+    }
+  }
+  for (const auto& pr : acc.problems) findings->push_back({"divisor", "'" + p.name + "': " + pr});
+  if (!acc.problems.empty() && p.verdict == SelfVerdict::kOk) p.verdict = SelfVerdict::kMissing;
+  return p;
+}
+
+// The group of parameters whose reductions are not a multiple of their inputs: no divisor is claimed.
+void NameInconsistent(const pb::Config& config, Group* g) {
+  g->kind = "inconsistent";
+  g->count = static_cast<int>(g->params.size());
+  const semantics::Cause cause = semantics::InconsistentReductionCause(config);
+  g->cause = semantics::CauseName(cause);
+  g->explanation = std::to_string(g->count) + (g->count == 1 ? " parameter" : " parameters") +
+                   ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
+                   "disagree (residual above tolerance): no divisor is claimed";
+  if (cause == semantics::Cause::kLossyCompression) {
+    g->explanation += FillSentence(
+        "; the run communicates through {hook}, a lossy low-rank compression: its reductions approximate the sum",
+        {{"hook", config.comm_hook()}});
+  }
+}
+
+// Parameters with the same effective divisor over groups of the same size, largest group first.
+void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
+  std::vector<const SelfParam*> ok;
+  Group inconsistent;
+  std::set<std::string> names, inconsistent_names;  // a parameter has an entry per group it was reduced over
+  for (const auto& p : report->self_params) {
+    names.insert(p.name);
+    // A reduction that is not a division of the sum has no divisor to claim.
+    if (p.verdict == SelfVerdict::kInconsistent) {
+      if (inconsistent_names.insert(p.name).second) inconsistent.params.push_back(p.name);
+    } else if (std::isfinite(p.divisor)) {
+      ok.push_back(&p);
+    }
+  }
+  // Each group with the worst verdict of its entries.
+  std::vector<std::pair<Group, SelfVerdict>> groups;
+  if (!inconsistent.params.empty()) {
+    NameInconsistent(config, &inconsistent);
+    groups.emplace_back(std::move(inconsistent), SelfVerdict::kInconsistent);
+  }
+  // Clusters hold one kind over one group: sort by those first.
+  std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) {
+    return std::tie(x->param_kind, x->group_size, x->group, x->divisor) <
+           std::tie(y->param_kind, y->group_size, y->group, y->divisor);
+  });
+  int n = static_cast<int>(names.size());
+  for (size_t i = 0; i < ok.size();) {
+    // j > i always: a negative divisor (POST of the opposite sign) used to make the width negative and loop forever.
+    size_t j = i + 1;
+    while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * std::fabs(ok[i]->divisor) &&
+           ok[j]->group_size == ok[i]->group_size && ok[j]->group == ok[i]->group &&
+           ok[j]->param_kind == ok[i]->param_kind)
+      ++j;
+    Group g;
+    g.kind = "divisor";
+    const SelfParam& mid = *ok[(i + j) / 2];
+    g.scale = mid.divisor;
+    g.count = static_cast<int>(j - i);
+    SelfVerdict worst = SelfVerdict::kOk;
+    for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name), worst = std::max(worst, ok[k]->verdict);
+    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, deepspeed, ctol, &g);
+    groups.emplace_back(std::move(g), worst);
+    i = j;
+  }
+  // Most serious first (the worst member verdict), then largest.
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& x, const auto& y) {
+    if (x.second != y.second) return x.second > y.second;
+    return x.first.count > y.first.count;
+  });
+  for (auto& entry : groups) report->groups.push_back(std::move(entry.first));
+}
+
+// What --self cannot see, said in every self report: it checks each reduction
+// against its own inputs and the layout, never the gradient itself.
+constexpr char kSelfScope[] =
+    "--self checks each reduction against its own inputs and replicas against each other; it cannot see a loss "
+    "scaled before backward beyond what the recorded loss recipe states (e.g. an unrecorded local mean per "
+    "sequence shard, #5248), wrong data or weights, or a wrong forward: diff against a reference run for those";
+
+// Replicas of one parameter's FINAL (ranks holding the same elements) must
+// agree: a replicated parameter whose partial gradients were not reduced over
+// every rank holding it (a norm under tensor/sequence parallelism not
+// all-reduced over tp) disagrees. Each such parameter becomes inconsistent
+// (an entry of its own when no reduction of it was recorded).
+Status CheckFinalReplicas(const TraceSet& set, int64_t step, double rtol, int threads, Report* report) {
+  struct Disagreement {
+    double rel = 0;
+    int rank = -1, other = -1;
+  };
+  std::mutex mu;
+  std::map<int32_t, Disagreement> bad;
+  Status st = VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& vs) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const SideValues& v = vs[i];
+      const double rel =
+          v.replica_ref2 > 0 ? std::sqrt(v.replica_diff2 / v.replica_ref2) : (v.replica_diff2 > 0 ? 1.0 : 0.0);
+      if (rel <= rtol) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      bad[ids[i]] = {rel, v.replica_rank, v.replica_other};
+    }
+  });
+  GT_RETURN_IF_ERROR(st);
+  for (const auto& [id, d] : bad) {
+    const pb::ParamInfo& info = set.run().params(id);
+    bool listed = false;  // every entry of the parameter (one per group it was reduced over)
+    for (SelfParam& p : report->self_params) {
+      if (p.name == info.name()) p.verdict = SelfVerdict::kInconsistent, listed = true;
+    }
+    if (!listed) {
+      SelfParam p;
+      p.name = info.name();
+      p.numel = info.numel();
+      p.param_kind = semantics::ParamKindName(info.kind());
+      p.divisor = std::nan("");
+      p.residual = d.rel;
+      p.verdict = SelfVerdict::kInconsistent;
+      report->self_params.push_back(std::move(p));
+    }
+    report->findings.push_back(
+        {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
+                        " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
+                        "): its gradient was not reduced over every rank that holds it (e.g. a norm or bias "
+                        "replicated under tensor/sequence parallelism, not all-reduced over tp)"});
+  }
+  return Status::Ok();
+}
+
+// The worst parameter verdict, then incomplete for a truncated set, else ok.
+std::string SelfOverallVerdict(const Report& report, bool truncated) {
+  SelfVerdict worst = SelfVerdict::kOk;
+  for (const SelfParam& p : report.self_params) worst = std::max(worst, p.verdict);
+  if (worst != SelfVerdict::kOk) return SelfVerdictName(worst);
+  return truncated ? "incomplete" : "ok";
+}
+
+}  // namespace
+
+const char* SelfVerdictName(SelfVerdict v) {
+  switch (v) {
+    case SelfVerdict::kOk:
+      return "ok";
+    case SelfVerdict::kMissing:
+      return "missing";
+    case SelfVerdict::kWrongDivisor:
+      return "wrong-divisor";
+    case SelfVerdict::kInconsistent:
+      return "inconsistent";
+  }
+  return "?";
+}
+
+Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
+  Report report;
+  report.mode = "self";
+  report.phase = "post";
+  report.a.dir = set.dir();
+  report.a.producer =
+      set.run().producer() + (set.run().producer_version().empty() ? "" : " " + set.run().producer_version());
+  report.a.run_id = set.run().run_id();
+  report.a.world = set.world();
+  report.a.truncated = set.truncated();
+  report.a.config = set.config();
+  report.a.framework = set.run().framework();
+  report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
+  const double rtol = report.tolerance.rtol;
+  const double ctol = ClusterTolerance(rtol);
+
+  auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
+  auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
+  const auto final_steps = StepsWithPhase(set, pb::FINAL);
+  // A set with FINAL only (DTensor reductions happen inside autograd): its replicas are all there is to check.
+  const bool final_only = (post_steps.empty() || pre_steps.empty()) && options.replicas && !final_steps.empty();
+  if (final_only) post_steps = final_steps;
+  if ((post_steps.empty() || pre_steps.empty()) && !final_only) {
+    return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
+                                   std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
+  }
+  int64_t step = options.step ? *options.step : post_steps.front();
+  if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
+    return Status::InvalidArgument(set.dir() + ": no " + (final_only ? "FINAL" : "POST_REDUCE") + " records for step " +
+                                   std::to_string(step));
+  }
+  report.step = step;
+  if (final_only) {
+    report.findings.push_back({"note",
+                               "no PRE_REDUCE and POST_REDUCE records: only the replicas of FINAL are "
+                               "checked, no divisor is measured"});
+  }
+
+  StepReductions reductions = final_only ? StepReductions{} : CollectReductions(set, step, &report);
+  if (options.sample) SampleReductions(set, &reductions);
+  std::set<std::pair<int, int32_t>> accumulating;
+  if (options.accumulation) {
+    auto found = AccumulatingParams(set, step, rtol, options.threads);
+    if (!found.ok()) return found.status();
+    accumulating = std::move(*found);
+  }
+  auto total = AccumulateReductions(set, reductions, options, accumulating, &report);
+  if (!total.ok()) return total.status();
+
+  // The absolute floor (tolerance.h) from the RMS of every POST value compared.
+  double post_sq = 0;
+  int64_t post_n = 0;
+  for (const auto& [key, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
+  SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
+                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
+  std::set<int32_t> accumulating_ids;
+  for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
+  report.accumulating_params = static_cast<int>(accumulating_ids.size());
+  for (const auto& [key, acc] : *total) {
+    report.self_params.push_back(JudgeSelfParam(set.run().params(key.first), acc, set.config(), rtol, ctol,
+                                                report.tolerance.atol, &report.findings));
+    report.self_params.back().accumulates = accumulating_ids.count(key.first) > 0;
+  }
+  if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, step, rtol, options.threads, &report));
+  for (const std::string& n : set.inferences()) report.findings.push_back({"note", n});
+  report.findings.push_back({"note", kSelfScope});
+  for (const RankFile& f : set.ranks()) {
+    if (f.truncated) {
+      report.findings.push_back(
+          {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
+    }
+  }
+  GroupDivisors(set.config(), CitesDeepSpeed(report.a), ctol, &report);
+  std::stable_sort(report.self_params.begin(), report.self_params.end(),
+                   [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
+  report.verdict = SelfOverallVerdict(report, set.truncated());
+  report.summary = !report.groups.empty() ? report.groups.front().explanation
+                   : final_only           ? "the replicas of every parameter agree in FINAL (no reductions recorded)"
+                                          : "no reductions to check";
+  const std::string accumulation = AccumulationFinding(report.bucket_view);
+  if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
+  if (!options.grad_norm) return report;
+  Status norm = AddSelfGradNorm(set, options.threads, &report);
+  if (!norm.ok()) return norm;
+  return report;
+}
+
+namespace {
+
+LoadOptions Loading(const SelfOptions& options) {
+  LoadOptions lo;
+  lo.threads = options.threads;
+  return lo;
+}
+
+}  // namespace
+
+Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
+  if (!set.ok()) return set.status();
+  return SelfCheckSet(*set, options);
+}
+
+namespace {
+
+// Steps with reductions to check, else (a FINAL-only set) the steps with FINAL.
+std::vector<int64_t> SelfSteps(const TraceSet& set, const SelfOptions& options) {
+  const auto post = StepsWithPhase(set, pb::POST_REDUCE), pre = StepsWithPhase(set, pb::PRE_REDUCE);
+  std::vector<int64_t> both;
+  std::set_intersection(post.begin(), post.end(), pre.begin(), pre.end(), std::back_inserter(both));
+  if (both.empty() && options.replicas && (post.empty() || pre.empty())) return StepsWithPhase(set, pb::FINAL);
+  return both;
+}
+
+}  // namespace
+
+Expected<StepTable> SelfCheckAllSteps(const TraceSet& set, const SelfOptions& options) {
+  const std::vector<int64_t> steps = SelfSteps(set, options);
+  if (steps.empty()) return SelfCheckSet(set, options).status();  // its message says what is missing
+  StepTable t;
+  t.verdict = "ok";
+  Progress progress("gradtrace-diff --self: steps",
+                    options.progress && steps.size() > 1 && Progress::Wanted(set.total_bytes()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SelfOptions o = options;
+    o.step = steps[i];
+    o.progress = false;
+    auto r = SelfCheckSet(set, o);
+    if (!r.ok()) return r.status();
+    if (t.verdict == "ok" && r->ExitCode() != 0) t.verdict = r->verdict;
+    t.steps.push_back(std::move(*r));
+    progress.Update(i + 1, steps.size());
+  }
+  progress.Finish();
+  const Report* first = t.FirstDifference();
+  const auto bad = std::count_if(t.steps.begin(), t.steps.end(), [](const Report& r) { return r.ExitCode() != 0; });
+  t.summary = first == nullptr
+                  ? "all " + std::to_string(t.steps.size()) + " steps ok"
+                  : std::to_string(bad) + " of " + std::to_string(t.steps.size()) +
+                        " steps are not ok, the first at step " + std::to_string(first->step) + ": " + first->summary;
+  return t;
+}
+
+Expected<Report> SelfCheckSteps(const TraceSet& set, const SelfOptions& options) {
+  if (options.step) return SelfCheckSet(set, options);
+  auto table = SelfCheckAllSteps(set, options);
+  if (!table.ok()) return table.status();
+  return ReportOfSteps(std::move(*table), "with reductions (or FINAL) recorded");
+}
+
+Expected<Report> RunSelfCheckSteps(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
+  if (!set.ok()) return set.status();
+  return SelfCheckSteps(*set, options);
+}
+
+Expected<StepTable> RunSelfCheckAllSteps(const std::string& dir, const SelfOptions& options) {
+  auto set = TraceSet::Load(dir, Loading(options));
+  if (!set.ok()) return set.status();
+  return SelfCheckAllSteps(*set, options);
+}
+
+}  // namespace gradtrace::diff

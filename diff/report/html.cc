@@ -1,0 +1,320 @@
+// --html: one self-contained page (inline CSS and SVG, no scripts, no external
+// assets). The chart has two panels sharing the x axis (parameters), one mark
+// per parameter in each: the scale factor B/A (the effective divisor in
+// --self) and the residual, both on log axes, the tolerance drawn as a line.
+// --self adds the per-rank x per-bucket view (bucket_view.h) as a table
+// coloured by whether each reduction's divisor is the expected one; a two-set
+// diff draws each side's view (TraceSide.bucket_view) with the same code.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "report/report.h"
+#include "slice_codec.h"
+#include "text_escape.h"
+
+namespace gradtrace::diff {
+namespace {
+
+std::string Esc(const std::string& s) { return HtmlEscape(s); }  // text_escape.h: the one HTML escaping
+
+std::string F(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
+const char* VerdictColour(const std::string& v) {
+  if (v == "match" || v == "ok") return "#2e7d32";
+  if (v == "scaled" || v == "wrong-divisor" || v == "incomplete") return "#e65100";
+  if (v == "missing") return "#6a1b9a";
+  return "#c62828";
+}
+
+struct Point {
+  std::string name;
+  double scale;
+  double residual;
+  std::string verdict;
+};
+
+bool Plottable(double scale) { return std::isfinite(scale) && scale > 0; }
+
+// Log2 of the scale axis' ends: every positive factor and 1, a quarter octave of margin.
+std::pair<double, double> ScaleRange(const std::vector<Point>& pts) {
+  double lo = 0, hi = 0;
+  for (const auto& p : pts) {
+    if (!Plottable(p.scale)) continue;
+    lo = std::min(lo, std::log2(p.scale));
+    hi = std::max(hi, std::log2(p.scale));
+  }
+  return {lo - 0.25, std::max(hi, lo + 1) + 0.25};
+}
+
+// Names under the x axis: every parameter when they fit, else every k-th (a
+// tick marks each labelled one); long names keep their tail, the specific part.
+template <typename XOf>
+std::string XTicks(const std::vector<Point>& pts, double axis_y, const XOf& x) {
+  constexpr size_t kMaxTicks = 48, kMaxChars = 24;
+  const size_t every = pts.size() <= kMaxTicks ? 1 : (pts.size() + kMaxTicks - 1) / kMaxTicks;
+  std::string s;
+  for (size_t i = 0; i < pts.size(); i += every) {
+    std::string name = pts[i].name;
+    if (name.size() > kMaxChars) {
+      size_t cut = name.size() - (kMaxChars - 1);
+      while (cut < name.size() && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) ++cut;  // UTF-8 boundary
+      name = "\u2026" + name.substr(cut);
+    }
+    const std::string cx = F(x(i)), cy = F(axis_y + 10);
+    s += "<line x1=\"" + cx + "\" x2=\"" + cx + "\" y1=\"" + F(axis_y) + "\" y2=\"" + F(axis_y + 4) +
+         "\" stroke=\"#555\"/><text class=\"tick\" x=\"" + cx + "\" y=\"" + cy + "\" transform=\"rotate(-45 " + cx +
+         " " + cy + ")\" text-anchor=\"end\" font-size=\"9\">" + Esc(name) + "</text>\n";
+  }
+  return s;
+}
+
+std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
+  // bottom: room for the parameter names under the axis (rotated, at most kMaxTicks of them).
+  const double W = 960, H = 650, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 166;
+  const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
+  size_t n = pts.size();
+  // Not a structured binding: clang 14 (the fuzz build) refuses to capture those in a lambda.
+  const std::pair<double, double> range = ScaleRange(pts);
+  const double lo = range.first, hi = range.second;
+  auto x = [&](size_t i) { return left + (W - left - right) * (n <= 1 ? 0.5 : (i + 0.5) / n); };
+  auto ys = [&](double s) { return top + ph1 * (1 - (std::log2(s) - lo) / (hi - lo)); };
+  const double rlo = -12, rhi = 0;
+  auto yr = [&](double r) {
+    double l = std::clamp(std::log10(std::max(r, 1e-300)), rlo, rhi);
+    return mid + gap + ph2 * (1 - (l - rlo) / (rhi - rlo));
+  };
+  std::string s;
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"chart\" width=\"" + F(W) + "\" height=\"" + F(H) +
+       "\" viewBox=\"0 0 " + F(W) + " " + F(H) + "\" role=\"img\" aria-label=\"" +
+       (self ? "effective divisor" : "scale factor") + " and residual per parameter\">\n";
+  s += "<rect x=\"0\" y=\"0\" width=\"" + F(W) + "\" height=\"" + F(H) + "\" fill=\"#ffffff\"/>\n";
+  // Gridlines at powers of two (factors are mostly small integers and their reciprocals), at most 9.
+  const int first = static_cast<int>(std::ceil(lo)), last = static_cast<int>(std::floor(hi));
+  const int every = std::max(1, (last - first) / 8 + 1);
+  for (int k = first; k <= last; k += every) {
+    double v = std::pow(2.0, k);
+    s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(v)) + "\" y2=\"" + F(ys(v)) +
+         "\" stroke=\"#e0e0e0\"/><text x=\"" + F(left - 6) + "\" y=\"" + F(ys(v) + 4) +
+         "\" text-anchor=\"end\" font-size=\"11\">" + FormatNumber(v, 4) + "</text>\n";
+  }
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(ys(1)) + "\" y2=\"" + F(ys(1)) +
+       "\" stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n";
+  s += "<text x=\"" + F(left) + "\" y=\"" + F(top - 10) + "\" font-size=\"13\" font-weight=\"bold\">" +
+       std::string(self ? "effective divisor per parameter" : "scale factor B/A per parameter") + "</text>\n";
+  for (int e = static_cast<int>(rlo); e <= static_cast<int>(rhi); e += 3) {
+    s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(yr(std::pow(10.0, e))) + "\" y2=\"" +
+         F(yr(std::pow(10.0, e))) + "\" stroke=\"#e0e0e0\"/><text x=\"" + F(left - 6) + "\" y=\"" +
+         F(yr(std::pow(10.0, e)) + 4) + "\" text-anchor=\"end\" font-size=\"11\">1e" + std::to_string(e) + "</text>\n";
+  }
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(yr(rtol)) + "\" y2=\"" + F(yr(rtol)) +
+       "\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/><text x=\"" + F(W - right) + "\" y=\"" + F(yr(rtol) - 4) +
+       "\" text-anchor=\"end\" font-size=\"11\" fill=\"#c62828\">tolerance " + FormatNumber(rtol, 3) + "</text>\n";
+  s += "<text x=\"" + F(left) + "\" y=\"" + F(mid + gap - 10) +
+       "\" font-size=\"13\" font-weight=\"bold\">residual per parameter</text>\n";
+  // Axis labels: y of each panel (rotated, left of the tick labels), x under both.
+  auto ylabel = [&](double y0, double y1, const std::string& text) {
+    const double cy = (y0 + y1) / 2;
+    return "<text class=\"axis-label\" x=\"14\" y=\"" + F(cy) + "\" transform=\"rotate(-90 14 " + F(cy) +
+           ")\" text-anchor=\"middle\" font-size=\"12\">" + text + "</text>\n";
+  };
+  s += ylabel(top, mid, self ? "effective divisor (log)" : "scale factor B/A (log)");
+  s += ylabel(mid + gap, H - bottom, "residual (log)");
+  s += "<text class=\"axis-label\" x=\"" + F((left + W - right) / 2) + "\" y=\"" + F(H - 14) +
+       "\" text-anchor=\"middle\" font-size=\"12\">parameter (" + std::to_string(n) + ", " +
+       (self ? "worst first" : "by name") + "; hover a mark for its name)</text>\n";
+  s += XTicks(pts, H - bottom, x);
+  s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(H - bottom) + "\" y2=\"" + F(H - bottom) +
+       "\" stroke=\"#555\"/>\n";
+  // One mark per parameter in each panel.
+  for (size_t i = 0; i < n; ++i) {
+    const Point& p = pts[i];
+    std::string title = "<title>" + Esc(p.name) + ": " + (self ? "divisor " : "scale ") + FormatNumber(p.scale, 6) +
+                        ", residual " + FormatNumber(p.residual, 3) + " (" + p.verdict + ")</title>";
+    const char* colour = VerdictColour(p.verdict);
+    if (Plottable(p.scale)) {
+      s += "<circle class=\"mark scale\" data-param=\"" + Esc(p.name) + "\" cx=\"" + F(x(i)) + "\" cy=\"" +
+           F(ys(p.scale)) + "\" r=\"5\" fill=\"" + colour + "\">" + title + "</circle>\n";
+    } else {
+      s += "<rect class=\"mark scale nan\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 4) + "\" y=\"" +
+           F(mid - 8) + "\" width=\"8\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    }
+    double r = std::isfinite(p.residual) ? p.residual : 1.0;
+    s += "<rect class=\"mark residual\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 3) + "\" y=\"" +
+         F(yr(r) - 3) + "\" width=\"6\" height=\"6\" fill=\"" + colour + "\">" + title + "</rect>\n";
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+// Cell background by the reduction's verdict (pale versions of the verdict colours).
+const char* CellColour(SelfVerdict v) {
+  switch (v) {
+    case SelfVerdict::kOk:
+      return "#c8e6c9";
+    case SelfVerdict::kWrongDivisor:
+      return "#ffe0b2";
+    case SelfVerdict::kInconsistent:
+      return "#ffcdd2";
+    case SelfVerdict::kMissing:
+      break;
+  }
+  return "#eeeeee";
+}
+
+// The bucket views' heading and the legend their cells share.
+std::string BucketViewHeading() {
+  return "<h2>Reductions per rank and bucket</h2>\n<p>Each cell: the rank's POST_REDUCE against the "
+         "sum of PRE_REDUCE over its group: effective divisor d (expected in brackets), then the rank's "
+         "||PRE|| and ||POST||. &#8635; marks a bucket whose PRE_REDUCE holds the previous micro-step's "
+         "reduced gradient.</p>\n";
+}
+
+// Rows ranks, columns the (micro-step, bucket, group) reductions; each cell
+// the rank's effective divisor and its PRE/POST norms. `id`: the table's.
+std::string BucketView(const std::vector<BucketCell>& cells, const std::string& id) {
+  using Column = std::tuple<int32_t, int32_t, std::string>;
+  std::map<Column, int> columns;
+  std::map<int, std::map<Column, const BucketCell*>> rows;
+  bool micros = false;
+  for (const BucketCell& c : cells) {
+    Column col{c.micro, c.bucket, c.group};
+    columns.emplace(col, 0);
+    rows[c.rank][col] = &c;
+    micros = micros || c.micro > 0;
+  }
+  std::string h = "<table id=\"" + id + "\"><tr><th>rank</th>";
+  for (const auto& [col, unused] : columns) {
+    const auto& [micro, bucket, group] = col;
+    h += "<th>" + (micros ? "micro " + std::to_string(micro) + ", " : std::string()) + "bucket " +
+         std::to_string(bucket) + "<br><small>" + Esc(group) + "</small></th>";
+  }
+  h += "</tr>\n";
+  for (const auto& [rank, row] : rows) {
+    h += "<tr><th>" + std::to_string(rank) + "</th>";
+    for (const auto& [col, unused] : columns) {
+      auto it = row.find(col);
+      if (it == row.end()) {
+        h += "<td></td>";
+        continue;
+      }
+      const BucketCell& c = *it->second;
+      h += "<td class=\"cell\" data-rank=\"" + std::to_string(c.rank) + "\" data-micro=\"" + std::to_string(c.micro) +
+           "\" data-bucket=\"" + std::to_string(c.bucket) + "\" style=\"background:" + CellColour(c.verdict) +
+           "\" data-verdict=\"" + SelfVerdictName(c.verdict) + "\" title=\"group " + Esc(c.group) + " of " +
+           std::to_string(c.group_size) + " ranks, " + std::to_string(c.params) + " parameters, " +
+           std::to_string(c.compared) + " elements compared, residual " + FormatNumber(c.residual, 3) +
+           "\">d <span class=\"divisor\">" + FormatNumber(c.divisor, 5) + "</span>" +
+           (c.expected > 0 ? " (" + FormatNumber(c.expected, 5) + ")" : "") + (c.accumulates ? " &#8635;" : "") +
+           "<br><small>PRE <span class=\"pre\">" + FormatNumber(c.pre_norm, 5) +
+           "</span> &middot; POST <span class=\"post\">" + FormatNumber(c.post_norm, 5) + "</span></small></td>";
+    }
+    h += "</tr>\n";
+  }
+  return h + "</table>\n";
+}
+
+// A two-set diff: each side's view under a title naming the side, its producer and configuration (the same
+// drawing as --self's; TraceSide.bucket_view is empty unless the diff computed it for this report).
+std::string SideBucketViews(const Report& r) {
+  if (r.a.bucket_view.empty() && r.b.bucket_view.empty()) return "";
+  std::string h = BucketViewHeading();
+  for (const auto& [side, name, id] :
+       {std::tuple{&r.a, "A (reference)", "bucket-view-a"}, std::tuple{&r.b, "B", "bucket-view-b"}}) {
+    if (side->bucket_view.empty()) continue;
+    const std::string producer = side->producer.empty() ? "" : ": " + Esc(side->producer);
+    h += "<h3 class=\"side\">" + std::string(name) + producer + "</h3>\n<p><code>" + Esc(side->dir) + "</code>, " +
+         Esc(ConfigSummary(side->config)) + "</p>\n";
+    h += BucketView(side->bucket_view, id);
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string RenderHtml(const Report& r) {
+  bool self = r.mode == "self";
+  std::vector<Point> pts;
+  if (self) {
+    for (const auto& p : r.self_params) pts.push_back({p.name, p.divisor, p.residual, SelfVerdictName(p.verdict)});
+  } else {
+    // Model order reads better on a chart than worst-first.
+    for (const auto& p : r.params) {
+      bool none = p.metrics.basis == Basis::kNone;
+      pts.push_back({p.name, none ? NAN : p.metrics.scale, none ? NAN : p.metrics.residual, VerdictName(p.verdict)});
+    }
+    std::stable_sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.name < b.name; });
+  }
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>gradtrace-diff: " + Esc(r.verdict) +
+       "</title>\n<style>\nbody{font-family:system-ui,sans-serif;margin:24px;color:#212121;background:#fff}"
+       "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+       "td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f5f5f5}"
+       ".v{font-weight:bold}code{font-size:12px}.summary{font-size:16px;margin:12px 0}\n</style></head><body>\n";
+  h += "<h1>gradtrace-diff: <span class=\"v\" style=\"color:" + std::string(VerdictColour(r.verdict)) + "\">" +
+       Esc(r.verdict) + "</span></h1>\n";
+  if (!r.summary.empty()) h += "<p class=\"summary\">" + Esc(r.summary) + "</p>\n";
+  h += "<table><tr><th></th><th>" + std::string(self ? "trace" : "A (reference)") + "</th>" +
+       (self ? "" : "<th>B</th>") + "</tr>\n";
+  h += "<tr><th>trace</th><td><code>" + Esc(r.a.dir) + "</code></td>" +
+       (self ? "" : "<td><code>" + Esc(r.b.dir) + "</code></td>") + "</tr>\n";
+  h += "<tr><th>configuration</th><td>" + Esc(ConfigSummary(r.a.config)) + "</td>" +
+       (self ? "" : "<td>" + Esc(ConfigSummary(r.b.config)) + "</td>") + "</tr></table>\n";
+  h += "<p>Step " + std::to_string(r.step) + ", phase " + Esc(r.phase) + "; " + Esc(r.tolerance.bound) + ".</p>\n";
+  h += Chart(pts, r.tolerance.rtol, self);
+  if (!r.bucket_view.empty()) h += BucketViewHeading() + BucketView(r.bucket_view, "bucket-view");
+  if (!self) h += SideBucketViews(r);
+  if (!r.groups.empty()) {
+    h += "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
+         (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";
+    for (const auto& g : r.groups) {
+      h += "<tr><td class=\"n\">" + std::to_string(g.count) + "</td><td class=\"n\">" +
+           (g.scale ? FormatNumber(*g.scale, 5) : Esc(g.kind)) + "</td><td>" + Esc(g.explanation) + "</td></tr>\n";
+    }
+    h += "</table>\n";
+  }
+  h += "<h2>Parameters</h2><table>\n";
+  if (self) {
+    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th><th>divisor</th>"
+         "<th>expected</th><th>residual</th></tr>\n";
+    for (const auto& p : r.self_params) {
+      const std::string v = SelfVerdictName(p.verdict);
+      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) +
+           "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" +
+           FormatNumber(p.divisor, 5) + "</td><td class=\"n\">" + FormatNumber(p.expected, 5) +
+           "</td><td class=\"n\">" + FormatNumber(p.residual, 3) + "</td></tr>\n";
+    }
+  } else {
+    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>scale</th><th>residual</th><th>cosine</th>"
+         "<th>rel. error</th><th>max abs error</th><th>note</th></tr>\n";
+    for (const auto& p : r.params) {
+      const Metrics& m = p.metrics;
+      bool none = m.basis == Basis::kNone;
+      auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
+      std::string v = VerdictName(p.verdict);
+      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
+           num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
+           "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + num(m.max_abs_error, 3) +
+           "</td><td>" + Esc(p.note) + "</td></tr>\n";
+    }
+  }
+  h += "</table>\n";
+  if (!r.findings.empty()) {
+    h += "<h2>Findings</h2><ul>\n";
+    for (const auto& f : r.findings) h += "<li><b>" + Esc(f.kind) + "</b>: " + Esc(f.message) + "</li>\n";
+    h += "</ul>\n";
+  }
+  h += "<p><small>gradtrace-diff, exit code " + std::to_string(r.ExitCode()) + "</small></p>\n</body></html>\n";
+  return h;
+}
+
+}  // namespace gradtrace::diff
