@@ -101,6 +101,163 @@ int EmitTable(gradtrace::Expected<gradtrace::diff::StepTable> table, const std::
       [&](bool colour) { return diff::RenderStepTableText(*table, colour, top); }, table->ExitCode());
 }
 
+// Everything the command line says.
+struct CommandLine {
+  std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path, shard_text, step_text;
+  std::vector<std::string> merge_paths, renames;
+  std::optional<double> rtol;
+  int threads = 0;
+  size_t top = SIZE_MAX;
+  std::optional<int64_t> step;  // --step N
+  bool all_steps = false;       // --step all
+};
+
+void AddOptions(CLI::App& app, CommandLine* cl) {
+  app.add_option("A", cl->a_dir,
+                 "reference trace set (directory of rank-*.gtrace, or ARCHIVE:a of a bug-report archive); "
+                 "a lone archive reruns the comparison packed in it");
+  app.add_option("B", cl->b_dir, "trace set to compare against A");
+  app.add_option("--self", cl->self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
+  // --phase, --step, --rtol and --rename are checked by diff::ValidateDiffOptions, as an archive's are.
+  app.add_option("--phase", cl->phase, "phase to compare: final, post or pre");
+  app.add_option("--step", cl->step_text,
+                 "step to compare, or 'all' for a table with a row per step (default: every step both sets recorded, "
+                 "reporting the first that differs; --shard: the first step both recorded)");
+  app.add_option("--rtol", cl->rtol, "relative tolerance (overrides the dtype/summand bound and --noise)");
+  app.add_option("--noise", cl->noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
+  app.add_option("--rename", cl->renames,
+                 "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
+  app.add_option("--shard", cl->shard_text,
+                 "compare only share K of N (0 <= K < N) and write a partial report to --json; see --merge");
+  app.add_option("--merge", cl->merge_paths,
+                 "merge the partial reports of all N shards into the report of the whole diff")
+      ->expected(1, -1);
+  app.add_option("--json", cl->json_path, "write the JSON report to FILE");
+  app.add_option("--markdown", cl->md_path, "write a Markdown report (for a GitHub issue) to FILE");
+  app.add_option("--html", cl->html_path, "write a self-contained HTML report with an SVG chart to FILE");
+  app.add_option("--top", cl->top, "print only the N worst parameters in the table (default: all)");
+  app.add_option("--threads", cl->threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+// One archive argument: rerun the comparison packed in it, with the options
+// it was packed with unless given here.
+gradtrace::Status UsePackedDiff(const CLI::App& app, CommandLine* cl) {
+  using namespace gradtrace;
+  if (!cl->merge_paths.empty() || !cl->self_dir.empty() || cl->a_dir.empty() || !cl->b_dir.empty() ||
+      !LooksLikeArchive(cl->a_dir)) {
+    return Status::Ok();
+  }
+  auto packed = diff::ReadPackedDiff(cl->a_dir);
+  if (!packed.ok()) return packed.status();
+  if (app.count("--phase") == 0) cl->phase = packed->phase;
+  if (app.count("--step") == 0 && packed->step) cl->step_text = std::to_string(*packed->step);
+  if (app.count("--rtol") == 0) cl->rtol = packed->rtol;
+  if (app.count("--rename") == 0) cl->renames = packed->renames;
+  if (packed->mode == "self") {
+    cl->self_dir = cl->a_dir + ":" + diff::kPackSetA;
+    cl->a_dir.clear();
+  } else {
+    cl->b_dir = cl->a_dir + ":" + diff::kPackSetB;
+    cl->a_dir += std::string(":") + diff::kPackSetA;
+  }
+  return Status::Ok();
+}
+
+// --step: a step number, or 'all'; checked with the other options ValidateDiffOptions checks.
+gradtrace::Status ParseStepAndCheck(CommandLine* cl) {
+  using namespace gradtrace;
+  cl->all_steps = cl->step_text == "all";
+  if (!cl->step_text.empty() && !cl->all_steps) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(cl->step_text.c_str(), &end, 10);
+    if (errno != 0 || end == cl->step_text.c_str() || *end != '\0' || n < 0) {
+      return Status::InvalidArgument("--step: expected a step number or 'all', got '" + cl->step_text + "'");
+    }
+    cl->step = n;
+  }
+  if (cl->all_steps && !cl->shard_text.empty()) return Status::InvalidArgument("--step all does not take --shard");
+  if (!cl->merge_paths.empty()) return Status::Ok();
+  diff::PackedDiff asked{.mode = cl->self_dir.empty() ? "diff" : "self",
+                         .phase = cl->phase,
+                         .step = cl->step,
+                         .rtol = cl->rtol,
+                         .renames = cl->renames};
+  return diff::ValidateDiffOptions(asked, diff::OptionSource::kCommandLine);
+}
+
+// The report's files and its text on stdout; exit code the report's (2 when a file cannot be written).
+int EmitReport(gradtrace::Expected<gradtrace::diff::Report> report, const CommandLine& cl) {
+  using namespace gradtrace;
+  if (!report.ok()) return Fail(report.status().message());
+  return Emit(
+      {{cl.json_path, [&] { return diff::RenderJson(*report); }},
+       {cl.md_path, [&] { return diff::RenderMarkdown(*report); }},
+       {cl.html_path, [&] { return diff::RenderHtml(*report); }}},
+      [&](bool colour) { return diff::RenderText(*report, colour, cl.top); }, report->ExitCode());
+}
+
+// --merge PART...: the parts' comparison, judged as one process would.
+int RunMerge(const CLI::App& app, const CommandLine& cl) {
+  using namespace gradtrace;
+  if (!cl.a_dir.empty() || !cl.b_dir.empty() || !cl.self_dir.empty() || !cl.shard_text.empty()) {
+    return Fail("--merge takes partial reports only (no A B, --self or --shard)");
+  }
+  for (const char* opt : {"--phase", "--step", "--rtol", "--noise", "--rename"}) {
+    if (app.count(opt) > 0) return Fail(std::string("--merge takes ") + opt + " from the parts; drop it");
+  }
+  // As in a single-process diff, the bucket views (from shard 0's part) are reported only with --html.
+  auto merged = diff::MergeParts(cl.merge_paths, !cl.html_path.empty());
+  if (!merged.ok()) return Fail(merged.status().message());
+  return EmitReport(diff::JudgeComparison(*merged), cl);
+}
+
+// --self SET.
+int RunSelf(const CommandLine& cl) {
+  using namespace gradtrace;
+  if (!cl.a_dir.empty() || !cl.b_dir.empty()) return Fail("--self takes one trace set and no positional A B");
+  if (!cl.noise.empty()) return Fail("--self does not take --noise");
+  // The self-check's unit of work is one bucket's reduction over a group, not a parameter.
+  if (!cl.shard_text.empty()) return Fail("--self does not take --shard");
+  diff::SelfOptions o;
+  o.step = cl.step;
+  o.rtol = cl.rtol;
+  o.threads = cl.threads;
+  o.progress = true;
+  if (cl.all_steps) {
+    return EmitTable(diff::RunSelfCheckAllSteps(cl.self_dir, o), cl.json_path, cl.md_path, cl.html_path, cl.top);
+  }
+  return EmitReport(diff::RunSelfCheckSteps(cl.self_dir, o), cl);
+}
+
+// A B: the whole diff, one shard of it, or its step table.
+int RunTwoSets(const CommandLine& cl) {
+  using namespace gradtrace;
+  if (cl.a_dir.empty() || cl.b_dir.empty()) {
+    return Fail(
+        "usage: gradtrace-diff A B [options] | gradtrace-diff --self A | gradtrace-diff ARCHIVE | gradtrace-diff "
+        "--merge PART...");
+  }
+  diff::DiffOptions o;
+  o.phase = cl.phase == "pre" ? pb::PRE_REDUCE : cl.phase == "post" ? pb::POST_REDUCE : pb::FINAL;
+  o.step = cl.step;
+  o.rtol = cl.rtol;
+  o.noise_dir = cl.noise;
+  o.renames = cl.renames;
+  o.threads = cl.threads;
+  o.progress = true;
+  // Each side's bucket view is a full --self pass per side: only for the HTML report (--step all: of the step
+  // it draws; --shard sets its own).
+  o.bucket_view = !cl.html_path.empty();
+  if (!cl.shard_text.empty()) {
+    return RunShard(cl.a_dir, cl.b_dir, cl.shard_text, cl.json_path, cl.md_path, cl.html_path, o);
+  }
+  if (cl.all_steps) {
+    return EmitTable(diff::RunDiffAllSteps(cl.a_dir, cl.b_dir, o), cl.json_path, cl.md_path, cl.html_path, cl.top);
+  }
+  return EmitReport(diff::RunDiffSteps(cl.a_dir, cl.b_dir, o), cl);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,35 +268,8 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
-  std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path, shard_text;
-  std::vector<std::string> merge_paths;
-  std::string step_text;
-  std::optional<double> rtol;
-  std::vector<std::string> renames;
-  int threads = 0;
-  size_t top = SIZE_MAX;
-  app.add_option("A", a_dir,
-                 "reference trace set (directory of rank-*.gtrace, or ARCHIVE:a of a bug-report archive); "
-                 "a lone archive reruns the comparison packed in it");
-  app.add_option("B", b_dir, "trace set to compare against A");
-  app.add_option("--self", self_dir, "check one trace set: POST_REDUCE against the sum of PRE_REDUCE per group");
-  // --phase, --step, --rtol and --rename are checked by diff::ValidateDiffOptions, as an archive's are.
-  app.add_option("--phase", phase, "phase to compare: final, post or pre");
-  app.add_option("--step", step_text,
-                 "step to compare, or 'all' for a table with a row per step (default: every step both sets recorded, "
-                 "reporting the first that differs; --shard: the first step both recorded)");
-  app.add_option("--rtol", rtol, "relative tolerance (overrides the dtype/summand bound and --noise)");
-  app.add_option("--noise", noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
-  app.add_option("--rename", renames, "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
-  app.add_option("--shard", shard_text,
-                 "compare only share K of N (0 <= K < N) and write a partial report to --json; see --merge");
-  app.add_option("--merge", merge_paths, "merge the partial reports of all N shards into the report of the whole diff")
-      ->expected(1, -1);
-  app.add_option("--json", json_path, "write the JSON report to FILE");
-  app.add_option("--markdown", md_path, "write a Markdown report (for a GitHub issue) to FILE");
-  app.add_option("--html", html_path, "write a self-contained HTML report with an SVG chart to FILE");
-  app.add_option("--top", top, "print only the N worst parameters in the table (default: all)");
-  app.add_option("--threads", threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  CommandLine cl;
+  AddOptions(app, &cl);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -147,95 +277,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return Fail(e.what());
   }
-
-  // One archive argument: rerun the comparison packed in it, with the options
-  // it was packed with unless given here.
-  if (merge_paths.empty() && self_dir.empty() && !a_dir.empty() && b_dir.empty() && LooksLikeArchive(a_dir)) {
-    auto packed = diff::ReadPackedDiff(a_dir);
-    if (!packed.ok()) return Fail(packed.status().message());
-    if (app.count("--phase") == 0) phase = packed->phase;
-    if (app.count("--step") == 0 && packed->step) step_text = std::to_string(*packed->step);
-    if (app.count("--rtol") == 0) rtol = packed->rtol;
-    if (app.count("--rename") == 0) renames = packed->renames;
-    if (packed->mode == "self") {
-      self_dir = a_dir + ":" + diff::kPackSetA;
-      a_dir.clear();
-    } else {
-      b_dir = a_dir + ":" + diff::kPackSetB;
-      a_dir += std::string(":") + diff::kPackSetA;
-    }
-  }
-
-  std::optional<int64_t> step;
-  const bool all_steps = step_text == "all";
-  if (!step_text.empty() && !all_steps) {
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(step_text.c_str(), &end, 10);
-    if (errno != 0 || end == step_text.c_str() || *end != '\0' || n < 0) {
-      return Fail("--step: expected a step number or 'all', got '" + step_text + "'");
-    }
-    step = n;
-  }
-  if (all_steps && !shard_text.empty()) return Fail("--step all does not take --shard");
-  if (merge_paths.empty()) {
-    diff::PackedDiff asked{
-        .mode = self_dir.empty() ? "diff" : "self", .phase = phase, .step = step, .rtol = rtol, .renames = renames};
-    if (Status st = diff::ValidateDiffOptions(asked, diff::OptionSource::kCommandLine); !st.ok()) {
-      return Fail(st.message());
-    }
-  }
-
-  Expected<diff::Report> report = Status::InvalidArgument("");
-  if (!merge_paths.empty()) {
-    if (!a_dir.empty() || !b_dir.empty() || !self_dir.empty() || !shard_text.empty()) {
-      return Fail("--merge takes partial reports only (no A B, --self or --shard)");
-    }
-    for (const char* opt : {"--phase", "--step", "--rtol", "--noise", "--rename"}) {
-      if (app.count(opt) > 0) return Fail(std::string("--merge takes ") + opt + " from the parts; drop it");
-    }
-    // As in a single-process diff, the bucket views (from shard 0's part) are reported only with --html.
-    auto merged = diff::MergeParts(merge_paths, !html_path.empty());
-    if (!merged.ok()) return Fail(merged.status().message());
-    report = diff::JudgeComparison(*merged);
-  } else if (!self_dir.empty()) {
-    if (!a_dir.empty() || !b_dir.empty()) return Fail("--self takes one trace set and no positional A B");
-    if (!noise.empty()) return Fail("--self does not take --noise");
-    // The self-check's unit of work is one bucket's reduction over a group, not a parameter.
-    if (!shard_text.empty()) return Fail("--self does not take --shard");
-    diff::SelfOptions o;
-    o.step = step;
-    o.rtol = rtol;
-    o.threads = threads;
-    o.progress = true;
-    if (all_steps) return EmitTable(diff::RunSelfCheckAllSteps(self_dir, o), json_path, md_path, html_path, top);
-    report = diff::RunSelfCheckSteps(self_dir, o);
-  } else {
-    if (a_dir.empty() || b_dir.empty()) {
-      return Fail(
-          "usage: gradtrace-diff A B [options] | gradtrace-diff --self A | gradtrace-diff ARCHIVE | gradtrace-diff "
-          "--merge PART...");
-    }
-    diff::DiffOptions o;
-    o.phase = phase == "pre" ? pb::PRE_REDUCE : phase == "post" ? pb::POST_REDUCE : pb::FINAL;
-    o.step = step;
-    o.rtol = rtol;
-    o.noise_dir = noise;
-    o.renames = renames;
-    o.threads = threads;
-    o.progress = true;
-    // Each side's bucket view is a full --self pass per side: only for the HTML report (--step all: of the step
-    // it draws; --shard sets its own).
-    o.bucket_view = !html_path.empty();
-    if (!shard_text.empty()) return RunShard(a_dir, b_dir, shard_text, json_path, md_path, html_path, o);
-    if (all_steps) return EmitTable(diff::RunDiffAllSteps(a_dir, b_dir, o), json_path, md_path, html_path, top);
-    report = diff::RunDiffSteps(a_dir, b_dir, o);
-  }
-  if (!report.ok()) return Fail(report.status().message());
-
-  return Emit(
-      {{json_path, [&] { return diff::RenderJson(*report); }},
-       {md_path, [&] { return diff::RenderMarkdown(*report); }},
-       {html_path, [&] { return diff::RenderHtml(*report); }}},
-      [&](bool colour) { return diff::RenderText(*report, colour, top); }, report->ExitCode());
+  if (Status st = UsePackedDiff(app, &cl); !st.ok()) return Fail(st.message());
+  if (Status st = ParseStepAndCheck(&cl); !st.ok()) return Fail(st.message());
+  if (!cl.merge_paths.empty()) return RunMerge(app, cl);
+  if (!cl.self_dir.empty()) return RunSelf(cl);
+  return RunTwoSets(cl);
 }

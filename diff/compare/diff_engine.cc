@@ -384,50 +384,75 @@ void ApplySetup(const Comparison& c, Report* report) {
   }
 }
 
-}  // namespace
-
-Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
-                                 const TraceSet* noise) {
+Expected<std::vector<RenameRule>> ParseRenameRules(const std::vector<std::string>& texts) {
   std::vector<RenameRule> rules;
-  for (const auto& text : options.renames) {
+  for (const auto& text : texts) {
     auto r = ParseRenameRule(text);
     if (!r.ok()) return r.status();
     rules.push_back(std::move(*r));
   }
-  auto aligned = AlignSets(a, b, rules, options.phase, options.step);
+  return rules;
+}
+
+// What the judge needs to know of each side besides its gradients at the compared step: who
+// produced it, what its own reductions show (explain.h tells a loss multiplier from a divisor with
+// it), its reported grad norm, loss and tokens, with the notes and truncations that go with them.
+void DescribeSides(const TraceSet& a, const TraceSet& b, const Alignment& al, const DiffOptions& options,
+                   Comparison* c) {
+  c->a = SideOf(a);
+  c->b = SideOf(b);
+  c->a.reported_grad_norm = ReportedGradNorm(a, al.step);
+  c->b.reported_grad_norm = ReportedGradNorm(b, al.step);
+  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
+  int accumulating_a = 0, accumulating_b = 0;
+  const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
+  c->a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
+  c->b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  if (options.bucket_view) {
+    c->a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
+    c->b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
+  }
+  StepLossAndTokens(a, al.step, &c->a);
+  StepLossAndTokens(b, al.step, &c->b);
+  c->notes = al.notes;
+  for (const auto& [side, set] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
+    for (const std::string& n : set->inferences()) c->notes.push_back(std::string(side) + ": " + n);
+  }
+  if (summed) {
+    NoteAccumulation(accumulating_a, "A", &c->notes);
+    NoteAccumulation(accumulating_b, "B", &c->notes);
+  }
+  AddTruncations(a, &c->truncations);
+  AddTruncations(b, &c->truncations);
+}
+
+// This shard's share of `al`: the alignment of its pairs only, and their indexes in `al`. Compared
+// pairs weigh their elements, the others nothing.
+Alignment ShardShare(const Alignment& al, Shard shard, std::vector<size_t>* mine) {
+  std::vector<int64_t> weights;
+  for (const ParamPair& p : al.params) weights.push_back(p.problem.empty() ? p.numel : 0);
+  *mine = ShardItems(weights, shard);
+  Alignment part = al;
+  part.params.clear();
+  for (size_t i : *mine) part.params.push_back(al.params[i]);
+  return part;
+}
+
+}  // namespace
+
+Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const DiffOptions& options,
+                                 const TraceSet* noise) {
+  auto rules = ParseRenameRules(options.renames);
+  if (!rules.ok()) return rules.status();
+  auto aligned = AlignSets(a, b, *rules, options.phase, options.step);
   if (!aligned.ok()) return aligned.status();
   const Alignment& al = *aligned;
   if (options.rtol) noise = nullptr;  // --rtol overrides the measured tolerance
 
   Comparison c;
-  c.a = SideOf(a);
-  c.b = SideOf(b);
-  c.a.reported_grad_norm = ReportedGradNorm(a, al.step);
-  c.b.reported_grad_norm = ReportedGradNorm(b, al.step);
-  // What each side's own reductions show (explain.h uses it to tell a loss multiplier from a divisor).
-  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
-  int accumulating_a = 0, accumulating_b = 0;
-  const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
-  c.a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
-  c.b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
-  if (options.bucket_view) {
-    c.a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
-    c.b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
-  }
-  StepLossAndTokens(a, al.step, &c.a);
-  StepLossAndTokens(b, al.step, &c.b);
+  DescribeSides(a, b, al, options, &c);
   c.step = al.step;
   c.phase = PhaseName(al.phase);
-  c.notes = al.notes;
-  for (const auto& [side, set] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
-    for (const std::string& n : set->inferences()) c.notes.push_back(std::string(side) + ": " + n);
-  }
-  if (summed) {
-    NoteAccumulation(accumulating_a, "A", &c.notes);
-    NoteAccumulation(accumulating_b, "B", &c.notes);
-  }
-  AddTruncations(a, &c.truncations);
-  AddTruncations(b, &c.truncations);
   c.rtol = options.rtol;
   if (noise != nullptr) c.noise_dir = noise->dir();
   c.param_count = al.params.size();
@@ -438,20 +463,14 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.setup_summary = setup.summary;
   c.setup_data_step = setup.first_data_step;
 
-  // This shard's share: compared pairs weigh their elements, the others nothing.
-  std::vector<int64_t> weights;
-  for (const ParamPair& p : al.params) weights.push_back(p.problem.empty() ? p.numel : 0);
-  std::vector<size_t> mine = ShardItems(weights, options.shard);
-  Alignment part = al;
-  part.params.clear();
-  for (size_t i : mine) part.params.push_back(al.params[i]);
-
+  std::vector<size_t> mine;
+  const Alignment part = ShardShare(al, options.shard, &mine);
   uint64_t bytes = a.total_bytes() + b.total_bytes();
   Progress progress("gradtrace-diff: comparing", options.progress && Progress::Wanted(bytes));
   std::vector<Compared> compared;
   GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared));
   std::unordered_map<std::string, double> noise_by_name;
-  if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, rules, options, part, &noise_by_name));
+  if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, *rules, options, part, &noise_by_name));
 
   for (size_t j = 0; j < mine.size(); ++j) {
     ComparedParam p = MakeCompared(mine[j], part.params[j], compared[j], a, b);

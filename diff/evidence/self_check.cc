@@ -338,164 +338,218 @@ int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideVa
   return held_total;
 }
 
-// Every reduction in parallel: the PRE sum over the group's members against
-// each member's POST. Returns the accumulators per (parameter id, group); appends one
-// bucket-view cell per member's POST record to report->bucket_view (cells of a
-// micro-step > 0 whose parameters `accumulating` lists for the rank are marked).
+// What every reduction of one pass reads and is judged by.
+struct ReductionPass {
+  const TraceSet& set;
+  const StepReductions& step;
+  const std::set<std::pair<int, int32_t>>& accumulating;  // (rank, parameter) whose bucket accumulates
+  double rtol = 0, ctol = 0;
+};
+
+// The PRE frames a reduction sums: each member's, holding the parameters measured.
+struct PreInputs {
+  std::map<int, std::vector<const FrameRef*>> frames;  // ascending rank: the order the sum is taken in
+  std::set<int32_t> ids;                               // parameters measured (the sample's, when sampled)
+  int missing_member = -1;                             // a member without PRE of the bucket, if any
+};
+
+PreInputs CollectPreInputs(const ReductionPass& pass, const ReductionKey& key, const std::set<int32_t>& sample) {
+  PreInputs in;
+  for (int m : key.members) {
+    if (m < 0 || m >= pass.set.world()) continue;
+    auto it = pass.step.pre.find({m, key.micro, key.bucket});
+    if (it == pass.step.pre.end()) {
+      in.missing_member = m;
+      continue;
+    }
+    // PRE frames of this group when the rank's bucket id names several (the same id for two groups).
+    const bool by_group =
+        std::any_of(it->second.begin(), it->second.end(), [&](const FrameRef* f) { return f->group == key.group; });
+    for (const FrameRef* f : it->second) {
+      if (by_group && f->group != key.group) continue;
+      bool wanted = false;
+      for (int32_t id : f->param_ids) {
+        if (sample.empty() || sample.count(id)) in.ids.insert(id), wanted = true;
+      }
+      if (wanted) in.frames[m].push_back(f);
+    }
+  }
+  return in;
+}
+
+// The sum S of PRE over a reduction's members, per parameter, with what the cells and the
+// model-parallel check need besides.
+struct PreSum {
+  std::vector<int32_t> ids;
+  std::vector<SideValues> sums;      // S, per parameter of `ids`
+  std::map<int, double> pre_sq;      // member -> its ||PRE||^2
+  std::vector<char> model_parallel;  // per parameter: reduced over a model-parallel group
+  // Model-parallel parameters: ||S||^2 and n x the sum of the members' ||PRE||^2 (ParamAcc.sum_sq).
+  std::vector<double> sum_sq, members_sq;
+  bool identical = false;  // the members' inputs were the same values (IdenticalInputs over all of them)
+};
+
+// One member at a time (as GatherParams sums ranks), for each member's norm.
+Status SumPre(const ReductionPass& pass, const ReductionKey& key, const PreInputs& in, ReaderCache* cache,
+              PreSum* out) {
+  const TraceSet& set = pass.set;
+  out->ids.assign(in.ids.begin(), in.ids.end());
+  const size_t n = out->ids.size();
+  out->sums.assign(n, SideValues());
+  out->model_parallel.assign(n, 0);
+  out->sum_sq.assign(n, 0);
+  out->members_sq.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    out->model_parallel[i] = semantics::ModelParallelReduction(set.run().params(out->ids[i]), key.group);
+  }
+  for (const auto& [m, frames] : in.frames) {
+    std::vector<std::vector<const FrameRef*>> one(set.world());
+    one[m] = frames;
+    std::vector<SideValues> mine;
+    GT_RETURN_IF_ERROR(GatherParams(set, one, out->ids, Combine::kSum, cache, &mine));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i].ranks == 0) continue;
+      const double sq = SquaredNorm(mine[i]);
+      out->pre_sq[m] += sq;
+      if (out->model_parallel[i]) out->members_sq[i] += sq;
+      MergeRank(m, 0, std::move(mine[i]), Combine::kSum, &out->sums[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) out->sums[i].numel = set.run().params(out->ids[i]).numel();
+  double all_sum_sq = 0, all_members_sq = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!out->model_parallel[i]) continue;
+    out->sum_sq[i] = SquaredNorm(out->sums[i]);
+    out->members_sq[i] *= static_cast<double>(key.members.size());
+    all_sum_sq += out->sum_sq[i];
+    all_members_sq += out->members_sq[i];
+  }
+  out->identical = IdenticalInputs(all_sum_sq, all_members_sq, pass.rtol);
+  return Status::Ok();
+}
+
+// The bucket-view cell of one member's POST record, before its sums: where it sits, the divisor the
+// bucket needs and whether the bucket accumulates across micro-steps.
+BucketCell CellOf(const ReductionPass& pass, const ReductionKey& key, const FrameRef& post, bool identical) {
+  const TraceSet& set = pass.set;
+  BucketCell c;
+  c.rank = post.rank;
+  c.micro = key.micro;
+  c.bucket = key.bucket;
+  c.group = key.group;
+  c.group_size = static_cast<int>(key.members.size());
+  // The divisor the bucket needs (semantics/expected_divisor.h), from one of its parameters: one
+  // reduced over a model-parallel group if any, else an expert (the experts' divisor), else any.
+  const pb::ParamInfo* info = nullptr;
+  int best = -1;
+  for (int32_t id : post.param_ids) {
+    const pb::ParamInfo& p = set.run().params(id);
+    const int rank = semantics::ModelParallelReduction(p, key.group) ? 2 : p.kind() == pb::EXPERT ? 1 : 0;
+    if (rank > best) best = rank, info = &p;
+  }
+  c.expected = info != nullptr
+                   ? semantics::ExpectedDivisorOver(set.config(), *info, {key.group, c.group_size, identical})
+                   : semantics::ExpectedDivisor(set.config(), pb::DENSE, c.group_size);
+  c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
+                    return pass.accumulating.count({post.rank, id}) > 0;
+                  });
+  return c;
+}
+
+// What checking one reduction adds to the report.
+struct ReductionResult {
+  std::map<AccKey, ParamAcc> acc;
+  std::vector<BucketCell> cells;
+  std::vector<Finding> findings;
+};
+
+// A member sent no PRE of the bucket: every parameter of the POST records gets the problem, every
+// record an unread cell.
+void MarkUnchecked(const ReductionPass& pass, const ReductionKey& key, const Reduction& reduction, int missing_member,
+                   ReductionResult* out) {
+  for (const FrameRef* f : reduction.post) {
+    for (int32_t id : f->param_ids) {
+      out->acc[{id, key.group}].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) +
+                                                   " from rank " + std::to_string(missing_member));
+    }
+    CellSums none;
+    none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
+    out->cells.push_back(FinishCell(none, pass.rtol, pass.ctol, CellOf(pass, key, *f, false)));
+  }
+}
+
+// One reduction: the PRE sum over the group's members against each member's POST.
+Status CheckReduction(const ReductionPass& pass, const ReductionKey& key, const Reduction& reduction,
+                      ReaderCache* cache, ReductionResult* out) {
+  const TraceSet& set = pass.set;
+  const PreInputs in = CollectPreInputs(pass, key, reduction.sample);
+  if (in.missing_member >= 0) {
+    MarkUnchecked(pass, key, reduction, in.missing_member, out);
+    return Status::Ok();
+  }
+  PreSum pre;
+  GT_RETURN_IF_ERROR(SumPre(pass, key, in, cache, &pre));
+  for (const FrameRef* post : reduction.post) {
+    std::vector<std::vector<const FrameRef*>> post_frames(set.world());
+    post_frames[post->rank] = {post};
+    std::vector<SideValues> held;
+    GT_RETURN_IF_ERROR(GatherParams(set, post_frames, pre.ids, Combine::kReplicas, cache, &held));
+    CellSums cell;
+    cell.pre_sq = pre.pre_sq[post->rank];
+    const int64_t held_total = AccumulatePost(pre.ids, pre.sums, held, key, *post, &out->acc, &cell);
+    out->cells.push_back(FinishCell(cell, pass.rtol, pass.ctol, CellOf(pass, key, *post, pre.identical)));
+    // ZeRO-1/2: the partition the record declares must be what its slices hold (a sampled reduction
+    // measures only some of them).
+    if (reduction.sample.empty() && post->partition_count > 0 && held_total > 0 &&
+        held_total != post->partition_count) {
+      out->findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
+                                              std::to_string(key.bucket) + " declares a partition of " +
+                                              std::to_string(post->partition_count) + " elements but holds " +
+                                              std::to_string(held_total)});
+    }
+  }
+  for (size_t i = 0; i < pre.ids.size(); ++i) {
+    auto it = pre.model_parallel[i] ? out->acc.find({pre.ids[i], key.group}) : out->acc.end();
+    if (it == out->acc.end()) continue;
+    it->second.sum_sq += pre.sum_sq[i];
+    it->second.members_sq += pre.members_sq[i];
+  }
+  return Status::Ok();
+}
+
+// Every reduction in parallel (CheckReduction). Returns the accumulators per (parameter id, group);
+// appends one bucket-view cell per member's POST record to report->bucket_view (cells of a micro-step
+// > 0 whose parameters `accumulating` lists for the rank are marked), and the reductions' findings.
 Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
                                                           const SelfOptions& options,
                                                           const std::set<std::pair<int, int32_t>>& accumulating,
                                                           Report* report) {
   std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
-  int threads = ResolveThreads(options.threads);
+  const int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
-  std::vector<std::map<AccKey, ParamAcc>> partial(work.size());
-  std::vector<std::vector<BucketCell>> cells(work.size());
-  const double rtol = report->tolerance.rtol, ctol = ClusterTolerance(rtol);
+  std::vector<ReductionResult> results(work.size());
+  const ReductionPass pass{set, step, accumulating, report->tolerance.rtol, ClusterTolerance(report->tolerance.rtol)};
   std::mutex mu;
   Status first_error;
   Progress progress("gradtrace-diff: self-check", options.progress && Progress::Wanted(set.total_bytes()));
   std::atomic<size_t> done{0};
   ParallelFor(work.size(), threads, [&](size_t w, int worker) {
-    const ReductionKey& key = work[w].first;
-    auto fail = [&](Status st) {
+    Status st = CheckReduction(pass, work[w].first, work[w].second, &caches[worker], &results[w]);
+    if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = std::move(st);
-    };
-    // Each member's PRE frames.
-    std::map<int, std::vector<const FrameRef*>> pre_frames;  // ascending rank: the order the sum is taken in
-    std::set<int32_t> ids;
-    const std::set<int32_t>& sample = work[w].second.sample;  // empty: every parameter
-    int missing_pre = -1;
-    for (int m : key.members) {
-      if (m < 0 || m >= set.world()) continue;
-      auto it = step.pre.find({m, key.micro, key.bucket});
-      if (it == step.pre.end()) {
-        missing_pre = m;
-        continue;
-      }
-      // PRE frames of this group when the rank's bucket id names several (the same id for two groups).
-      const bool by_group =
-          std::any_of(it->second.begin(), it->second.end(), [&](const FrameRef* f) { return f->group == key.group; });
-      for (const FrameRef* f : it->second) {
-        if (by_group && f->group != key.group) continue;
-        bool wanted = false;
-        for (int32_t id : f->param_ids) {
-          if (sample.empty() || sample.count(id)) ids.insert(id), wanted = true;
-        }
-        if (wanted) pre_frames[m].push_back(f);
-      }
-    }
-    auto& acc = partial[w];
-    bool identical = false;  // a model-parallel reduction whose members' inputs were the same values
-    // The bucket-view cell of one member's POST record.
-    auto cell_of = [&](const FrameRef& post) {
-      BucketCell c;
-      c.rank = post.rank;
-      c.micro = key.micro;
-      c.bucket = key.bucket;
-      c.group = key.group;
-      c.group_size = static_cast<int>(key.members.size());
-      // The divisor the bucket needs (semantics/expected_divisor.h), from one of its parameters: one
-      // reduced over a model-parallel group if any, else an expert (the experts' divisor), else any.
-      const pb::ParamInfo* info = nullptr;
-      int best = -1;
-      for (int32_t id : post.param_ids) {
-        const pb::ParamInfo& p = set.run().params(id);
-        const int rank = semantics::ModelParallelReduction(p, key.group) ? 2 : p.kind() == pb::EXPERT ? 1 : 0;
-        if (rank > best) best = rank, info = &p;
-      }
-      c.expected = info != nullptr
-                       ? semantics::ExpectedDivisorOver(set.config(), *info, {key.group, c.group_size, identical})
-                       : semantics::ExpectedDivisor(set.config(), pb::DENSE, c.group_size);
-      c.accumulates = key.micro > 0 && std::any_of(post.param_ids.begin(), post.param_ids.end(), [&](int32_t id) {
-                        return accumulating.count({post.rank, id}) > 0;
-                      });
-      return c;
-    };
-    if (missing_pre >= 0) {
-      for (const FrameRef* f : work[w].second.post) {
-        for (int32_t id : f->param_ids) {
-          acc[{id, key.group}].problems.push_back("no PRE_REDUCE of bucket " + std::to_string(key.bucket) +
-                                                  " from rank " + std::to_string(missing_pre));
-        }
-        CellSums none;
-        none.pre_sq = none.post_sq = std::nan("");  // not read: the reduction cannot be checked
-        cells[w].push_back(FinishCell(none, rtol, ctol, cell_of(*f)));
-      }
       return;
-    }
-    // Sum of PRE over the members, one member at a time (as GatherParams sums ranks) for each one's norm.
-    std::vector<int32_t> id_list(ids.begin(), ids.end());
-    std::vector<SideValues> sums(id_list.size());
-    std::map<int, double> pre_sq;
-    // Per parameter reduced over a model-parallel group: the sum of the members' ||PRE||^2, then n x it
-    // beside ||S||^2 (ParamAcc.sum_sq).
-    std::vector<char> model_parallel(id_list.size());
-    for (size_t i = 0; i < id_list.size(); ++i) {
-      model_parallel[i] = semantics::ModelParallelReduction(set.run().params(id_list[i]), key.group);
-    }
-    std::vector<double> members_sq(id_list.size()), sum_sq(id_list.size());
-    Status st;
-    for (auto& [m, frames] : pre_frames) {
-      std::vector<std::vector<const FrameRef*>> one(set.world());
-      one[m] = frames;
-      std::vector<SideValues> mine;
-      st = GatherParams(set, one, id_list, Combine::kSum, &caches[worker], &mine);
-      if (!st.ok()) return fail(st);
-      for (size_t i = 0; i < mine.size(); ++i) {
-        if (mine[i].ranks == 0) continue;
-        const double sq = SquaredNorm(mine[i]);
-        pre_sq[m] += sq;
-        if (model_parallel[i]) members_sq[i] += sq;
-        MergeRank(m, 0, std::move(mine[i]), Combine::kSum, &sums[i]);
-      }
-    }
-    for (size_t i = 0; i < id_list.size(); ++i) sums[i].numel = set.run().params(id_list[i]).numel();
-    double all_sum_sq = 0, all_members_sq = 0;
-    for (size_t i = 0; i < id_list.size(); ++i) {
-      if (!model_parallel[i]) continue;
-      sum_sq[i] = SquaredNorm(sums[i]);
-      members_sq[i] *= static_cast<double>(key.members.size());
-      all_sum_sq += sum_sq[i];
-      all_members_sq += members_sq[i];
-    }
-    identical = IdenticalInputs(all_sum_sq, all_members_sq, rtol);
-    for (const FrameRef* post : work[w].second.post) {
-      std::vector<std::vector<const FrameRef*>> post_frames(set.world());
-      post_frames[post->rank] = {post};
-      std::vector<SideValues> held;
-      st = GatherParams(set, post_frames, id_list, Combine::kReplicas, &caches[worker], &held);
-      if (!st.ok()) return fail(st);
-      CellSums cell;
-      cell.pre_sq = pre_sq[post->rank];
-      const int64_t held_total = AccumulatePost(id_list, sums, held, key, *post, &acc, &cell);
-      cells[w].push_back(FinishCell(cell, rtol, ctol, cell_of(*post)));
-      // ZeRO-1/2: the partition the record declares must be what its slices hold (a sampled reduction
-      // measures only some of them).
-      if (sample.empty() && post->partition_count > 0 && held_total > 0 && held_total != post->partition_count) {
-        std::lock_guard<std::mutex> lock(mu);
-        report->findings.push_back({"divisor", set.ranks()[post->rank].path + ": POST_REDUCE of bucket " +
-                                                   std::to_string(key.bucket) + " declares a partition of " +
-                                                   std::to_string(post->partition_count) + " elements but holds " +
-                                                   std::to_string(held_total)});
-      }
-    }
-    for (size_t i = 0; i < id_list.size(); ++i) {
-      auto it = model_parallel[i] ? acc.find({id_list[i], key.group}) : acc.end();
-      if (it == acc.end()) continue;
-      it->second.sum_sq += sum_sq[i];
-      it->second.members_sq += members_sq[i];
     }
     progress.Update(done.fetch_add(1) + 1, work.size());
   });
   progress.Finish();
   if (!first_error.ok()) return first_error;
   std::map<AccKey, ParamAcc> total;
-  for (auto& m : partial) {
-    for (auto& [k, acc] : m) total[k].Merge(acc);
+  for (ReductionResult& r : results) {
+    for (auto& [k, acc] : r.acc) total[k].Merge(acc);
+    report->bucket_view.insert(report->bucket_view.end(), r.cells.begin(), r.cells.end());
+    report->findings.insert(report->findings.end(), r.findings.begin(), r.findings.end());
   }
-  for (auto& c : cells) report->bucket_view.insert(report->bucket_view.end(), c.begin(), c.end());
   std::sort(report->bucket_view.begin(), report->bucket_view.end(), [](const BucketCell& x, const BucketCell& y) {
     return std::tie(x.rank, x.micro, x.bucket, x.group) < std::tie(y.rank, y.micro, y.bucket, y.group);
   });
@@ -698,7 +752,10 @@ const char* SelfVerdictName(SelfVerdict v) {
   return "?";
 }
 
-Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
+namespace {
+
+// The report's head: the one side (A), and the tolerance of --rtol or the dtype/summand bound.
+Report SelfReport(const TraceSet& set, const SelfOptions& options) {
   Report report;
   report.mode = "self";
   report.phase = "post";
@@ -711,40 +768,50 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   report.a.config = set.config();
   report.a.framework = set.run().framework();
   report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
-  const double rtol = report.tolerance.rtol;
-  const double ctol = ClusterTolerance(rtol);
+  return report;
+}
 
+// The step a self-check reads.
+struct SelfStep {
+  int64_t step = 0;
+  // No PRE_REDUCE and POST_REDUCE records, only FINAL (DTensor reductions happen inside autograd):
+  // its replicas are all there is to check.
+  bool final_only = false;
+};
+
+// options.step, else the first step with POST_REDUCE (FINAL for a FINAL-only set); InvalidArgument
+// naming what the set lacks.
+Expected<SelfStep> PickSelfStep(const TraceSet& set, const SelfOptions& options) {
   auto post_steps = StepsWithPhase(set, pb::POST_REDUCE);
   auto pre_steps = StepsWithPhase(set, pb::PRE_REDUCE);
   const auto final_steps = StepsWithPhase(set, pb::FINAL);
-  // A set with FINAL only (DTensor reductions happen inside autograd): its replicas are all there is to check.
   const bool final_only = (post_steps.empty() || pre_steps.empty()) && options.replicas && !final_steps.empty();
   if (final_only) post_steps = final_steps;
   if ((post_steps.empty() || pre_steps.empty()) && !final_only) {
     return Status::InvalidArgument(set.dir() + ": --self needs PRE_REDUCE and POST_REDUCE records (this set has " +
                                    std::string(pre_steps.empty() ? "no PRE_REDUCE" : "no POST_REDUCE") + ")");
   }
-  int64_t step = options.step ? *options.step : post_steps.front();
+  const int64_t step = options.step ? *options.step : post_steps.front();
   if (!std::binary_search(post_steps.begin(), post_steps.end(), step)) {
     return Status::InvalidArgument(set.dir() + ": no " + (final_only ? "FINAL" : "POST_REDUCE") + " records for step " +
                                    std::to_string(step));
   }
-  report.step = step;
-  if (final_only) {
-    report.findings.push_back({"note",
-                               "no PRE_REDUCE and POST_REDUCE records: only the replicas of FINAL are "
-                               "checked, no divisor is measured"});
-  }
+  return SelfStep{step, final_only};
+}
 
-  StepReductions reductions = final_only ? StepReductions{} : CollectReductions(set, step, &report);
+// Every reduction of the step measured and each parameter judged: report->self_params (one entry per
+// parameter and group), the bucket view, the absolute floor and the count of accumulating parameters.
+Status MeasureReductions(const TraceSet& set, const SelfOptions& options, const SelfStep& at, Report* report) {
+  const double rtol = report->tolerance.rtol;
+  StepReductions reductions = at.final_only ? StepReductions{} : CollectReductions(set, at.step, report);
   if (options.sample) SampleReductions(set, &reductions);
   std::set<std::pair<int, int32_t>> accumulating;
   if (options.accumulation) {
-    auto found = AccumulatingParams(set, step, rtol, options.threads);
+    auto found = AccumulatingParams(set, at.step, rtol, options.threads);
     if (!found.ok()) return found.status();
     accumulating = std::move(*found);
   }
-  auto total = AccumulateReductions(set, reductions, options, accumulating, &report);
+  auto total = AccumulateReductions(set, reductions, options, accumulating, report);
   if (!total.ok()) return total.status();
 
   // The absolute floor (tolerance.h) from the RMS of every POST value compared.
@@ -752,30 +819,52 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   int64_t post_n = 0;
   for (const auto& [key, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
   SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
-                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report.tolerance);
+                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report->tolerance);
   std::set<int32_t> accumulating_ids;
   for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
-  report.accumulating_params = static_cast<int>(accumulating_ids.size());
+  report->accumulating_params = static_cast<int>(accumulating_ids.size());
   for (const auto& [key, acc] : *total) {
-    report.self_params.push_back(JudgeSelfParam(set.run().params(key.first), acc, set.config(), rtol, ctol,
-                                                report.tolerance.atol, &report.findings));
-    report.self_params.back().accumulates = accumulating_ids.count(key.first) > 0;
+    report->self_params.push_back(JudgeSelfParam(set.run().params(key.first), acc, set.config(), rtol,
+                                                 ClusterTolerance(rtol), report->tolerance.atol, &report->findings));
+    report->self_params.back().accumulates = accumulating_ids.count(key.first) > 0;
   }
-  if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, step, rtol, options.threads, &report));
-  for (const std::string& n : set.inferences()) report.findings.push_back({"note", n});
-  report.findings.push_back({"note", kSelfScope});
+  return Status::Ok();
+}
+
+// The notes every self report carries: the set's inferences, what --self cannot see, its truncated files.
+void AddSelfNotes(const TraceSet& set, Report* report) {
+  for (const std::string& n : set.inferences()) report->findings.push_back({"note", n});
+  report->findings.push_back({"note", kSelfScope});
   for (const RankFile& f : set.ranks()) {
     if (f.truncated) {
-      report.findings.push_back(
+      report->findings.push_back(
           {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
     }
   }
-  GroupDivisors(set.config(), CitesDeepSpeed(report.a), ctol, &report);
+}
+
+}  // namespace
+
+Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
+  Report report = SelfReport(set, options);
+  const double rtol = report.tolerance.rtol;
+  auto at = PickSelfStep(set, options);
+  if (!at.ok()) return at.status();
+  report.step = at->step;
+  if (at->final_only) {
+    report.findings.push_back({"note",
+                               "no PRE_REDUCE and POST_REDUCE records: only the replicas of FINAL are "
+                               "checked, no divisor is measured"});
+  }
+  GT_RETURN_IF_ERROR(MeasureReductions(set, options, *at, &report));
+  if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, at->step, rtol, options.threads, &report));
+  AddSelfNotes(set, &report);
+  GroupDivisors(set.config(), CitesDeepSpeed(report.a), ClusterTolerance(rtol), &report);
   std::stable_sort(report.self_params.begin(), report.self_params.end(),
                    [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
   report.verdict = SelfOverallVerdict(report, set.truncated());
   report.summary = !report.groups.empty() ? report.groups.front().explanation
-                   : final_only           ? "the replicas of every parameter agree in FINAL (no reductions recorded)"
+                   : at->final_only       ? "the replicas of every parameter agree in FINAL (no reductions recorded)"
                                           : "no reductions to check";
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});

@@ -237,21 +237,24 @@ std::string SideBucketViews(const Report& r) {
   return h;
 }
 
-}  // namespace
-
-std::string RenderHtml(const Report& r) {
-  bool self = r.mode == "self";
+// One point per parameter: --self's divisors worst first, a diff's scales in model (name) order,
+// which reads better on a chart than worst-first.
+std::vector<Point> ChartPoints(const Report& r) {
   std::vector<Point> pts;
-  if (self) {
+  if (r.mode == "self") {
     for (const auto& p : r.self_params) pts.push_back({p.name, p.divisor, p.residual, SelfVerdictName(p.verdict)});
-  } else {
-    // Model order reads better on a chart than worst-first.
-    for (const auto& p : r.params) {
-      bool none = p.metrics.basis == Basis::kNone;
-      pts.push_back({p.name, none ? NAN : p.metrics.scale, none ? NAN : p.metrics.residual, VerdictName(p.verdict)});
-    }
-    std::stable_sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.name < b.name; });
+    return pts;
   }
+  for (const auto& p : r.params) {
+    bool none = p.metrics.basis == Basis::kNone;
+    pts.push_back({p.name, none ? NAN : p.metrics.scale, none ? NAN : p.metrics.residual, VerdictName(p.verdict)});
+  }
+  std::stable_sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.name < b.name; });
+  return pts;
+}
+
+// The page up to the chart: style, verdict, summary, the sets and their configurations, step and tolerance.
+std::string PageHead(const Report& r, bool self) {
   std::string h;
   h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>gradtrace-diff: " + Esc(r.verdict) +
        "</title>\n<style>\nbody{font-family:system-ui,sans-serif;margin:24px;color:#212121;background:#fff}"
@@ -268,46 +271,64 @@ std::string RenderHtml(const Report& r) {
   h += "<tr><th>configuration</th><td>" + Esc(ConfigSummary(r.a.config)) + "</td>" +
        (self ? "" : "<td>" + Esc(ConfigSummary(r.b.config)) + "</td>") + "</tr></table>\n";
   h += "<p>Step " + std::to_string(r.step) + ", phase " + Esc(r.phase) + "; " + Esc(r.tolerance.bound) + ".</p>\n";
-  h += Chart(pts, r.tolerance.rtol, self);
+  return h;
+}
+
+// The groups (a diff's scale factors, --self's divisors) with their explanations; "" without groups.
+std::string GroupsTable(const Report& r, bool self) {
+  if (r.groups.empty()) return "";
+  std::string h = "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
+                  (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";
+  for (const auto& g : r.groups) {
+    h += "<tr><td class=\"n\">" + std::to_string(g.count) + "</td><td class=\"n\">" +
+         (g.scale ? FormatNumber(*g.scale, 5) : Esc(g.kind)) + "</td><td>" + Esc(g.explanation) + "</td></tr>\n";
+  }
+  return h + "</table>\n";
+}
+
+std::string SelfParamsTable(const Report& r) {
+  std::string h =
+      "<h2>Parameters</h2><table>\n<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th>"
+      "<th>divisor</th><th>expected</th><th>residual</th></tr>\n";
+  for (const auto& p : r.self_params) {
+    const std::string v = SelfVerdictName(p.verdict);
+    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+         Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) +
+         "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" + FormatNumber(p.divisor, 5) +
+         "</td><td class=\"n\">" + FormatNumber(p.expected, 5) + "</td><td class=\"n\">" + FormatNumber(p.residual, 3) +
+         "</td></tr>\n";
+  }
+  return h + "</table>\n";
+}
+
+std::string DiffParamsTable(const Report& r) {
+  std::string h =
+      "<h2>Parameters</h2><table>\n<tr><th>verdict</th><th>parameter</th><th>numel</th><th>scale</th>"
+      "<th>residual</th><th>cosine</th><th>rel. error</th><th>max abs error</th><th>note</th></tr>\n";
+  for (const auto& p : r.params) {
+    const Metrics& m = p.metrics;
+    bool none = m.basis == Basis::kNone;
+    auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
+    std::string v = VerdictName(p.verdict);
+    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
+         Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
+         num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
+         "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + num(m.max_abs_error, 3) +
+         "</td><td>" + Esc(p.note) + "</td></tr>\n";
+  }
+  return h + "</table>\n";
+}
+
+}  // namespace
+
+std::string RenderHtml(const Report& r) {
+  const bool self = r.mode == "self";
+  std::string h = PageHead(r, self);
+  h += Chart(ChartPoints(r), r.tolerance.rtol, self);
   if (!r.bucket_view.empty()) h += BucketViewHeading() + BucketView(r.bucket_view, "bucket-view");
   if (!self) h += SideBucketViews(r);
-  if (!r.groups.empty()) {
-    h += "<h2>" + std::string(self ? "Divisors" : "Groups") + "</h2><table><tr><th>parameters</th><th>" +
-         (self ? "divisor" : "B/A") + "</th><th>explanation</th></tr>\n";
-    for (const auto& g : r.groups) {
-      h += "<tr><td class=\"n\">" + std::to_string(g.count) + "</td><td class=\"n\">" +
-           (g.scale ? FormatNumber(*g.scale, 5) : Esc(g.kind)) + "</td><td>" + Esc(g.explanation) + "</td></tr>\n";
-    }
-    h += "</table>\n";
-  }
-  h += "<h2>Parameters</h2><table>\n";
-  if (self) {
-    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th><th>divisor</th>"
-         "<th>expected</th><th>residual</th></tr>\n";
-    for (const auto& p : r.self_params) {
-      const std::string v = SelfVerdictName(p.verdict);
-      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
-           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) +
-           "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" +
-           FormatNumber(p.divisor, 5) + "</td><td class=\"n\">" + FormatNumber(p.expected, 5) +
-           "</td><td class=\"n\">" + FormatNumber(p.residual, 3) + "</td></tr>\n";
-    }
-  } else {
-    h += "<tr><th>verdict</th><th>parameter</th><th>numel</th><th>scale</th><th>residual</th><th>cosine</th>"
-         "<th>rel. error</th><th>max abs error</th><th>note</th></tr>\n";
-    for (const auto& p : r.params) {
-      const Metrics& m = p.metrics;
-      bool none = m.basis == Basis::kNone;
-      auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
-      std::string v = VerdictName(p.verdict);
-      h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
-           Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
-           num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
-           "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + num(m.max_abs_error, 3) +
-           "</td><td>" + Esc(p.note) + "</td></tr>\n";
-    }
-  }
-  h += "</table>\n";
+  h += GroupsTable(r, self);
+  h += self ? SelfParamsTable(r) : DiffParamsTable(r);
   if (!r.findings.empty()) {
     h += "<h2>Findings</h2><ul>\n";
     for (const auto& f : r.findings) h += "<li><b>" + Esc(f.kind) + "</b>: " + Esc(f.message) + "</li>\n";
