@@ -68,34 +68,25 @@ std::optional<GradNormCheck> CheckGradNorms(const Report& r) {
   return g;
 }
 
-namespace {
-
-// sqrt(sum of ||FINAL_p||^2) of `step` over every parameter, ranks joined;
-// empty when a parameter is not held in full (absent, sketch, stats, truncated).
-Expected<std::optional<double>> FinalNorm(const TraceSet& set, int64_t step, int threads) {
-  std::mutex mu;
-  std::map<int32_t, double> squares;  // by the batch's first id: summed in one order whatever the threads
-  bool whole = true;
-  Status st =
-      VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& values) {
-        double sum = 0;
-        bool complete = true;
-        for (const SideValues& v : values) {
-          complete &= v.complete();
-          sum += SquaredNorm(v);
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        squares[ids.empty() ? -1 : ids.front()] = sum;
-        whole &= complete;
-      });
-  if (!st.ok()) return st;
-  if (!whole) return std::optional<double>();
-  double total = 0;
-  for (const auto& [first, sum] : squares) total += sum;
-  return std::optional<double>(std::sqrt(total));
+void FinalNormSum::Add(const std::vector<int32_t>& ids, const std::vector<SideValues>& values) {
+  double sum = 0;
+  bool complete = true;
+  for (const SideValues& v : values) {
+    complete &= v.complete();
+    sum += SquaredNorm(v);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  squares_[ids.empty() ? -1 : ids.front()] = sum;
+  whole_ &= complete;
 }
 
-}  // namespace
+std::optional<double> FinalNormSum::Norm() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!whole_) return std::nullopt;
+  double total = 0;
+  for (const auto& [first, sum] : squares_) total += sum;
+  return std::sqrt(total);
+}
 
 Status VisitFinal(const TraceSet& set, int64_t step, int threads,
                   const std::function<void(const std::vector<int32_t>&, const std::vector<SideValues>&)>& visit) {
@@ -124,16 +115,13 @@ Status VisitFinal(const TraceSet& set, int64_t step, int threads,
   return first_error;
 }
 
-Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report) {
+void AddSelfGradNorm(const TraceSet& set, std::optional<double> final_norm, Report* report) {
   const std::optional<double> reported = ReportedGradNorm(set, report->step);
   report->a.reported_grad_norm = reported;
-  if (!reported) return Status::Ok();
-  auto computed = FinalNorm(set, report->step, threads);
-  if (!computed.ok()) return computed.status();
-  if (!*computed) return Status::Ok();
+  if (!reported || !final_norm) return;
   GradNormCheck g;
   g.reported_a = reported;
-  g.computed_a = **computed;
+  g.computed_a = *final_norm;
   g.computed_b = std::nan("");  // one set: no side B
   if (g.computed_a > 0) g.off_a = *reported / g.computed_a;
   if (!Off(g.off_a)) {
@@ -147,7 +135,6 @@ Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report) {
     if (report->verdict == "ok") report->summary = g.message;
   }
   report->grad_norm = std::move(g);
-  return Status::Ok();
 }
 
 }  // namespace gradtrace::diff

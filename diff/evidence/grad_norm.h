@@ -6,6 +6,8 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,13 +33,28 @@ inline constexpr double kGradNormRtol = 1e-3;
 // compared in full (a partial norm proves nothing).
 std::optional<GradNormCheck> CheckGradNorms(const Report& r);
 
-// --self: the set's reported norm for the report's step against the norm of
-// its FINAL gradients (every parameter, ranks joined as replicas/partitions).
-// Sets report->grad_norm (side a; nothing when the set reported no norm, has
-// no FINAL or not every parameter in full) and, when misreported, a
-// "grad-norm" finding and -- if the reductions are ok -- the summary. The
-// verdict and exit code stay those of the reductions, as in the diff.
-Status AddSelfGradNorm(const TraceSet& set, int threads, Report* report);
+// sqrt(sum of ||FINAL_p||^2) over every parameter, summed from VisitFinal's
+// batches (Add may be called from any worker) in one order whatever the threads.
+class FinalNormSum {
+ public:
+  void Add(const std::vector<int32_t>& ids, const std::vector<SideValues>& values);
+  // Empty when a parameter is not held in full (absent, sketch, stats, truncated).
+  std::optional<double> Norm() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int32_t, double> squares_;  // by the batch's first id
+  bool whole_ = true;
+};
+
+// --self: the set's reported norm for the report's step against `final_norm`,
+// the norm of its FINAL gradients there (FinalNormSum over a VisitFinal pass
+// that --self shares with its replica check; read only when the set reported
+// a norm). Sets report->grad_norm (side a; nothing when the set reported no
+// norm or `final_norm` is empty) and, when misreported, a "grad-norm" finding
+// and -- if the reductions are ok -- the summary. The verdict and exit code
+// stay those of the reductions, as in the diff.
+void AddSelfGradNorm(const TraceSet& set, std::optional<double> final_norm, Report* report);
 
 // Every parameter's FINAL at `step`, ranks joined as replicas/partitions, in
 // batches of at most 4 Mi elements on `threads` workers: visit(ids, values)

@@ -683,26 +683,35 @@ constexpr char kSelfScope[] =
 // Replicas of one parameter's FINAL (ranks holding the same elements) must
 // agree: a replicated parameter whose partial gradients were not reduced over
 // every rank holding it (a norm under tensor/sequence parallelism not
-// all-reduced over tp) disagrees. Each such parameter becomes inconsistent
-// (an entry of its own when no reduction of it was recorded).
-Status CheckFinalReplicas(const TraceSet& set, int64_t step, double rtol, int threads, Report* report) {
-  struct Disagreement {
-    double rel = 0;
-    int rank = -1, other = -1;
-  };
+// all-reduced over tp) disagrees.
+struct ReplicaDisagreement {
+  double rel = 0;
+  int rank = -1, other = -1;
+};
+
+// The step's FINAL, read once for both checks that need it: the replicas that
+// disagree beyond rtol (into `disagreements`, when not null) and the norm of the
+// gradients (into `norm`, when not null). Each was a VisitFinal pass of its own.
+Status ReadFinal(const TraceSet& set, int64_t step, double rtol, int threads,
+                 std::map<int32_t, ReplicaDisagreement>* disagreements, FinalNormSum* norm) {
   std::mutex mu;
-  std::map<int32_t, Disagreement> bad;
-  Status st = VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& vs) {
+  return VisitFinal(set, step, threads, [&](const std::vector<int32_t>& ids, const std::vector<SideValues>& vs) {
+    if (norm != nullptr) norm->Add(ids, vs);
+    if (disagreements == nullptr) return;
     for (size_t i = 0; i < ids.size(); ++i) {
       const SideValues& v = vs[i];
       const double rel =
           v.replica_ref2 > 0 ? std::sqrt(v.replica_diff2 / v.replica_ref2) : (v.replica_diff2 > 0 ? 1.0 : 0.0);
       if (rel <= rtol) continue;
       std::lock_guard<std::mutex> lock(mu);
-      bad[ids[i]] = {rel, v.replica_rank, v.replica_other};
+      (*disagreements)[ids[i]] = {rel, v.replica_rank, v.replica_other};
     }
   });
-  GT_RETURN_IF_ERROR(st);
+}
+
+// Each parameter whose replicas disagree becomes inconsistent (an entry of its
+// own when no reduction of it was recorded), with a finding.
+void MarkDisagreeingReplicas(const TraceSet& set, const std::map<int32_t, ReplicaDisagreement>& bad, Report* report) {
   for (const auto& [id, d] : bad) {
     const pb::ParamInfo& info = set.run().params(id);
     bool listed = false;  // every entry of the parameter (one per group it was reduced over)
@@ -725,7 +734,6 @@ Status CheckFinalReplicas(const TraceSet& set, int64_t step, double rtol, int th
                         "): its gradient was not reduced over every rank that holds it (e.g. a norm or bias "
                         "replicated under tensor/sequence parallelism, not all-reduced over tp)"});
   }
-  return Status::Ok();
 }
 
 // The worst parameter verdict, then incomplete for a truncated set, else ok.
@@ -857,7 +865,15 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
                                "checked, no divisor is measured"});
   }
   GT_RETURN_IF_ERROR(MeasureReductions(set, options, *at, &report));
-  if (options.replicas) GT_RETURN_IF_ERROR(CheckFinalReplicas(set, at->step, rtol, options.threads, &report));
+  // FINAL feeds the replica check and, when the set reported a norm, the grad-norm check: one read for both.
+  const bool norm_wanted = options.grad_norm && ReportedGradNorm(set, at->step).has_value();
+  std::map<int32_t, ReplicaDisagreement> disagreements;
+  FinalNormSum final_norm;
+  if (options.replicas || norm_wanted) {
+    GT_RETURN_IF_ERROR(ReadFinal(set, at->step, rtol, options.threads, options.replicas ? &disagreements : nullptr,
+                                 norm_wanted ? &final_norm : nullptr));
+  }
+  if (options.replicas) MarkDisagreeingReplicas(set, disagreements, &report);
   AddSelfNotes(set, &report);
   GroupDivisors(set.config(), CitesDeepSpeed(report.a), ClusterTolerance(rtol), &report);
   std::stable_sort(report.self_params.begin(), report.self_params.end(),
@@ -868,9 +884,7 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
                                           : "no reductions to check";
   const std::string accumulation = AccumulationFinding(report.bucket_view);
   if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
-  if (!options.grad_norm) return report;
-  Status norm = AddSelfGradNorm(set, options.threads, &report);
-  if (!norm.ok()) return norm;
+  if (options.grad_norm) AddSelfGradNorm(set, final_norm.Norm(), &report);
   return report;
 }
 

@@ -34,10 +34,11 @@ struct SelfOptions {
   // accumulate across micro-steps (SelfParam.accumulates stays false).
   bool sample = false;
   bool accumulation = true;
-  // False skips the grad-norm check (it reads every FINAL record): the diff's
-  // evidence and per-side bucket views (evidence.h) need neither.
+  // The two checks that read every FINAL record of the step, in one pass:
+  // the grad norm (read only when the set reported one) and the agreement of
+  // each parameter's replicas. With both false (the diff's evidence and
+  // per-side bucket views, evidence.h, need neither) FINAL is not read here.
   bool grad_norm = true;
-  // False skips checking that replicas of each parameter agree in FINAL (another full FINAL pass).
   bool replicas = true;
 };
 

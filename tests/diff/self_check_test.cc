@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "compare/diff_engine.h"
 #include "expected_divisor.h"
 #include "load/trace_set.h"
 #include "test_dirs.h"
@@ -94,6 +95,53 @@ TEST(SelfCheck, WithoutPreAndPostChecksTheReplicasOfFinal) {
   ASSERT_EQ(1u, bad->groups.size());
   EXPECT_EQ("inconsistent", bad->groups[0].kind);
   EXPECT_FALSE(bad->groups[0].scale.has_value());
+}
+
+bool HasFinding(const Report& r, const std::string& kind) {
+  return std::any_of(r.findings.begin(), r.findings.end(), [&](const Finding& f) { return f.kind == kind; });
+}
+
+// --self reads FINAL once for its two checks of it, the replicas and the reported grad norm: each answers from
+// that one pass, alone or together, and the norm is the one the two-set diff finds from its own comparison.
+TEST(SelfCheck, ReplicasAndGradNormShareOneReadOfFinal) {
+  auto spec = Config(2, 1, 0, "mean", "local-mean");
+  spec.reported_grad_norm = 1e6;  // far from the synthetic gradients' norm
+  const std::string dir = Synth("b", spec);
+  auto diff = RunDiff(dir, dir, {});
+  ASSERT_TRUE(diff.ok()) << diff.status().message();
+  ASSERT_TRUE(diff->grad_norm.has_value());
+  const double norm = diff->grad_norm->computed_a;
+  ASSERT_GT(norm, 0);
+
+  auto both = RunSelfCheck(dir, {});
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  ASSERT_TRUE(both->grad_norm.has_value());
+  EXPECT_NEAR(norm, both->grad_norm->computed_a, 1e-9 * norm);
+  EXPECT_EQ("misreported", both->grad_norm->verdict);
+  EXPECT_TRUE(HasFinding(*both, "grad-norm"));
+  EXPECT_FALSE(HasFinding(*both, "replica"));
+
+  SelfOptions norm_only;
+  norm_only.replicas = false;
+  auto alone = RunSelfCheck(dir, norm_only);
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  ASSERT_TRUE(alone->grad_norm.has_value());
+  EXPECT_NEAR(norm, alone->grad_norm->computed_a, 1e-9 * norm);
+
+  SelfOptions neither = norm_only;
+  neither.grad_norm = false;
+  auto none = RunSelfCheck(dir, neither);
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_FALSE(none->grad_norm.has_value());
+
+  // Replicas that disagree (rank 1's FINAL x 1.01) and the misreported norm, both found in the same pass.
+  spec.disagree_rank = 1;
+  auto bad = RunSelfCheck(Synth("bad", spec), {});
+  ASSERT_TRUE(bad.ok()) << bad.status().message();
+  EXPECT_EQ("inconsistent", bad->verdict);
+  EXPECT_TRUE(HasFinding(*bad, "replica"));
+  ASSERT_TRUE(bad->grad_norm.has_value());
+  EXPECT_EQ("misreported", bad->grad_norm->verdict);
 }
 
 TEST(SelfCheck, ExpectedDivisorByLossRecipe) {
