@@ -299,7 +299,7 @@ def final_values(gt, frames: list[FrameRef]) -> dict[str, np.ndarray]:
             p = params[s["param_id"]]
             key = f"{p['name']}@{reader.rank}"
             if key not in arrays:
-                arrays[key] = np.zeros(p["numel"], dtype=gt.dtypes.NUMPY_DTYPES[s["dtype"]])
+                arrays[key] = np.zeros(p["numel"], dtype=gt.codec.dtypes.NUMPY_DTYPES[s["dtype"]])
             arrays[key][s["offset"]:s["offset"] + s["count"]] = s["values"]
     return arrays
 
@@ -353,7 +353,7 @@ def pair_facts(gt, case: Case, a_dir: str, b_dir: str, step: int, frames: dict) 
     return {
         "case": case.label, "model": case.model, "dtype": case.dtype, "ranks": case.ranks, "step": step,
         "params": len(params), "numel": sum(p["numel"] for p in params),
-        "largest_param_mb": max(p["numel"] * gt.dtypes.NUMPY_DTYPES[p["dtype"]].itemsize for p in params) / MB,
+        "largest_param_mb": max(p["numel"] * gt.codec.dtypes.NUMPY_DTYPES[p["dtype"]].itemsize for p in params) / MB,
         "a_mb": dir_bytes(a_dir) / MB, "b_mb": dir_bytes(b_dir) / MB,
         "final_frames": len(every),
         "compared_zstd_mb": sum(fr.stored_len for fr in every if fr.codec == CODEC_ZSTD) / MB,
