@@ -2,8 +2,10 @@
 // part reads, C++ directly and Python through _gtcodec. Each dtype has one
 // canonical name, the enum name FORMAT.md, proto JSON, the reports and the
 // Python dicts spell ("FP32"), and a few aliases accepted on input ("fp32",
-// "float32"); names are matched ignoring ASCII case. A new dtype is one row here
-// (and its widening in ElementToDouble).
+// "float32"); names are matched ignoring ASCII case. A new dtype is one DType value
+// in gradtrace.proto and one row in dtype.cc: widening, narrowing, decoding and
+// stats follow from its size and widths (IEEE-style formats up to 4 bytes, and
+// binary64; a static_assert refuses a row they cannot convert).
 #pragma once
 
 #include <cstddef>

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "dtype.h"
+
 namespace gradtrace {
 namespace {
 
@@ -102,10 +104,26 @@ GT_INLINE F64x2 Max(F64x2 a, F64x2 b) {  // neither is NaN here
   return std::bit_cast<F64x2>((std::bit_cast<I64x2>(a) & gt) | (std::bit_cast<I64x2>(b) & ~gt));
 }
 
+// The four elements at p widened to double, for the formats with a vector path above.
 template <pb::DType T>
-GT_INLINE void AddEight(Acc& a, const uint8_t* p) {
-  constexpr int64_t w = T == pb::FP32 ? 4 : T == pb::FP64 ? 8 : 2;
-  const Quad q0 = Load4<T>(p), q1 = Load4<T>(p + 4 * w);
+struct LoadVector {
+  GT_INLINE Quad operator()(const uint8_t* p) const { return Load4<T>(p); }
+};
+
+// Any other format of the dtype table (W bytes per element): each element widened by ElementToDouble,
+// into the same lanes, so its sums follow the documented order too.
+template <int64_t W>
+struct LoadEach {
+  pb::DType dtype;
+  GT_INLINE Quad operator()(const uint8_t* p) const {
+    return {F64x2{ElementToDouble(dtype, p), ElementToDouble(dtype, p + W)},
+            F64x2{ElementToDouble(dtype, p + 2 * W), ElementToDouble(dtype, p + 3 * W)}};
+  }
+};
+
+template <int64_t W, typename Load>
+GT_INLINE void AddEight(Acc& a, const uint8_t* p, Load load) {
+  const Quad q0 = load(p), q1 = load(p + 4 * W);
   F64x2 m0, m1, m2, m3;
   I64x2 f0, f1, f2, f3;
   Add(a, 0, q0.lo, m0, f0);
@@ -130,22 +148,22 @@ double Fold(const F64x2 (&v)[4]) {
   return (s02[0] + s02[1]) + (s13[0] + s13[1]);
 }
 
-template <pb::DType T>
-Moments BlockMomentsT(const uint8_t* p, int64_t n) {
-  constexpr int64_t w = T == pb::FP32 ? 4 : T == pb::FP64 ? 8 : 2;
+// One block of W-byte elements, each four read by `load`.
+template <int64_t W, typename Load>
+Moments BlockMomentsOf(const uint8_t* p, int64_t n, Load load) {
   Moments m;
   Acc acc;
   int64_t padding = 0;
   for (int64_t c = 0; c < n; c += kMomentsChunk) {
     const int64_t len = std::min(kMomentsChunk, n - c);
-    const uint8_t* q = p + c * w;
+    const uint8_t* q = p + c * W;
     for (int l = 0; l < 4; ++l) acc.sum[l] = acc.sq[l] = F64x2{};
     int64_t i = 0;
-    for (; i + 8 <= len; i += 8) AddEight<T>(acc, q + i * w);
+    for (; i + 8 <= len; i += 8) AddEight<W>(acc, q + i * W, load);
     if (i < len) {  // zero-padded tail: +0.0 changes no sum and no maximum
-      uint8_t tail[8 * w] = {};
-      std::memcpy(tail, q + i * w, static_cast<size_t>((len - i) * w));
-      AddEight<T>(acc, tail);
+      uint8_t tail[8 * W] = {};
+      std::memcpy(tail, q + i * W, static_cast<size_t>((len - i) * W));
+      AddEight<W>(acc, tail, load);
       padding += 8 - (len - i);
     }
     AddCompensated(m.sum, m.sum_c, Fold(acc.sum));
@@ -158,6 +176,25 @@ Moments BlockMomentsT(const uint8_t* p, int64_t n) {
 }
 
 }  // namespace
+
+Moments BlockMomentsElementwise(pb::DType dtype, const void* data, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  switch (DTypeSize(dtype)) {
+    case 1:
+      return BlockMomentsOf<1>(p, n, LoadEach<1>{dtype});
+    case 2:
+      return BlockMomentsOf<2>(p, n, LoadEach<2>{dtype});
+    case 4:
+      return BlockMomentsOf<4>(p, n, LoadEach<4>{dtype});
+    case 8:
+      return BlockMomentsOf<8>(p, n, LoadEach<8>{dtype});
+    default: {
+      Moments m;  // unknown dtype: nothing is finite (the writer refuses such slices anyway)
+      m.nonfinite = n;
+      return m;
+    }
+  }
+}
 
 void Moments::Merge(const Moments& o) {
   count += o.count;
@@ -181,24 +218,21 @@ Moments BlockMoments(pb::DType dtype, const void* data, int64_t count) {
   const auto* p = static_cast<const uint8_t*>(data);
   switch (dtype) {
     case pb::FP32:
-      return BlockMomentsT<pb::FP32>(p, count);
+      return BlockMomentsOf<4>(p, count, LoadVector<pb::FP32>{});
     case pb::BF16:
-      return BlockMomentsT<pb::BF16>(p, count);
+      return BlockMomentsOf<2>(p, count, LoadVector<pb::BF16>{});
     case pb::FP16:
-      return BlockMomentsT<pb::FP16>(p, count);
+      return BlockMomentsOf<2>(p, count, LoadVector<pb::FP16>{});
     case pb::FP64:
-      return BlockMomentsT<pb::FP64>(p, count);
-    default: {
-      Moments m;  // unknown dtype: nothing is finite (the writer refuses such slices anyway)
-      m.nonfinite = count;
-      return m;
-    }
+      return BlockMomentsOf<8>(p, count, LoadVector<pb::FP64>{});
+    default:
+      return BlockMomentsElementwise(dtype, p, count);
   }
 }
 
 Moments SliceMoments(pb::DType dtype, const void* data, int64_t count) {
   const auto* p = static_cast<const uint8_t*>(data);
-  size_t w = dtype == pb::FP32 ? 4 : dtype == pb::FP64 ? 8 : 2;
+  const size_t w = DTypeSize(dtype);
   Moments total;
   for (int64_t b = 0; b < count; b += kMomentsBlock) {
     total.Merge(BlockMoments(dtype, p + b * w, std::min(kMomentsBlock, count - b)));

@@ -40,6 +40,12 @@ struct Moments {
 // One block (count <= kMomentsBlock for the documented order; any count works).
 Moments BlockMoments(pb::DType dtype, const void* data, int64_t count);
 
+// The path of a dtype without a vector kernel: each element widened by
+// ElementToDouble, summed in the same lanes and order, so for every dtype it
+// gives BlockMoments' very bits (slower). A new row of the dtype table gets its
+// stats from here.
+Moments BlockMomentsElementwise(pb::DType dtype, const void* data, int64_t count);
+
 // The whole slice: BlockMoments over consecutive kMomentsBlock blocks, merged
 // in order. A caller that computes the blocks in parallel and merges them in
 // order gets the same bits.

@@ -193,6 +193,30 @@ void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_doubl
   }
 }
 
+// Elements of a dtype without a fast path above, each widened by the dtype table's ElementToDouble.
+template <typename T>
+void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, bool shuffled, T* out) {
+  const auto widen = [dtype](auto bits) {
+    uint8_t e[sizeof bits];
+    std::memcpy(e, &bits, sizeof bits);  // little-endian, as stored
+    return ElementToDouble(dtype, e);
+  };
+  switch (DTypeSize(dtype)) {
+    case 1:
+      AddElements<1, uint8_t>(p, n, shuffled, widen, out);
+      break;
+    case 2:
+      AddElements<2, uint16_t>(p, n, shuffled, widen, out);
+      break;
+    case 4:
+      AddElements<4, uint32_t>(p, n, shuffled, widen, out);
+      break;
+    default:
+      AddElements<8, uint64_t>(p, n, shuffled, widen, out);
+      break;
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -219,14 +243,8 @@ Status AddFullValues(const pb::Slice& slice, T* out) {
       AddElements<2, uint16_t>(
           p, n, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
       break;
-    default:  // FP16: the exact widening lives in ElementToDouble
-      AddElements<2, uint16_t>(
-          p, n, sh,
-          [](uint16_t b) {
-            const uint8_t e[2] = {static_cast<uint8_t>(b), static_cast<uint8_t>(b >> 8)};
-            return ElementToDouble(pb::FP16, e);
-          },
-          out);
+    default:  // FP16 and any other row of the dtype table: its exact widening is ElementToDouble
+      AddWidened(slice.dtype(), p, n, sh, out);
       break;
   }
   return Status::Ok();

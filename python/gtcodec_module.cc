@@ -154,10 +154,12 @@ std::string PhaseName(pb::Phase phase) { return pb::Phase_Name(phase); }
 
 py::str DTypeKey(pb::DType dtype) { return py::str(DTypeName(dtype)); }
 
-// The numpy type string of `dtype`'s values array: little-endian IEEE floats of
-// the element size; bf16 has no numpy type, so its raw bits.
+// The numpy type string of `dtype`'s values array: a little-endian IEEE binary16/32/64 is
+// numpy's float of that size; any other format (bf16) has no numpy type, so its raw bits.
 std::string NumpyTypeString(const DTypeInfo& row) {
-  return row.dtype == pb::BF16 ? "<u2" : "<f" + std::to_string(row.size);
+  const bool ieee = (row.size == 2 && row.exponent_bits == 5) || (row.size == 4 && row.exponent_bits == 8) ||
+                    (row.size == 8 && row.exponent_bits == 11);
+  return (ieee ? "<f" : "<u") + std::to_string(row.size);
 }
 
 py::dtype NumpyDType(pb::DType dtype) {

@@ -61,7 +61,7 @@ Tolerance DefaultTolerance(const pb::Config& a, const pb::Config& b) {
   } else {
     std::snprintf(buf, sizeof(buf), "rtol = min(0.05, 16*u*sqrt(N)) = %.3g with u = %.3g (%s), N = %.0f summands",
                   t.rtol, u, DTypeName(coarse), n);
-    if (coarse == pb::FP16 || coarse == pb::BF16) {
+    if (FindDType(coarse) && FindDType(coarse)->mantissa_bits < FindDType(pb::FP32)->mantissa_bits) {  // below fp32
       t.precision = DTypeName(coarse);
       t.precision_source = Side(a.dtype() == coarse, b.dtype() == coarse) + " trains in " + t.precision;
     }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -95,6 +96,25 @@ TEST(Moments, MatchesTheElementwiseReferenceForEveryDtypeAndSize) {
         const std::string what = std::string(DTypeName(t)) + " n=" + std::to_string(n) + (specials ? " +specials" : "");
         ExpectWithinBound(t, RandomBytes(t, n, t == pb::FP16 ? 1.0 : 1e-3, specials, 42 + n), what);
       }
+    }
+  }
+}
+
+// A dtype added to the table without a vector kernel takes the element-wise path: it must follow the
+// documented order, so it gives the vector kernels' very bits on the dtypes that have one.
+TEST(Moments, ElementwisePathGivesTheVectorKernelsBits) {
+  for (pb::DType t : {pb::FP32, pb::BF16, pb::FP16, pb::FP64}) {
+    for (int64_t n : {0, 1, 7, 8, 9, 255, 256, 257, 1000, 65536}) {
+      const std::string bytes = RandomBytes(t, n, t == pb::FP16 ? 1.0 : 1e-3, true, 7 + n);
+      const Moments a = BlockMoments(t, bytes.data(), n), b = BlockMomentsElementwise(t, bytes.data(), n);
+      const std::string what = std::string(DTypeName(t)) + " n=" + std::to_string(n);
+      EXPECT_EQ(a.count, b.count) << what;
+      EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
+      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum), std::bit_cast<uint64_t>(b.sum)) << what;
+      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_c), std::bit_cast<uint64_t>(b.sum_c)) << what;
+      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
+      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
+      EXPECT_EQ(a.abs_max, b.abs_max) << what;
     }
   }
 }
