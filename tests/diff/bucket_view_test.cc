@@ -132,7 +132,7 @@ TEST(BucketView, ATwoSetDiffCarriesEachSidesCells) {
   EXPECT_TRUE(r->bucket_view.empty());  // the top-level view is --self's
 
   auto j = nlohmann::json::parse(RenderJson(*r));
-  EXPECT_EQ(j["schema_version"], "1.4");
+  EXPECT_EQ(j["schema_version"], kReportSchemaVersion);
   EXPECT_TRUE(j["bucket_view"].empty());
   for (const auto& [key, side] : {std::pair{"trace_a", &r->a}, std::pair{"trace_b", &r->b}}) {
     const auto& cells = j[key]["bucket_view"];

@@ -51,7 +51,7 @@ TEST(UnseenClients, DefaultComparesEveryStepAndReportsTheFirstThatDiffers) {
   ASSERT_FALSE(r->groups.empty());
   EXPECT_NEAR(2.0, *r->groups[0].scale, 1e-6);
   const auto j = nlohmann::json::parse(RenderJson(*r));
-  EXPECT_EQ("1.4", j["schema_version"]);
+  EXPECT_EQ(kReportSchemaVersion, j["schema_version"]);
   ASSERT_EQ(3u, j["steps"].size());
   EXPECT_EQ(2, j["steps"][2]["step"]);
   EXPECT_EQ("scaled", j["steps"][2]["verdict"]);

@@ -7,11 +7,15 @@ Build them with `cmake --build build --target gradtrace_python`.
 
 import os
 import pathlib
+import re
 import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The report's schema_version: the title of diff/REPORT_SCHEMA.md, which ctest diff_report_contract holds to the writer.
+REPORT_SCHEMA_VERSION = re.match(r"# gradtrace-diff report \(schema_version (\d+\.\d+)\)",
+                                 (ROOT / "diff" / "REPORT_SCHEMA.md").read_text())[1]
 BUILD = pathlib.Path(os.environ.get("GRADTRACE_BUILD_DIR", "build"))
 if not BUILD.is_absolute():
     BUILD = ROOT / BUILD

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import BUILD, ROOT, train_small  # $GRADTRACE_BUILD_DIR, default build/
+from conftest import BUILD, REPORT_SCHEMA_VERSION, ROOT, train_small  # $GRADTRACE_BUILD_DIR, default build/
 from gradtrace import _gtcodec
 
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -32,7 +32,7 @@ def test_deepspeed_0_12_6_moe_is_the_double_division(tmp_path):
     a = train_small(tmp_path / "a", *common, "--scaling", "deepspeed@0.13.1")
     b = train_small(tmp_path / "b", *common, "--scaling", "deepspeed@0.12.6")
     r = _diff(a, b, tmp_path / "r.json")
-    assert r["verdict"] == "scaled" and r["schema_version"] == "1.4"
+    assert r["verdict"] == "scaled" and r["schema_version"] == REPORT_SCHEMA_VERSION
     half = [g for g in r["groups"] if g["kind"] == "scale" and abs(g["scale"] - 0.5) < 1e-4]
     assert len(half) == 1, [(g["scale"], g["count"]) for g in r["groups"]]
     g = half[0]

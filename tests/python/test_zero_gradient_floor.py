@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gradtrace
-from conftest import BUILD
+from conftest import BUILD, REPORT_SCHEMA_VERSION
 
 DIFF = BUILD / "bin" / "gradtrace-diff"
 H, T, V, BATCH = 32, 64, 50, 4
@@ -106,7 +106,7 @@ def test_correct_split_matches_with_the_floor(runs, tmp_path):
     rc, out = _diff(runs["a"], runs["b"], "--json", report)
     assert rc == 0, out
     r = json.loads(report.read_text())
-    assert r["verdict"] == "match" and r["schema_version"] == "1.4"
+    assert r["verdict"] == "match" and r["schema_version"] == REPORT_SCHEMA_VERSION
     assert r["tolerance"]["atol"] > 0
     kbias = next(p for p in r["params"] if p["name"] == "k.bias")
     assert "zero up to rounding" in kbias["note"]
