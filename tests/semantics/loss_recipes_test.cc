@@ -19,8 +19,8 @@ TEST(LossRecipes, EveryAliasNamesARecipeAndIsNoRecipe) {
   }
 }
 
-// Issue 21: three copies (python/gradtrace/adapters/loss_recipes.py, tools/repro/ds5248/emulation.py and alst.py) now read
-// this one list.
+// Issue 21: three copies (python/gradtrace/adapters/loss_recipes.py, tools/repro/ds5248/emulation.py and alst.py) now
+// read this one list.
 TEST(LossRecipes, TheAliasesOfTheDeepSpeedLoops) {
   EXPECT_EQ("local-mean", ResolveLossRecipe("loss").value_or("?"));
   EXPECT_EQ("local-mean-div-sp", ResolveLossRecipe("loss-div-sp").value_or("?"));
