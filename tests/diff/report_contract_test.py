@@ -70,6 +70,15 @@ REGISTRY = referencing.Registry().with_resources(
     (f"{name}.schema.json", referencing.Resource.from_contents(s)) for name, s in SCHEMAS.items())
 
 
+def node_at(schema_name, pointer):
+    """The node of SCHEMAS[schema_name] at a JSON pointer fragment ("#/$defs/param", "#/oneOf/1")."""
+    node = SCHEMAS[schema_name]
+    for part in pointer.lstrip("#").strip("/").split("/"):
+        if part:
+            node = node[int(part) if isinstance(node, list) else part]
+    return node
+
+
 def resolve(schema_name, node):
     """Follows $ref (local, or to another of the three files): (schema name, node, pointer)."""
     pointer = "#"
@@ -77,11 +86,7 @@ def resolve(schema_name, node):
         target, _, frag = node["$ref"].partition("#")
         if target:
             schema_name = target.removesuffix(".schema.json")
-        node = SCHEMAS[schema_name]
-        for part in frag.strip("/").split("/"):
-            if part:
-                node = node[part]
-        pointer = "#" + frag
+        node, pointer = node_at(schema_name, frag), "#" + frag
     return schema_name, node, pointer
 
 
@@ -166,12 +171,8 @@ def row(text, field):
 
 
 def properties(key):
-    name, _, ptr = key.partition(".schema.json")
-    node = SCHEMAS[name]
-    for part in ptr.strip("#/").split("/"):
-        if part:
-            node = node[int(part) if isinstance(node, list) else part]
-    return list(node["properties"])
+    name, _, pointer = key.partition(".schema.json")
+    return list(node_at(name, pointer)["properties"])
 
 
 # Where each closed object is documented: (section heading, which table or row). A table's first column

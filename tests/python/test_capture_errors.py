@@ -23,6 +23,7 @@ import torch
 import gradtrace
 import tiny_fs
 from conftest import ROOT, _binary, deepspeed_env
+from write_error_in_process import tiny_model
 
 SCRIPT = ROOT / "tests" / "python" / "capture_error_run.py"
 # Each rank writes 754 bytes of header and RunInfo, then about 30 KB per step (PRE, POST, FINAL of 2632
@@ -164,26 +165,21 @@ def test_recapture_into_a_finished_directory_needs_overwrite(tmp_path):
         assert gradtrace.TraceReader(out / f"rank-0000{r}.gtrace").run_info["run_id"] == "second"
 
 
-def _tiny_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-
-
 def test_a_live_trace_is_refused_even_with_overwrite_and_whatever_on_error(tmp_path):
-    model = _tiny_model()
+    model = tiny_model()
     live = gradtrace.manual_adapter.attach(model, tmp_path, run_id="live")
     try:
         for on_error in ("warn", "raise"):
             for overwrite in (False, True):
                 with pytest.raises(gradtrace.TraceError) as e:
-                    gradtrace.manual_adapter.attach(_tiny_model(), tmp_path, run_id="other", on_error=on_error,
+                    gradtrace.manual_adapter.attach(tiny_model(), tmp_path, run_id="other", on_error=on_error,
                                                     overwrite=overwrite)
                 assert str(e.value).startswith(f"{tmp_path / 'rank-00000.gtrace'}: exists: another run is writing "
                                                "here now (run 'live'")
     finally:
         live.close()
     with pytest.raises(ValueError, match="on_error='ignore'"):
-        gradtrace.manual_adapter.attach(_tiny_model(), tmp_path / "x", on_error="ignore")
+        gradtrace.manual_adapter.attach(tiny_model(), tmp_path / "x", on_error="ignore")
 
 
 IN_PROCESS = ROOT / "tests" / "python" / "write_error_in_process.py"
