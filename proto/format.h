@@ -21,7 +21,7 @@ inline constexpr char kFileMagic[8] = {'G', 'R', 'D', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr char kFooterMagic[8] = {'G', 'T', 'I', 'N', 'D', 'E', 'X', '\0'};
 // Minor version when adding fields or frame types; major when changing existing ones.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 4;
+inline constexpr uint16_t kMinorVersion = 5;
 // Minor versions: 1.0 the first; 1.1 index entries catalogue each BucketRecord
 // (param ids, group, raw_len, partition, divisor) so readers need not decompress
 // data frames to know what they hold.
@@ -30,7 +30,9 @@ inline constexpr uint16_t kMinorCataloguedIndex = 1;
 // partition_dim, RunInfo framework/versions/coordinates) and StepInfo's reported
 // grad norm: fields only, so no reader branches on it. 1.3 adds Config.replicate
 // (HSDP), a field too. 1.4 adds the precision chain, the initial-weight sketch
-// and the input moments (FORMAT.md 4.1): fields again.
+// and the input moments (FORMAT.md 4.1): fields again. 1.5 adds pipeline
+// parallelism (Config.pp_stages/pp_microbatches/pp_schedule/pp_scale_grads,
+// ParamInfo.stages): fields.
 
 // 1.4: ParamInfo.init_sketch holds at most this many values (FORMAT.md 4.1).
 inline constexpr int kInitSketchSize = 16;

@@ -64,7 +64,12 @@ std::string Reduction(const pb::ParamInfo& p) {
   for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (p.has_partition_dim()) kind += " dim " + std::to_string(p.partition_dim());
   if (p.shard_count() > 0) kind += " / " + std::to_string(p.shard_count());
-  return p.grad_group().empty() ? kind : kind + " over " + p.grad_group();
+  if (!p.grad_group().empty()) kind += " over " + p.grad_group();
+  // 1.5: the pipeline stage holding it ("stages 0,3 tied": a copy on each)
+  for (int i = 0; i < p.stages_size(); ++i) {
+    kind += (i == 0 ? (p.stages_size() > 1 ? ", stages " : ", stage ") : ",") + std::to_string(p.stages(i));
+  }
+  return p.stages_size() > 1 ? kind + " tied" : kind;
 }
 
 std::string Fixed(double v) {

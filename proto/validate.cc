@@ -156,6 +156,15 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
         return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
       }
     }
+    // 1.5: the stages holding it, each a stage of the pipeline (at most two: a tied parameter's copies).
+    if (p.stages_size() > 2)
+      return Status::Corruption(where + ": held by " + std::to_string(p.stages_size()) + " stages, at most 2");
+    for (int32_t st : p.stages()) {
+      if (st < 0 || (run.config().pp_stages() > 0 && st >= run.config().pp_stages())) {
+        return Status::Corruption(where + ": stage " + std::to_string(st) + " outside the pipeline's " +
+                                  std::to_string(run.config().pp_stages()) + " stages");
+      }
+    }
     if (p.init_sketch_size() > format::kInitSketchSize || p.init_sketch_size() > p.numel()) {
       return Status::Corruption(where + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
                                 " values, at most min(numel, " + std::to_string(format::kInitSketchSize) + ")");
@@ -170,7 +179,9 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
                               {"cp", c.cp()},
                               {"ep_size", c.ep_size()},
                               {"edp", c.edp()},
-                              {"replicate", c.replicate()}}) {
+                              {"replicate", c.replicate()},
+                              {"pp_stages", c.pp_stages()},
+                              {"pp_microbatches", c.pp_microbatches()}}) {
     if (degree < 0) return Status::Corruption(std::string("config: negative ") + name + " " + std::to_string(degree));
   }
   if (c.comm_dtype() != pb::DTYPE_UNSPECIFIED && DTypeSize(c.comm_dtype()) == 0) {

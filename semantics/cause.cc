@@ -20,6 +20,8 @@ const char* CauseName(Cause cause) {
       return "incomplete-group";
     case Cause::kTokenNormalisation:
       return "token-normalisation";
+    case Cause::kPipelineScheduleScaling:
+      return "pp-schedule-scaling";
     case Cause::kUnexplained:
       return "unexplained";
   }

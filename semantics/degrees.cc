@@ -33,6 +33,7 @@ const std::vector<Degree>& ConfigDegrees() {
       {"replicate", [](const pb::Config& c) { return double(c.replicate()); }},
       {"world", [](const pb::Config& c) { return double(c.world()); }},
       {"gas", [](const pb::Config& c) { return double(c.gas()); }},
+      {"pp_microbatches", [](const pb::Config& c) { return double(c.pp_microbatches()); }},
       {"predivide", [](const pb::Config& c) { return c.gradient_predivide_factor(); }},
       {"ep", [](const pb::Config& c) { return double(c.ep_size()); }},
       {"edp", [](const pb::Config& c) { return double(c.edp()); }},

@@ -19,7 +19,7 @@ Degrees DegreesOf(const pb::Config& c);
 
 // One named quantity of a configuration a scale factor may equal.
 struct Degree {
-  const char* name;  // "sp", "cp", "dp", "tp", "replicate", "world", "gas", "predivide", "experts", "ep", "edp"
+  const char* name;  // "sp", "cp", "dp", "tp", "replicate", "world", "gas", "pp_microbatches", "predivide", "ep", ...
   double (*get)(const pb::Config&);
 };
 // In order of preference when several equal a factor.

@@ -306,6 +306,9 @@ void Read(const SideFacts& s, const Prediction* p, Finding* f) {
       return;
     case Cause::kReductionDivisor:
       return ReadReductionDivisor(s, f);
+    case Cause::kPipelineScheduleScaling:
+      f->reading = Reading::kPipelineSchedule;
+      return;
     default:
       f->reading = Reading::kUnmatched;
   }
@@ -320,6 +323,31 @@ std::string PredictedExpression(double scale, const Finding& f, const pb::Config
   return matches.empty() ? "" : matches.front().expr;
 }
 
+// A pipeline schedule whose gradient scaling does not match its loss (PipelineMultiple): the factor is
+// the pipelined side's micro-batch count n, n x when it does not scale a mean loss per micro-batch, 1/n
+// when it scales a loss already divided by n. A schedule recorded as scaling cannot make its gradients
+// n x (something else multiplies them), nor one recorded as not scaling 1/n: those go to the candidates.
+std::optional<Finding> PipelineFinding(double scale, const SideFacts& a, const SideFacts& b, double ctol) {
+  for (const SideFacts* s : {&b, &a}) {
+    const pb::Config& c = s->config;
+    const int n = c.pp_microbatches();
+    if (n <= 1) continue;
+    const double own = s == &b ? scale : 1 / scale;  // this side's gradients over the other's
+    const bool up = Near(own, n, ctol), down = Near(own, 1.0 / n, ctol);
+    if ((!up && !down) || (c.has_pp_scale_grads() && up == c.pp_scale_grads())) continue;
+    Finding f;
+    f.cause = Cause::kPipelineScheduleScaling;
+    f.reading = Reading::kPipelineSchedule;
+    f.side = s == &b ? "B" : "A";
+    f.dimension = "pp_microbatches";
+    f.fix = up ? "scale_grads=True on the schedule (for a mean loss per micro-batch), or a loss_fn divided by the "
+                 "micro-batches with scale_grads=False"
+               : "either the loss_fn's division by the micro-batches or the schedule's scale_grads=True, not both";
+    return f;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b,
@@ -332,7 +360,13 @@ Finding ExplainFactor(double scale, const std::string& param_kind, const SideFac
   Finding f;
   const Prediction* used = nullptr;
   const SideFacts* side = &b;
-  if (predicted && Near(scale, *predicted, ctol) && !Near(scale, 1, ctol)) {
+  if (auto pipeline = PipelineFinding(scale, a, b, ctol)) {
+    f = *pipeline;
+    side = f.side == "A" ? &a : &b;
+    const auto ma = PipelineMultiple(a.config), mb = PipelineMultiple(b.config);
+    predicted = ma && mb && *ma > 0 ? std::optional<double>(*mb / *ma) : std::nullopt;
+    f.expression = PredictedExpression(scale, f, a.config, b.config, ctol);
+  } else if (predicted && Near(scale, *predicted, ctol) && !Near(scale, 1, ctol)) {
     const bool b_off = !Near(pb_->multiple, 1, ctol);
     const bool a_off = !Near(pa->multiple, 1, ctol);
     used = b_off ? &*pb_ : &*pa;

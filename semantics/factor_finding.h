@@ -79,6 +79,8 @@ enum class Reading {
   kLossyCompression,
   kIncompleteGroup,
   kTokenNormalisation,
+  // Cause::kPipelineScheduleScaling
+  kPipelineSchedule,  // up: a mean loss per micro-batch, scale_grads=False; down: the loss / n and scale_grads=True
 };
 
 struct Finding {

@@ -43,4 +43,11 @@ std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool 
   return p;
 }
 
+std::optional<double> PipelineMultiple(const pb::Config& c, bool loss_divided_by_n) {
+  const int n = c.pp_microbatches();
+  if (n <= 1) return 1.0;
+  if (!c.has_pp_scale_grads()) return std::nullopt;
+  return (c.pp_scale_grads() ? 1.0 / n : 1.0) * (loss_divided_by_n ? 1.0 : n);
+}
+
 }  // namespace gradtrace::semantics

@@ -30,4 +30,13 @@ struct Prediction {
 std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool loss_divided_by_gas = true,
                                   int64_t param_numel = 0);
 
+// A pipeline schedule's share of FINAL over the mean-loss gradient, for a loss
+// that is the mean over each micro-batch (the schedule's loss_fn, as
+// torch.distributed.pipelining documents it): the schedule accumulates the n
+// micro-batches' gradients and divides them by n when it scales gradients
+// (scale_grads), so 1 with scaling and n without. `loss_divided_by_n`: the
+// loss_fn also divides by n (then 1/n and 1). 1 for a run that is not
+// pipelined; empty when the schedule's scaling is not recorded.
+std::optional<double> PipelineMultiple(const pb::Config& c, bool loss_divided_by_n = false);
+
 }  // namespace gradtrace::semantics

@@ -236,6 +236,8 @@ ComparedParam MakeCompared(size_t index, const ParamPair& pp, const Compared& c,
   for (const auto& [set, id] : {std::pair{&b, pp.id_b}, std::pair{&a, pp.id_a}}) {
     if (id >= 0 && p.param_kind.empty()) p.param_kind = semantics::ParamKindName(set->run().params(id).kind());
   }
+  if (pp.id_a >= 0) p.tied[0] = TiedCopiesWords(a.run().params(pp.id_a));
+  if (pp.id_b >= 0) p.tied[1] = TiedCopiesWords(b.run().params(pp.id_b));
   if (!pp.problem.empty()) return p;
   p.metrics = c.metrics;
   p.note = c.note;
@@ -318,7 +320,7 @@ ParamResult JudgeParam(const ComparedParam& p, double rtol, double atol, std::ve
     std::snprintf(buf, sizeof(buf), "%.3g", rep.rel);
     std::string msg = std::string(side == 0 ? "A" : "B") + ": replicas of '" + p.name + "' disagree (rank " +
                       std::to_string(rep.first) + " vs rank " + std::to_string(rep.other) + ", relative difference " +
-                      buf + ", " + rep.other_path + ")";
+                      buf + ", " + rep.other_path + ")" + p.tied[side];
     findings->push_back({"replica", msg});
     r.note += (r.note.empty() ? "" : "; ") + std::string("replicas disagree in ") + (side == 0 ? "A" : "B");
   }

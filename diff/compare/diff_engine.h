@@ -56,6 +56,7 @@ struct ComparedParam {
     std::string other_path;  // its file (set when rel > 0)
   };
   Replica replica[2];
+  std::string tied[2];  // per side: why a tied parameter's copies may disagree (explain.h TiedCopiesWords)
   std::optional<double> noise_rel_error;  // rel_error(A, A2) of this parameter under --noise
 };
 

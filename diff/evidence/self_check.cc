@@ -731,8 +731,11 @@ void MarkDisagreeingReplicas(const TraceSet& set, const std::map<int32_t, Replic
     report->findings.push_back(
         {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
                         " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
-                        "): its gradient was not reduced over every rank that holds it (e.g. a norm or bias "
-                        "replicated under tensor/sequence parallelism, not all-reduced over tp)"});
+                        ")" +
+                        (info.stages_size() == 2 ? TiedCopiesWords(info)
+                                                 : ": its gradient was not reduced over every rank that holds it (e.g. "
+                                                   "a norm or bias replicated under tensor/sequence parallelism, not "
+                                                   "all-reduced over tp)")});
   }
 }
 

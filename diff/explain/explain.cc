@@ -123,6 +123,13 @@ constexpr Sentence kSentences[] = {
      "{who} divides by tp although the tensor-parallel ranks do not share these gradients{on}", nullptr},
     {Reading::kOtherDivisor, "{who}'s reduction divides by less than its layout needs{on}",
      "{who}'s reduction divides by more than its layout needs{on}", nullptr},
+    {Reading::kPipelineSchedule,
+     "{who}'s pipeline schedule ({schedule}) adds up its {n} micro-batches' gradients without dividing by them "
+     "({scaling}) while its loss is a mean per micro-batch, so its gradients are {n} x the mean-loss gradient; set "
+     "scale_grads=True on the schedule, or divide the loss_fn's result by the micro-batches",
+     "{who}'s loss_fn divides by the {n} micro-batches and its pipeline schedule ({schedule}) divides their sum by "
+     "them again ({scaling}), so its gradients are 1/{n} of the mean-loss gradient; do one of the two",
+     nullptr},
     // Mismatch groups: what follows "N parameters of B are not a multiple of A (residual above tolerance)".
     {Reading::kNotAMultiple, "", nullptr, nullptr},
     {Reading::kLossyCompression,
@@ -167,6 +174,11 @@ std::string FindingWords(const semantics::Finding& f, const TraceSide& carrier) 
       {"shards", f.dimension == "gas" ? "gas micro-batches" : f.dimension + " shards"},
       {"min", std::to_string(carrier.valid_tokens_min)},
       {"max", std::to_string(carrier.valid_tokens_max)},
+      {"n", std::to_string(carrier.config.pp_microbatches())},
+      {"schedule", carrier.config.pp_schedule().empty() ? "schedule not recorded" : carrier.config.pp_schedule()},
+      {"scaling", !carrier.config.has_pp_scale_grads() ? "scale_grads not recorded"
+                  : carrier.config.pp_scale_grads()    ? "scale_grads=True"
+                                                       : "scale_grads=False"},
   };
   return FillSentence(s.down != nullptr && !f.Up() ? s.down : s.up, words);
 }
@@ -250,6 +262,15 @@ void AddProblemGroups(const std::vector<ParamResult>& params, const TraceSide& a
 }
 
 }  // namespace
+
+std::string TiedCopiesWords(const pb::ParamInfo& param) {
+  if (param.stages_size() != 2) return "";
+  return ": a tied parameter, whose copies pipeline stages " + std::to_string(param.stages(0)) + " and " +
+         std::to_string(param.stages(1)) +
+         " hold; each copy has only its stage's share of the gradient unless "
+         "the training sums them (all-reduce the copies' gradients over those stages, as Megatron's embedding "
+         "group does; torch.distributed.pipelining does not)";
+}
 
 std::string FillSentence(const char* text, const std::map<std::string, std::string>& words) {
   std::string out;

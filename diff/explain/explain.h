@@ -53,6 +53,11 @@ std::vector<Group> GroupParams(const std::vector<ParamResult>& params, const Tra
 // framework is DeepSpeed, or its scaling policy models DeepSpeed arithmetic.
 bool CitesDeepSpeed(const TraceSide& s);
 
+// Why the copies of a tied parameter (ParamInfo.stages names two pipeline
+// stages, format 1.5) disagree, as a clause to append to a replica finding;
+// "" for any other parameter.
+std::string TiedCopiesWords(const pb::ParamInfo& param);
+
 // Sentences are templates: `text` with each {name} replaced by words.at(name),
 // in one pass, so words from a trace are never read as placeholders; an
 // unknown {name} stays as it is.

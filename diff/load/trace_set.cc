@@ -460,11 +460,15 @@ void TraceSet::InferGas() {
   for (const auto& [step, micro] : last_micro) {
     if (micro + 1 != k) return;  // steps disagree: nothing to infer
   }
+  // A pipeline's micro-steps are its micro-batches: gas x pp_microbatches of them per step (FORMAT.md 4.1).
+  const int32_t n = std::max(run0_.config().pp_microbatches(), 1);
+  if (k % n != 0 || k / n <= 1) return;
   const int recorded = run0_.config().gas();
-  run0_.mutable_config()->set_gas(k);
-  inferences_.push_back("gas " + std::to_string(k) + " inferred from the " + std::to_string(k) +
-                        " micro-steps recorded in each of " + std::to_string(last_micro.size()) +
-                        " optimizer steps (the trace records gas " + std::to_string(recorded) + ")");
+  run0_.mutable_config()->set_gas(k / n);
+  inferences_.push_back("gas " + std::to_string(k / n) + " inferred from the " + std::to_string(k) +
+                        " micro-steps recorded in each of " + std::to_string(last_micro.size()) + " optimizer steps" +
+                        (n > 1 ? " (" + std::to_string(n) + " pipeline micro-batches each)" : "") +
+                        " (the trace records gas " + std::to_string(recorded) + ")");
 }
 
 }  // namespace gradtrace::diff

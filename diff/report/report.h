@@ -14,7 +14,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.4";
+inline constexpr char kReportSchemaVersion[] = "1.5";
 
 // diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
 // setup differs (different initial weights or data: not a gradient verdict).

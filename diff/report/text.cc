@@ -30,6 +30,11 @@ std::string ConfigSummary(const pb::Config& c) {
   if (!c.scaling().empty()) s += ", scaling " + c.scaling();
   if (!c.loss().empty()) s += ", loss " + c.loss();
   if (c.gas() > 1) s += ", gas " + std::to_string(c.gas());
+  if (c.pp_microbatches() > 0) {  // format 1.5: the pipeline schedule
+    s += ", pipeline " + (c.pp_schedule().empty() ? std::string("schedule") : c.pp_schedule()) + " x " +
+         std::to_string(c.pp_microbatches()) + " micro-batches";
+    if (c.has_pp_scale_grads()) s += c.pp_scale_grads() ? " (scale_grads)" : " (scale_grads=False)";
+  }
   if (c.moe_experts() > 0)
     s += ", experts " + std::to_string(c.moe_experts()) + " (ep " + std::to_string(c.ep_size()) + ")";
   if (c.gradient_predivide_factor() != 0 && c.gradient_predivide_factor() != 1) {

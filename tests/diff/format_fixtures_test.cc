@@ -1,8 +1,9 @@
-// Traces written by earlier writers (tests/fixtures/format-1.0 to -1.3,
+// Traces written by earlier writers (tests/fixtures/format-1.0 to -1.4,
 // committed) keep reading, verifying and diffing with the same answers: 1.0
 // files are scanned (the index became a catalogue in 1.1), 1.1 files lack the
 // layout fields of 1.2, 1.2 files the replicate degree of 1.3, 1.3 files the
-// precision chain and setup fingerprints of 1.4.
+// precision chain and setup fingerprints of 1.4, 1.4 files the pipeline
+// fields of 1.5.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,9 +49,14 @@ TEST_P(OldFormat, FilesOpenAndVerify) {
         }
       }
       EXPECT_EQ(0, (*r)->run_info().config().replicate());
-      // No 1.4 field in any earlier file: no precision chain, initial-weight sketch or input moments.
+      // No 1.4 field before 1.4: no precision chain or initial-weight sketch; 1.4's synth sketches every weight.
       EXPECT_EQ(pb::DTYPE_UNSPECIFIED, (*r)->run_info().config().comm_dtype());
-      for (const pb::ParamInfo& p : (*r)->run_info().params()) EXPECT_EQ(0, p.init_sketch_size()) << p.name();
+      for (const pb::ParamInfo& p : (*r)->run_info().params()) {
+        EXPECT_EQ(GetParam().minor >= 4, p.init_sketch_size() > 0) << p.name();
+        EXPECT_EQ(0, p.stages_size()) << p.name();  // 1.5's pipeline stages
+      }
+      EXPECT_EQ(0, (*r)->run_info().config().pp_stages());
+      EXPECT_FALSE((*r)->run_info().config().has_pp_scale_grads());
       ++files;
     }
   }
@@ -74,8 +80,8 @@ TEST_P(OldFormat, DiffGivesTheIssue5248Answer) {
 
 // 1.2's layout survives in a 1.3 reader: the expert-parallel fixture's expert
 // gradients (averaged over edp, ep = 2) come out 2x with the cause named.
-TEST(FormatFixtures, Version12And13LayoutNamesTheExpertDivisor) {
-  for (const char* version : {"/format-1.2", "/format-1.3"}) {
+TEST(FormatFixtures, Version12To14LayoutNamesTheExpertDivisor) {
+  for (const char* version : {"/format-1.2", "/format-1.3", "/format-1.4"}) {
     const std::string dir = std::string(GRADTRACE_FIXTURES) + version;
     auto r = RunDiff(dir + "/ref", dir + "/ep", {});
     ASSERT_TRUE(r.ok()) << r.status().message();
@@ -95,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(Committed, OldFormat,
                          ::testing::Values(Fixtures{kFixtures, 0, 7},
                                            Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.1", 1, 5},
                                            Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.2", 2, 9},
-                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.3", 3, 9}),
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.3", 3, 9},
+                                           Fixtures{std::string(GRADTRACE_FIXTURES) + "/format-1.4", 4, 9}),
                          [](const ::testing::TestParamInfo<Fixtures>& info) {
                            return "Version1" + std::to_string(info.param.minor);
                          });

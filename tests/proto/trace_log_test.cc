@@ -333,6 +333,42 @@ TEST_F(TraceLogTest, NegativeRanksAndGroupMembersOutsideTheWorldAreRefused) {
             }));
 }
 
+// Format 1.5's pipeline fields from a stranger's file: a parameter's stages lie inside the pipeline
+// (at most two: a tied parameter's copies), and the pipeline's counts are not negative.
+TEST_F(TraceLogTest, PipelineStagesOutsideThePipelineAreRefused) {
+  auto read_with = [&](void (*edit)(pb::RunInfo*)) {
+    pb::RunInfo run = testing::SmallRun();
+    run.mutable_config()->set_pp_stages(2);
+    edit(&run);
+    testing::WriteBytes(
+        path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+    ReadResult r = Read();
+    EXPECT_EQ(Status::Code::kCorruption, r.status.code()) << r.status.message();
+    return r.status.message();
+  };
+  auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                                   : ::testing::AssertionFailure() << message;
+  };
+  EXPECT_TRUE(has(read_with([](pb::RunInfo* r) { r->mutable_params(0)->add_stages(2); }),
+                  "stage 2 outside the pipeline's 2 stages"));
+  EXPECT_TRUE(has(read_with([](pb::RunInfo* r) { r->mutable_params(0)->add_stages(-1); }),
+                  "stage -1 outside the pipeline's 2 stages"));
+  EXPECT_TRUE(has(read_with([](pb::RunInfo* r) {
+                    for (int i = 0; i < 1'000'000; ++i) r->mutable_params(0)->add_stages(0);
+                  }),
+                  "held by 1000000 stages, at most 2"));
+  EXPECT_TRUE(has(read_with([](pb::RunInfo* r) { r->mutable_config()->set_pp_microbatches(-4); }),
+                  "negative pp_microbatches -4"));
+  // A tied parameter's two stages, and stages when pp_stages is not recorded, are read.
+  pb::RunInfo run = testing::SmallRun();
+  run.mutable_params(0)->add_stages(0);
+  run.mutable_params(0)->add_stages(7);
+  testing::WriteBytes(
+      path_, testing::FileHeader() + testing::PlainFrame(format::FrameType::kRunInfo, run.SerializeAsString()));
+  EXPECT_NE(Status::Code::kCorruption, Read().status.code());
+}
+
 // The writer runs the same check before creating the file: it never writes what the reader refuses.
 TEST_F(TraceLogTest, WriterRefusesRanksOutsideTheWorld) {
   const std::string path = dir_.File("rank-00001.gtrace");

@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "candidates.h"
 #include "cause.h"
 #include "deepspeed_releases.h"
+#include "predict.h"
 
 namespace gradtrace::semantics {
 namespace {
@@ -42,6 +44,7 @@ TEST(CauseNames, AreTheReportsJsonValues) {
   EXPECT_STREQ(CauseName(Cause::kLossyCompression), "lossy-compression");
   EXPECT_STREQ(CauseName(Cause::kIncompleteGroup), "incomplete-group");
   EXPECT_STREQ(CauseName(Cause::kTokenNormalisation), "token-normalisation");
+  EXPECT_STREQ(CauseName(Cause::kPipelineScheduleScaling), "pp-schedule-scaling");
   EXPECT_STREQ(CauseName(Cause::kUnexplained), "unexplained");
 }
 
@@ -262,6 +265,65 @@ TEST(FactorFinding, DeepSpeedIsCitedForItsProducerOrAPolicyThatModelsIt) {
   EXPECT_TRUE(CitesDeepSpeed("", "", Cfg(1, 1, "ds-4530", "local-mean")));
   EXPECT_TRUE(CitesDeepSpeed("", "", Cfg(1, 1, "deepspeed@0.12.6", "local-mean")));
   EXPECT_FALSE(CitesDeepSpeed("gradtrace-train", "pytorch", Cfg(1, 1, "mean", "local-mean")));
+}
+
+// A pipelined side (format 1.5): 2 stages x dp 2, 4 micro-batches, a mean loss per micro-batch.
+pb::Config Pipelined(std::optional<bool> scale_grads) {
+  pb::Config c = Cfg(2, 1, "", "local-mean");
+  c.set_pp(2);
+  c.set_world(4);
+  c.set_pp_stages(2);
+  c.set_pp_microbatches(4);
+  c.set_pp_schedule("ScheduleGPipe");
+  if (scale_grads) c.set_pp_scale_grads(*scale_grads);
+  return c;
+}
+
+TEST(PipelineMultiple, ScaleGradsMatchesAMeanLossPerMicroBatch) {
+  EXPECT_EQ(PipelineMultiple(Cfg(1, 1, "", "local-mean")), 1.0);  // not pipelined
+  EXPECT_EQ(PipelineMultiple(Pipelined(true)), 1.0);
+  EXPECT_EQ(PipelineMultiple(Pipelined(false)), 4.0);
+  EXPECT_EQ(PipelineMultiple(Pipelined(true), /*loss_divided_by_n=*/true), 0.25);
+  EXPECT_EQ(PipelineMultiple(Pipelined(false), true), 1.0);
+  EXPECT_FALSE(PipelineMultiple(Pipelined(std::nullopt)).has_value());
+}
+
+TEST(FactorFinding, UnscaledScheduleIsNMicroBatchesOnTheSideThatCarriesIt) {
+  const SideFacts ref = Side(Cfg(1, 1, "", "local-mean"));
+  // B: scale_grads=False, 4x: the schedule's scaling, with B's prediction.
+  Finding f = ExplainFactor(4.0, "dense", ref, Side(Pipelined(false)), 1e-3);
+  EXPECT_EQ(f.cause, Cause::kPipelineScheduleScaling);
+  EXPECT_EQ(f.reading, Reading::kPipelineSchedule);
+  EXPECT_EQ(f.side, "B");
+  EXPECT_EQ(f.dimension, "pp_microbatches");
+  EXPECT_EQ(f.expression, "pp_microbatches(B)");
+  ASSERT_TRUE(f.predicted.has_value());
+  EXPECT_DOUBLE_EQ(*f.predicted, 4.0);
+  EXPECT_FALSE(f.prediction_differs);
+  EXPECT_NE(f.fix.find("scale_grads=True"), std::string::npos);
+  // The same run as A: 1/4 read in A's direction.
+  f = ExplainFactor(0.25, "dense", Side(Pipelined(false)), ref, 1e-3);
+  EXPECT_EQ(f.cause, Cause::kPipelineScheduleScaling);
+  EXPECT_EQ(f.side, "A");
+  EXPECT_DOUBLE_EQ(f.factor, 4.0);
+  // scale_grads not recorded: the factor alone names it, with no prediction.
+  f = ExplainFactor(4.0, "dense", ref, Side(Pipelined(std::nullopt)), 1e-3);
+  EXPECT_EQ(f.cause, Cause::kPipelineScheduleScaling);
+  EXPECT_FALSE(f.predicted.has_value());
+}
+
+TEST(FactorFinding, ScaledScheduleWithALossAlreadyDividedIsOneOverN) {
+  const SideFacts ref = Side(Cfg(1, 1, "", "local-mean"));
+  Finding f = ExplainFactor(0.25, "dense", ref, Side(Pipelined(true)), 1e-3);
+  EXPECT_EQ(f.cause, Cause::kPipelineScheduleScaling);
+  EXPECT_FALSE(f.Up());
+  EXPECT_NE(f.fix.find("not both"), std::string::npos);
+  // A scaling schedule cannot make 4x (the loss is multiplied elsewhere): not the schedule's cause.
+  f = ExplainFactor(4.0, "dense", ref, Side(Pipelined(true)), 1e-3);
+  EXPECT_NE(f.cause, Cause::kPipelineScheduleScaling);
+  // A factor that is not the micro-batch count is not the schedule's.
+  f = ExplainFactor(2.0, "dense", ref, Side(Pipelined(false)), 1e-3);
+  EXPECT_NE(f.cause, Cause::kPipelineScheduleScaling);
 }
 
 }  // namespace

@@ -66,11 +66,18 @@ class DDPCapture(Capture):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
+        from . import pipeline as pp
+
+        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        if info is not None:  # a pipeline whose stage is a DDP model (PipelineStage runs its no_sync)
+            model = info.only_stage("ddp_adapter")
         if not isinstance(model, DistributedDataParallel):
             raise TypeError("gradtrace.ddp_adapter.attach: expected a DistributedDataParallel model (wrap the model "
                             f"with DDP first), got {type(model).__name__}")
         group = model.process_group
         groups = {"dp": group, **(groups or {})}
+        if info is not None:
+            groups = pp.layout_groups(info, groups)
         layout = make_layout(options, groups, layout, params=model.module.named_parameters())
         # torch's own hooks are known: their communication dtype and that they divide by the group size.
         known = KNOWN_HOOKS.get(hook_name(hook)) if hook is not None else None
@@ -83,7 +90,8 @@ class DDPCapture(Capture):
                                 config={"scaling": "mean" if hook is None or hook_name(hook) in KNOWN_HOOKS else "",
                                         **options.pop("config", {})},
                                 comm_dtype=comm_dtype or None,
-                                comm_hook=hook_name(hook) if hook_name(hook) in KNOWN_HOOKS else "", **options)
+                                comm_hook=hook_name(hook) if hook_name(hook) in KNOWN_HOOKS else "", pipeline=info,
+                                **options)
         super().__init__(recorder, model, optimizer)
         self.user_hook = hook or default_hooks.allreduce_hook
         self.hook_state = group if hook is None else hook_state
@@ -190,5 +198,8 @@ def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
     hooks and wrappers are recognised without it and recorded with their name, PowerSGD's too),
     ``groups`` (more named process groups), layout overrides (``dp``, ``gas``, ``rules``, ... or
     ``layout=``), and the RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``,
-    ``loss``, ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``)."""
+    ``loss``, ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
+    ``model`` may also be a torch.distributed.pipelining schedule or PipelineStage whose one stage per rank
+    is a DDP model: the trace then names the whole model with each parameter's stage (manual_adapter.attach,
+    Pipelines)."""
     return DDPCapture(model, out_dir, optimizer, **options)

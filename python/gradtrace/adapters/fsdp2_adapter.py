@@ -86,6 +86,11 @@ class FSDP2Capture(Capture):
         import torch
         from torch.distributed.fsdp import FSDPModule
 
+        from . import pipeline as pp
+
+        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        if info is not None:  # a pipeline whose stage module is fully_shard'ed (PipelineStage runs its no-sync)
+            model = info.only_stage("fsdp2_adapter")
         self.full_final = full_final
         self.param_groups = []  # (FSDPModule, FSDPParamGroup)
         for m in model.modules():
@@ -107,7 +112,9 @@ class FSDP2Capture(Capture):
             found["replicate"] = replicate_group
             if layout is None:
                 options.setdefault("default_group", "shard")
-        layout = make_layout(options, {**found, **(groups or {})}, layout, params=model.named_parameters())
+        groups = {**found, **(groups or {})}
+        layout = make_layout(options, pp.layout_groups(info, groups) if info else groups, layout,
+                             params=model.named_parameters())
         self._pending = []  # POST_REDUCE records whose values FSDP is still finishing
         # Registered before the base class's micro-step counter: pending POSTs belong to the micro-step that made them.
         self._flush_handle = model.register_forward_pre_hook(lambda *_: self.flush())
@@ -119,8 +126,10 @@ class FSDP2Capture(Capture):
                                 framework_version=torch.__version__.split("+")[0], layout=layout,
                                 optimizer=optimizer, grad_dtype=compute,
                                 config={"scaling": "mean", "zero_stage": 3, **precision, **options.pop("config", {})},
-                                **options)
+                                pipeline=info, **options)
         super().__init__(recorder, model, optimizer)
+        if info is not None:  # POST_REDUCE as the reduce-scatter left it, before the schedule divides by n
+            self._handles += pp.before_scale_grads(info, self.flush)
         self._handles.append(self._flush_handle)
         self.unrecordable: dict[str, str] = {}
         self._bucket = 0
@@ -220,7 +229,7 @@ class FSDP2Capture(Capture):
             return
         pieces = []
         for pid, p in enumerate(rec.params):
-            g = p.grad
+            g = p.grad if p is not None else None  # None: another pipeline stage's parameter
             if g is None:
                 continue
             if not isinstance(g, DTensor):
@@ -285,5 +294,8 @@ def attach(model, out_dir, optimizer=None, **options) -> FSDP2Capture:
     (else call ``cap.step()``). Keywords: ``full_final`` (write full gradients, not shards),
     ``groups``, layout overrides (``dp``, ``gas``, ``rules``, ... or ``layout=``), and the
     RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``, ``loss``,
-    ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``)."""
+    ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
+    ``model`` may also be a torch.distributed.pipelining schedule or PipelineStage whose one stage per rank
+    is fully_shard'ed: the trace then names the whole model with each parameter's stage (manual_adapter.attach,
+    Pipelines)."""
     return FSDP2Capture(model, out_dir, optimizer, **options)

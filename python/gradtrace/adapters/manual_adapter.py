@@ -11,6 +11,13 @@
 FINAL comes from attaching to the optimizer (or ``cap.step()`` without one). PRE/POST come
 from :meth:`ManualCapture.around` or :meth:`ManualCapture.record`, which take the parameters (their
 ``.grad``), explicit tensors, or one flat bucket tensor laid out as the parameters in order.
+
+A pipeline (torch.distributed.pipelining): pass the schedule (or the PipelineStage) as the model;
+the trace names the whole model with each parameter's stage, and records the schedule's micro-batches
+and scale_grads (gradtrace.adapters.pipeline):
+
+    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
+    cap = gradtrace.manual_adapter.attach(schedule, "traces/pp", optimizer=opt, groups={"dp": dp_group})
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ class ManualCapture(Capture):
                  framework_version: str | None = None, shards=None, **options):
         import torch
 
+        from . import pipeline as pp
+
+        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        if info is not None:
+            groups = pp.layout_groups(info, groups)
+            model = _Stages(info)
         given_layout = layout is not None
         specs = _shard_specs(model, shards)
         layout = make_layout(options, groups, layout, params=model.named_parameters())
@@ -45,14 +58,15 @@ class ManualCapture(Capture):
             return [full if d == dim else int(n) for d, n in enumerate(p.shape)]
 
         recorder = RankRecorder(model.named_parameters(), out_dir, framework=framework, framework_version=version,
-                                layout=layout, optimizer=optimizer, shape_of=shape_of if specs else None, **options)
+                                layout=layout, optimizer=optimizer, shape_of=shape_of if specs else None,
+                                pipeline=info, **options)
         for key, (_, dim, start, _) in specs.items():
             pid = recorder.ids.get(key)
             if pid is not None:
                 p = recorder.params[pid]
                 recorder.blocks[pid] = [range(start, start + int(n)) if d == dim else range(int(n))
                                         for d, n in enumerate(p.shape)]
-        super().__init__(recorder, model, optimizer)
+        super().__init__(recorder, info.module if info is not None else model, optimizer)
         self._bucket_key = None
         self._bucket_next = 0
 
@@ -168,6 +182,16 @@ class ManualCapture(Capture):
                     offsets=offsets)
 
 
+class _Stages:
+    """This rank's pipeline stages as one model: their parameters in stage order."""
+
+    def __init__(self, info):
+        self._info = info
+
+    def named_parameters(self):
+        return self._info.named_parameters()
+
+
 def _local_numel(p) -> int:
     from .dtensor import is_dtensor
 
@@ -229,5 +253,12 @@ def attach(model, out_dir, optimizer=None, **options) -> ManualCapture:
     (this rank's tensor is rows ``[start, start + local size)`` of dim ``dim`` of a parameter whose
     full size along ``dim`` is ``full_size``): the table records the full shape, the parameter is
     TP_SHARD along ``dim`` (unless ``rules=`` says otherwise), and FINAL and record()/around()
-    write the shard at its offsets, so the diff joins the ranks' shards."""
+    write the shard at its offsets, so the diff joins the ranks' shards.
+
+    Pipelines: ``model`` may be a torch.distributed.pipelining schedule (ScheduleGPipe, Schedule1F1B,
+    ScheduleInterleaved1F1B, ...), a PipelineStage or a list of this rank's stages. The table names
+    every stage's parameters (gathered over the pipeline group at attach, a collective) with their
+    stages; the groups ``pp`` (the stage's group) and ``dp`` (unless given: the ranks at this rank's
+    position in their pipeline group) are recorded, and from a schedule its micro-batches and
+    ``scale_grads``. Micro-steps count micro-batches (forwards of this rank's first stage)."""
     return ManualCapture(model, out_dir, optimizer, **options)

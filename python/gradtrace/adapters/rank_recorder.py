@@ -218,7 +218,7 @@ class RankRecorder:
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
                  producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
-                 accum_dtype=None, on_error: str = "warn", overwrite: bool = False):
+                 accum_dtype=None, on_error: str = "warn", overwrite: bool = False, pipeline=None):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {ON_ERROR}")
         self.on_error = on_error
@@ -231,11 +231,13 @@ class RankRecorder:
         self.optimizer = optimizer
         self._start_counting(steps)
         self._param_regex = re.compile(params) if params else None
+        self.pipeline = pipeline  # gradtrace.adapters.pipeline.PipelineInfo of a pipelined run, else None
         self.phases = set(phases)
         self.recorded = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
         table = self._param_table(named_params, shape_of, grad_dtype, accum_dtype, comm_dtype)
         self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
-        cfg = {**self.layout.config(), "dtype": table[0]["dtype"] if table else "FP32", "backend": _backend(),
+        cfg = {**self.layout.config(), **(pipeline.config() if pipeline else {}),
+               "dtype": table[0]["dtype"] if table else "FP32", "backend": _backend(),
                "capture_mode": mode, "loss": loss, "loss_description": loss_description, **_comm_fields(comm_dtype),
                "comm_hook": comm_hook, **(config or {})}
         self.path = rank_file(out_dir, self.rank)
@@ -282,6 +284,24 @@ class RankRecorder:
                           "accum_dtype": torch_dtype_name(accum_dtype if accum_dtype is not None else p.dtype),
                           **self.layout.param_fields(name),
                           **_comm_fields(comm_dtype), "init_sketch": init_sketch(p, shape)})
+        return self._whole_model(table) if self.pipeline is not None else table
+
+    def _whole_model(self, local: list[dict]) -> list[dict]:
+        """A pipelined run's table: every stage's parameters (a collective over the pipeline group,
+        gradtrace.adapters.pipeline.whole_table); this rank's parameters keep their tensors, the other
+        stages' are None in ``params``."""
+        from .pipeline import whole_table
+
+        stage_of = self.pipeline.stage_of()
+        table, index = whole_table(local, [stage_of[id(p)] for p in self.params], self.pipeline,
+                                   self.layout.groups.get("pp", [self.rank]))
+        params: list = [None] * len(table)
+        for k, p in enumerate(self.params):
+            params[index[k]] = p
+        self.ids = {id(p): index[k] for k, p in enumerate(self.params)}
+        self.params = params
+        self.names = [e["name"] for e in table]
+        self.shapes = [[int(x) for x in e["shape"]] for e in table]
         return table
 
     def _run_info(self, table, cfg, run_id, framework, framework_version, packages, producer, producer_version,
@@ -381,7 +401,7 @@ class RankRecorder:
         if not self.wants("FINAL"):
             return
         if pieces is None:
-            pieces = [x for k, p in enumerate(self.params) if p.grad is not None and self._written[k]
+            pieces = [x for k, p in enumerate(self.params) if p is not None and p.grad is not None and self._written[k]
                       for x in self.grad_pieces(k, p.grad, reduce=True)]
         self.write_bucket("FINAL", pieces, group="", bucket_id=0)
 
@@ -491,6 +511,9 @@ class RankRecorder:
             warnings.warn(f"gradtrace: steps {missing} (of steps={self._requested}) were never reached: {last} "
                           f"(steps count from 0); the trace holds nothing of them", stacklevel=stacklevel)
         gas = self.inferred_gas
+        microbatches = (self.pipeline.n_microbatches or 1) if self.pipeline is not None else 1
+        if gas is not None and microbatches > 1 and gas % microbatches == 0:
+            gas //= microbatches  # a pipeline's forwards are its micro-batches, gas x n_microbatches per step
         if not getattr(self.layout, "gas_given", True) and gas is not None and gas > 1:
             warnings.warn(f"gradtrace: gas was not given, so the trace records gas {self.layout.gas}, but every "
                           f"optimizer step ran {gas} micro-steps (forwards of the model): pass gas={gas} to attach()",
