@@ -211,6 +211,16 @@ void PrintSteps(const std::vector<pb::StepInfo>& steps) {
   }
 }
 
+// Issue 26: a Trainer run under ZeRO wrote losses and grad norms but no gradient, and nothing said so. The
+// adapter's warning went to the run's stderr; the trace itself shows it as step records without bucket records.
+void PrintNoGradients(const std::vector<pb::StepInfo>& steps, const BucketTallies& buckets) {
+  if (steps.empty() || !buckets.empty()) return;
+  std::printf(
+      "gradients    NONE: %zu step records but no PRE_REDUCE, POST_REDUCE or FINAL record: the capture saw no "
+      "gradient (its warning on the run's stderr says why)\n",
+      steps.size());
+}
+
 void PrintBuckets(const BucketTallies& buckets) {
   std::printf("buckets\n  %6s %5s %-12s %7s %7s %12s %10s %10s\n", "step", "micro", "phase", "frames", "slices",
               "elements", "stored", "raw");
@@ -241,6 +251,7 @@ Status InspectFile(const TraceSource& source, bool frames) {
   std::printf("steps        %zu\n", steps.size());
   PrintInferredGas(r.run_info(), steps, buckets);
   PrintSteps(steps);
+  PrintNoGradients(steps, buckets);
   PrintBuckets(buckets);
   const double ratio = r.stored_bytes() ? static_cast<double>(r.raw_bytes()) / r.stored_bytes() : 0.0;
   std::printf("totals       %d frames; %s on disk; payload %s stored, %s raw; compression ratio %.3f\n", count,

@@ -3,10 +3,11 @@ a config-built one-layer Llama (no downloads), 4 samples = one global batch per 
 WORLD processes (gloo DDP through accelerate) each take 4 / WORLD samples.
 
     python hf_runs.py WORLD OUT               # Trainer + gradtrace.hf_adapter.GradtraceCallback
-    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.ddp_adapter, no Trainer
+    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.hf_adapter.attach_accelerate, no Trainer
+    python hf_runs.py WORLD OUT accelerate S  # the same with a DeepSpeed plugin, ZeRO stage S
 
 Accelerate without Trainer: each rank trains a small MLP on its own rows (rank r: inputs r + 1),
-through the prepared (DDP) model and AcceleratedOptimizer, with gradient accumulation 2.
+through the prepared model (DDP, or a DeepSpeed engine) and optimizer, with gradient accumulation 2.
 """
 
 import os
@@ -42,19 +43,35 @@ def run_rank(rank, world, out, port):
         Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
 
 
-def run_accelerate_rank(rank, world, out, port):
+def accelerator(deepspeed_stage):
+    """Accelerate on CPU: DDP over gloo, or a DeepSpeed plugin (ZeRO ``deepspeed_stage``; DS_ACCELERATOR=cpu, gloo)."""
+    from accelerate import Accelerator
+
+    if not deepspeed_stage:
+        return Accelerator(cpu=True, gradient_accumulation_steps=2)
+    import deepspeed
+    from accelerate.utils import DeepSpeedPlugin
+
+    from gradtrace.deepspeed_versions.ds5248_run import disable_shm_comm_op
+
+    disable_shm_comm_op()  # two minutes of g++ for an op training does not use
+    deepspeed.init_distributed(dist_backend="gloo")
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "zero_optimization": {"stage": deepspeed_stage}, "zero_allow_untested_optimizer": True}
+    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), gradient_accumulation_steps=2)
+
+
+def run_accelerate_rank(rank, world, out, port, deepspeed_stage=0):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from accelerate import Accelerator
-
     import gradtrace
 
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    acc = accelerator(deepspeed_stage)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
-    cap = gradtrace.ddp_adapter.attach(model, out, optimizer=opt, gas=2, loss="local-mean")
+    cap = gradtrace.hf_adapter.attach_accelerate(acc, model, out, optimizer=opt, loss="local-mean")
     for _ in range(4):  # 2 optimizer steps of 2 micro-steps
         with acc.accumulate(model):
             loss = model(torch.full((2, 4), rank + 1.0)).pow(2).mean()
@@ -67,14 +84,15 @@ def run_accelerate_rank(rank, world, out, port):
 
 def main():
     world, out = int(sys.argv[1]), sys.argv[2]
-    target = run_accelerate_rank if sys.argv[3:] == ["accelerate"] else run_rank
+    target = run_accelerate_rank if sys.argv[3:4] == ["accelerate"] else run_rank
+    extra = (int(sys.argv[4]),) if sys.argv[4:] else ()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     if world == 1:
-        target(0, 1, out, port)
+        target(0, 1, out, port, *extra)
     else:
-        mp.spawn(target, args=(world, out, port), nprocs=world, join=True)
+        mp.spawn(target, args=(world, out, port, *extra), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """gradtrace.hf_adapter.GradtraceCallback on real Hugging Face Trainer runs (tests/python/hf_runs.py:
-a config-built one-layer Llama, CPU): 2 processes (DDP over gloo through accelerate) against 1, the same
+a config-built one-layer Llama, CPU): 2 processes (DDP over gloo through accelerate; the callback attaches
+gradtrace.ddp_adapter) against 1, the same
 4 samples as each step's global batch. Trainer's loss is the global token mean (its token count is
 gathered across ranks), so FINAL = reference: gradtrace-diff exit 0, scale 1.000. FINAL is taken at
 on_pre_optimizer_step, after Trainer clips to max_grad_norm 1.0, so its norm is min(logged grad_norm, 1).
@@ -34,7 +35,8 @@ def _run(out, world, *mode):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
-    return {"ref": _run(d / "ref", 1), "dp2": _run(d / "dp2", 2), "acc": _run(d / "acc", 2, "accelerate"), "tmp": d}
+    return {"ref": _run(d / "ref", 1), "dp2": _run(d / "dp2", 2), "acc": _run(d / "acc", 2, "accelerate"),
+            "acc-ds": _run(d / "acc-ds", 2, "accelerate", "2"), "tmp": d}
 
 
 def test_trainer_run_on_two_ranks_matches_one_rank(runs):
@@ -50,7 +52,11 @@ def test_trainer_run_on_two_ranks_matches_one_rank(runs):
 def test_trainer_layout_versions_and_grad_norm(runs):
     readers = gradtrace.read_trace_set(runs["dp2"])
     run = readers[1].run_info
-    assert (run["framework"], run["config"]["world"], run["config"]["dp"], run["dp_rank"]) == ("hf-trainer", 2, 2, 1)
+    # The callback found Trainer's DDP model and attached gradtrace.ddp_adapter to it (issue 26).
+    assert (run["framework"], run["config"]["world"], run["config"]["dp"], run["dp_rank"]) == ("pytorch-ddp", 2, 2, 1)
+    assert run["extra"]["driven_by"] == "transformers.Trainer"
+    # hf_runs.py sets WORLD_SIZE=1 even for one process, so accelerate wraps the model in DDP there too.
+    assert gradtrace.read_trace_set(runs["ref"])[0].run_info["framework"] == "pytorch-ddp"
     assert set(run["versions"]) >= {"torch", "python", "transformers", "accelerate"}
     assert readers[0].run_info["run_id"] == run["run_id"]
     frames = list(readers[0].frames())
@@ -64,6 +70,19 @@ def test_trainer_layout_versions_and_grad_norm(runs):
         assert len(losses) == 1 and losses[0]["valid_tokens"] == 2 * 8 and losses[0]["loss"] > 0
 
 
+def test_trainer_ddp_buckets_divide_by_dp(runs, tmp_path):
+    """PRE/POST per DDP bucket under Trainer, from the callback alone: --self measures DDP's mean, 2 = dp."""
+    frames = list(gradtrace.read_trace_set(runs["dp2"])[0].frames())
+    assert [(f["phase"], f["step"]) for f in frames if f["type"] == "bucket"] == \
+        [("PRE_REDUCE", 0), ("POST_REDUCE", 0), ("FINAL", 0), ("PRE_REDUCE", 1), ("POST_REDUCE", 1), ("FINAL", 1)]
+    report = tmp_path / "self.json"
+    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["dp2"]), "--json", str(report)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    rows = json.loads(report.read_text())["self_params"]
+    assert len(rows) == 12 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows
+
+
 def test_accelerate_prepared_model_with_the_ddp_adapter(runs):
     """Accelerate without Trainer: the DDP adapter on the prepared model, its step hooks on the optimizer
     AcceleratedOptimizer wraps (which steps only at the end of an accumulation): one FINAL per optimizer
@@ -75,6 +94,24 @@ def test_accelerate_prepared_model_with_the_ddp_adapter(runs):
                       ("PRE_REDUCE", 1, 1), ("POST_REDUCE", 1, 1), ("FINAL", 1, 1)]
     report = runs["tmp"] / "self-acc.json"
     p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["acc"]), "--json", str(report)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    rows = json.loads(report.read_text())["self_params"]
+    assert len(rows) == 4 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows
+
+
+def test_accelerate_with_a_deepspeed_plugin(runs, tmp_path):
+    """The same loop with a DeepSpeed plugin (ZeRO-2): attach_accelerate finds the engine behind the prepared
+    model and attaches gradtrace.deepspeed_adapter: PRE/POST every micro-step (ZeRO-2 reduces each one),
+    FINAL at the boundary, and --self measures DeepSpeed's divisor 2 = dp."""
+    readers = gradtrace.read_trace_set(runs["acc-ds"])
+    assert (readers[0].run_info["framework"], readers[0].run_info["extra"]["driven_by"]) == ("deepspeed", "accelerate")
+    assert readers[0].run_info["config"]["gas"] == 2
+    phases = [(f["phase"], f["step"], f["micro_step"]) for f in readers[0].frames() if f["type"] == "bucket"]
+    assert phases == [(p, step, m) for step in (0, 1) for m in (0, 1)
+                      for p in ("PRE_REDUCE", "POST_REDUCE", "FINAL") if p != "FINAL" or m == 1]
+    report = tmp_path / "self.json"
+    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["acc-ds"]), "--json", str(report)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:]
     rows = json.loads(report.read_text())["self_params"]

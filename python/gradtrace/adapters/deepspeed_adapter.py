@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from . import deepspeed_zero3
-from . import loss_recipes
+from . import loss_recipes, no_gradient
 from .deepspeed_divisors import declared_divisor
 from .layout import Layout
 from .rank_recorder import RankRecorder
@@ -104,7 +104,8 @@ class DeepSpeedCapture:
 
     def __init__(self, engine, out_dir, mode: str = "full", mpu=None, *, loss_recipe: str = "",
                  config: dict | None = None, extra: dict | None = None, run_id: str | None = None,
-                 phases=("PRE_REDUCE", "POST_REDUCE", "FINAL"), on_error: str = "warn", overwrite: bool = False):
+                 phases=("PRE_REDUCE", "POST_REDUCE", "FINAL"), on_error: str = "warn", overwrite: bool = False,
+                 packages=()):
         import deepspeed
         import torch.distributed as tdist
 
@@ -117,6 +118,7 @@ class DeepSpeedCapture:
         self.step = 0
         self.micro = 0
         self._backwards = 0  # engine.backward calls since the last accumulation boundary
+        self._checked_empty = False  # the first optimizer step was checked for gradient frames
         self._bucket_id = 0
         self._restore: list[tuple[Any, str, Any]] = []  # (object, attribute, previous value or _ABSENT)
         self.recorded: dict[str, int] = {"PRE_REDUCE": 0, "POST_REDUCE": 0, "FINAL": 0, "STEP": 0}
@@ -146,7 +148,7 @@ class DeepSpeedCapture:
             layout.add_rule(expert_rule, kind="EXPERT", grad_group="edp")
         self.recorder = RankRecorder(
             engine.module.named_parameters(), out_dir, framework="deepspeed", framework_version=ds_version,
-            layout=layout, packages=("deepspeed",), mode=mode, run_id=run_id, config=cfg,
+            layout=layout, packages=("deepspeed", *packages), mode=mode, run_id=run_id, config=cfg,
             extra=self._run_extra(engine, ds_version, stage, extra),
             producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
             shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite)
@@ -464,6 +466,7 @@ class DeepSpeedCapture:
                 lrs = _call(self.engine, "get_lr", None) or [None]
                 self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0],
                                                    step=self.step, micro=self.micro)
+                self._check_recorded()
                 self.step += 1
                 self._backwards = 0
             self._bucket_id = 0
@@ -480,6 +483,18 @@ class DeepSpeedCapture:
                 self._backwards += 1
         return backward
 
+    def _check_recorded(self):
+        """At the end of the first optimizer step: one warning when no gradient frame was recorded."""
+        if self._checked_empty or self.recorder.disabled is not None:
+            return
+        self._checked_empty = True
+        phases = ("PRE_REDUCE", "POST_REDUCE", "FINAL")
+        if not self.wanted & set(phases) or any(self.recorded[p] for p in phases):
+            return
+        why = "; ".join(f"{p}: {w}" for p, w in self.unrecordable.items()) or \
+            f"no bucket reached the hooked reductions ({', '.join(self.hooks)}) and no parameter had a full gradient"
+        no_gradient.warn(self.rank, self.step, f"DeepSpeed {self.ds_version} ZeRO stage {self.zero_stage}: {why}")
+
     def _next_bucket(self):
         b = self._bucket_id
         self._bucket_id += 1
@@ -490,6 +505,14 @@ class DeepSpeedCapture:
                     where, numel)
 
     # ---- public --------------------------------------------------------------------------------
+
+    def begin_micro_step(self):
+        """At a forward, before its backward: numbers the micro-step that forward starts, so that a
+        ``record_step`` called from a forward hook (GradtraceCallback) is filed under it."""
+        self.micro = self._backwards
+
+    def report_grad_norm(self, norm) -> None:
+        """Ignored: the engine's own norm (``get_global_grad_norm``) is recorded at each optimizer step."""
 
     def record_step(self, loss, valid_tokens, lr: float | None = None):
         """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""

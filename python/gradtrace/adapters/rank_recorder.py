@@ -33,7 +33,7 @@ from .. import _gtcodec
 from .._gtcodec import locked_by_writer
 from ..codec.dtypes import torch_dtype_name
 from ..codec.trace import TraceError, TraceWriter
-from . import loss_recipes
+from . import loss_recipes, no_gradient
 from .layout import Layout
 
 log = logging.getLogger("gradtrace")
@@ -258,6 +258,9 @@ class RankRecorder:
         self._inputs = [0, 0.0, 0.0]  # count, sum, sum of squares of this step's inputs (input_moments)
         self.micro_steps: list[int] = []
         self._warned = False
+        self._checked_empty = False  # the first captured optimizer step was checked for gradient frames
+        # An adapter that knows better where the gradients went sets this (a callable returning the reason).
+        self.no_gradient_reason = None
 
     def _param_table(self, named_params, shape_of, grad_dtype, accum_dtype, comm_dtype) -> list[dict]:
         """RunInfo's parameter table (those with requires_grad, in order), filling ids, names, params and
@@ -462,7 +465,20 @@ class RankRecorder:
             frame["reported_grad_norm"] = _number(grad_norm)
         self.writer.write_step(frame)
 
+    def check_gradients_recorded(self) -> None:
+        """At the end of the first captured optimizer step: one warning when no gradient frame was
+        recorded (gradtrace.adapters.no_gradient), naming the reason."""
+        if self._checked_empty or not self.capturing or self.disabled is not None:
+            return
+        self._checked_empty = True
+        if not self.phases & set(PHASES) or any(self.recorded[p] for p in PHASES):
+            return
+        why = self.no_gradient_reason() if self.no_gradient_reason is not None else \
+            no_gradient.reason(self.params, self._written)
+        no_gradient.warn(self.rank, self.step, why)
+
     def next_step(self) -> None:
+        self.check_gradients_recorded()
         if self.capturing and self.step % 10 == 0:
             log.info("gradtrace: rank %d captured step %d (%s)", self.rank, self.step, self.recorded)
         self.step += 1

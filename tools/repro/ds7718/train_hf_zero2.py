@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """DeepSpeed #7718 / #7749 on CPU: a Hugging Face Trainer run with ZeRO-2 and gradient accumulation,
-captured with gradtrace.deepspeed_adapter (FINAL gradients + DeepSpeed's get_global_grad_norm()).
+captured with gradtrace.hf_adapter.GradtraceCallback, which attaches gradtrace.deepspeed_adapter to Trainer's
+engine (FINAL gradients + DeepSpeed's get_global_grad_norm()).
 
     python tools/repro/ds7718/train_hf_zero2.py --config tools/repro/ds7718/zero2_bf16_overlap.json \
         --out OUT [--world 2] [--steps 3]
@@ -68,47 +69,6 @@ def disable_shm_comm_op():
         m.build_shm_op = lambda: None
 
 
-def make_callback(out, gas, phases, trainer_box, summary):
-    """Attach the DeepSpeed adapter to Trainer's engine at on_train_begin (the engine exists then)."""
-    from transformers import TrainerCallback
-
-    import gradtrace
-
-    class Capture(TrainerCallback):
-        cap = None
-        micro = 0
-
-        def on_train_begin(self, args, state, control, model=None, **kw):
-            engine = trainer_box[0].model_wrapped
-            self.cap = gradtrace.deepspeed_adapter.attach(engine, out, loss_recipe="",
-                                                          phases=phases, extra={"repro": "ds7718"})
-            model.register_forward_hook(self._forward, with_kwargs=True)
-
-        def _forward(self, module, a, kwargs, output):
-            if not module.training or self.cap is None:
-                return
-            # record_step runs here, before engine.backward numbers the micro-step in the adapter,
-            # so number it for the StepInfo written now (the adapter's backward agrees with it).
-            self.cap.micro = self.micro
-            self.micro = (self.micro + 1) % gas
-            labels = kwargs.get("labels")
-            self.cap.record_step(output.loss, int((labels != -100).sum()) if labels is not None else 0)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "grad_norm" in logs:
-                summary["steps"].append({"step": state.global_step, "loss": logs.get("loss"),
-                                         "grad_norm": logs.get("grad_norm"),
-                                         "learning_rate": logs.get("learning_rate")})
-
-        def on_train_end(self, args, state, control, **kw):
-            if self.cap is not None:
-                summary["recorded"] = dict(self.cap.recorded)
-                summary["unrecordable"] = dict(self.cap.unrecordable)
-                self.cap.close()
-
-    return Capture()
-
-
 def run_rank(args):
     import torch
     torch.set_num_threads(1)
@@ -132,16 +92,21 @@ def run_rank(args):
     summary = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                "world": world, "steps_run": args.steps, "lr": args.lr, "trainer": ts,
                "ds_config": copy.deepcopy(args.ds_config), "steps": []}
-    box = []
-    cb = make_callback(args.out, gas, tuple(args.phases.split(",")), box, summary)
+    import gradtrace
+    cb = gradtrace.hf_adapter.GradtraceCallback(args.out, phases=tuple(args.phases.split(",")),
+                                                extra={"repro": "ds7718"})
     with tempfile.TemporaryDirectory() as scratch:
         targs = TrainingArguments(output_dir=scratch, max_steps=args.steps, logging_steps=1, report_to=[],
                                   save_strategy="no", learning_rate=args.lr, seed=seed, lr_scheduler_type="constant",
                                   disable_tqdm=True, use_cpu=True, deepspeed=args.ds_config,
                                   dataloader_drop_last=True, **ts)
         trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[cb])
-        box.append(trainer)
         trainer.train()
+    logged = [e for e in trainer.state.log_history if "grad_norm" in e]  # Trainer's log lines, one per step
+    summary["steps"] = [{"step": e["step"], "loss": e.get("loss"), "grad_norm": e.get("grad_norm"),
+                         "learning_rate": e.get("learning_rate")} for e in logged]
+    summary["recorded"] = dict(cb.capture.recorded)
+    summary["unrecordable"] = dict(cb.capture.unrecordable)
     engine = trainer.model_wrapped
     summary["engine"] = {"zero_stage": int(engine.zero_optimization_stage()), "bf16": bool(engine.bfloat16_enabled()),
                          "gas": int(engine.gradient_accumulation_steps()), "optimizer": type(engine.optimizer).__name__,
