@@ -1,12 +1,14 @@
 """Issue 19: the README's and python/README's examples run as written. Code blocks are read out of the
 two files (not copied here), so an edit that breaks an example breaks this test. Shell blocks run line by
-line from a scratch directory that links build/; Python blocks run in one real process with a 1-rank gloo
-group and the few names the prose assumes (a model, a gradient tensor, a process group)."""
+line from a scratch directory that links build/, finding the commands by name as `. .venv/bin/activate`
+does (tools/setup links them to this build's binaries); Python blocks run in one real process with a
+1-rank gloo group and the few names the prose assumes (a model, a gradient tensor, a process group)."""
 
 import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,16 +25,12 @@ def blocks(path, lang):
 
 
 def commands(block):
-    """The shell block's command lines (comments and the B= line dropped, $B expanded)."""
-    out, b = [], None
+    """The shell block's command lines (comments and the `. .venv/bin/activate` line dropped)."""
+    out = []
     for line in block.splitlines():
         line = line.split("  #")[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("B="):
-            b = line[2:]
-            continue
-        out.append(line.replace("$B/", f"{b}/") if b else line)
+        if line and not line.startswith("#") and line != ". .venv/bin/activate":
+            out.append(line)
     return out
 
 
@@ -44,7 +42,10 @@ def scratch(tmp_path_factory):
 
 
 def run(line, cwd):
-    p = subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, timeout=600)
+    # PATH as the activated .venv has it, this build's binaries first (a shared .venv links another's).
+    path = os.pathsep.join([str(BUILD.resolve() / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]])
+    p = subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PATH": path})
     return p.returncode, p.stdout + p.stderr
 
 

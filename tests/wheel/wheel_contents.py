@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks what the gradtrace wheel holds: exactly the package's .py files (python/gradtrace/), the codec
-extension _gtcodec, the gradtrace-diff and gradtrace-inspect executables (scripts, executable), the
-dist-info; no capture/ (LibTorch) code; numpy as its only dependency.
+extension _gtcodec, the gradtrace-diff, gradtrace-inspect and gradtrace-pack scripts (executable), the
+dist-info; after `auditwheel repair` also the shared libraries it grafted (gradtrace.libs/) and the
+executables its scripts start (gradtrace.scripts/); no capture/ (LibTorch) code; numpy as its only
+dependency.
 
     wheel_contents.py WHEEL
 
@@ -14,18 +16,20 @@ import sys
 import zipfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCRIPTS = {"gradtrace-diff", "gradtrace-inspect"}
+SCRIPTS = {"gradtrace-diff", "gradtrace-inspect", "gradtrace-pack"}
 
 
 def problems(wheel):
     with zipfile.ZipFile(wheel) as z:
-        infos = {i.filename: i for i in z.infolist()}
+        infos = {i.filename: i for i in z.infolist() if not i.is_dir()}
         metadata = next((z.read(n).decode() for n in infos if n.endswith(".dist-info/METADATA")), "")
     package = ROOT / "python" / "gradtrace"
     py = {f"gradtrace/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
     ext = {n for n in infos if re.fullmatch(r"gradtrace/_gtcodec\.cpython-[^/]+\.so", n)}
     scripts = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.data/scripts/[^/]+", n)}
-    dist_info = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.dist-info/[^/]+", n)}
+    dist_info = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.dist-info/.+", n)}
+    libs = {n for n in infos if re.fullmatch(r"gradtrace\.libs/lib[^/]+\.so(\.[0-9]+)*", n)}
+    exes = {n for n in infos if re.fullmatch(r"gradtrace\.scripts/[^/]+", n)}
     out = []
     if missing := py - set(infos):
         out.append(f"missing Python files {sorted(missing)}")
@@ -33,10 +37,12 @@ def problems(wheel):
         out.append(f"expected one _gtcodec extension, found {sorted(ext)}")
     if {n.rsplit("/", 1)[1] for n in scripts} != SCRIPTS:
         out.append(f"expected scripts {sorted(SCRIPTS)}, found {sorted(scripts)}")
-    for n in scripts:
+    if exes and {n.rsplit("/", 1)[1] for n in exes} != SCRIPTS:
+        out.append(f"expected executables {sorted(SCRIPTS)} in gradtrace.scripts/, found {sorted(exes)}")
+    for n in scripts | exes:
         if not (infos[n].external_attr >> 16) & 0o111:
             out.append(f"{n} is not executable")
-    if extra := set(infos) - py - ext - scripts - dist_info:
+    if extra := set(infos) - py - ext - scripts - dist_info - libs - exes:
         out.append(f"unexpected files {sorted(extra)}")
     if any("capture" in n or "gradtrace-train" in n for n in infos):
         out.append("holds capture/ code")
