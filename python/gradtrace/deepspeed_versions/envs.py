@@ -24,8 +24,6 @@ neither is used by CPU/gloo runs without fused ops, so the stubs in cpu_shims/ s
 0.13.0's setup.py imports torch, hence --no-build-isolation (the base is visible through the .pth).
 """
 
-import contextlib
-import fcntl
 import os
 import pathlib
 import subprocess
@@ -33,6 +31,8 @@ import sys
 import sysconfig
 
 from gradtrace.versions.releases import version_key
+from gradtrace.versions.venvs import EnvError, site_packages
+from gradtrace.versions.venvs import locked as _locked, make_venv as _make_venv, quiet_env as _quiet_env, sh as _sh
 
 DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_ENVS", "~/.cache/gradtrace/deepspeed-envs")).expanduser()
 
@@ -108,10 +108,6 @@ def torch_base_of(version: str) -> str:
     return "torch-2.1.2" if version_key(version) < version_key(HOST_FROM) else "host"
 
 
-class EnvError(RuntimeError):
-    """A release's environment could not be built; the message names the log."""
-
-
 def host_deepspeed_version():
     """The DeepSpeed release importable in this interpreter, or None (no import: metadata only)."""
     try:
@@ -122,29 +118,6 @@ def host_deepspeed_version():
             return None
     except ImportError:
         return None
-
-
-def site_packages(venv: pathlib.Path) -> pathlib.Path:
-    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-
-
-def _sh(cmd, log, env=None):
-    with open(log, "a") as f:
-        f.write("+ " + " ".join(map(str, cmd)) + "\n")
-        f.flush()
-        rc = subprocess.call([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
-    if rc != 0:
-        raise EnvError(f"{' '.join(map(str, cmd[:4]))} ... failed (exit {rc}); see {log}")
-
-
-def _make_venv(path: pathlib.Path, log):
-    if not (path / "bin" / "python").exists():
-        # The base interpreter, not this venv's: a venv made from inside a venv would nest nothing anyway.
-        _sh([getattr(sys, "_base_executable", sys.executable), "-m", "venv", path], log)
-
-
-def _quiet_env(**extra):
-    return dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
 
 
 def ensure_base(name: str, root: pathlib.Path, log) -> pathlib.Path:
@@ -201,16 +174,6 @@ def python_of(version: str, root: pathlib.Path = DEFAULT_ROOT, build: bool = Tru
         if stamp.exists() and stamp.read_text() == spec_of(version):
             return venv / "bin" / "python"
         return _build(version, root, venv, stamp, pathlib.Path(log or root / f"ds-{version}.log"))
-
-
-@contextlib.contextmanager
-def _locked(path):
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _build(version, root, venv, stamp, log):

@@ -25,9 +25,10 @@ import sysconfig
 from importlib.metadata import PackageNotFoundError, version as installed_version
 
 from gradtrace.deepspeed_versions import envs as ds_envs
+from gradtrace.versions import venvs
 from gradtrace.versions.releases import normalize_name
 
-EnvError = ds_envs.EnvError
+EnvError = venvs.EnvError
 DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_VERSION_ENVS", "~/.cache/gradtrace/version-envs")).expanduser()
 DEEPSPEED_ROOT = ds_envs.DEFAULT_ROOT
 HELD = ("torch",)  # the base's copy is the one every release runs on
@@ -68,7 +69,7 @@ def python_of(package: str, version: str, root: pathlib.Path, build: bool = True
     if not build:
         raise EnvError(f"{package} {version}: no environment in {root} and building is off (--no-build)")
     root.mkdir(parents=True, exist_ok=True)
-    with ds_envs._locked(root / f".lock-{venv.name}"):  # two commands building one release: the second waits
+    with venvs.locked(root / f".lock-{venv.name}"):  # two commands building one release: the second waits
         if not (stamp.exists() and stamp.read_text() == spec):
             _build(package, version, venv, deps, pathlib.Path(log or root / f"{venv.name}.log"))
             stamp.write_text(spec)
@@ -79,8 +80,8 @@ def _build(package, version, venv, deps, log):
     log.write_text("")
     if not (venv / "bin" / "python").exists():
         # No pip of its own (ensurepip costs seconds): the base's pip, reached through the .pth, installs.
-        ds_envs._sh([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", venv], log)
-    sp = ds_envs.site_packages(venv)
+        venvs.sh([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", venv], log)
+    sp = venvs.site_packages(venv)
     # Appended to sys.path after the venv's own site-packages: the release here wins, the rest is the base's.
     (sp / "_gradtrace_base_env.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
     cmd = [venv / "bin" / "python", "-m", "pip", "install", "-q", f"{package}=={version}"]
@@ -90,7 +91,7 @@ def _build(package, version, venv, deps, log):
         held = venv / "held.txt"
         held.write_text("".join(f"{h}=={host_version(h)}\n" for h in HELD if host_version(h)))
         cmd[-1:-1] = ["-c", held]
-    ds_envs._sh(cmd, log, env=ds_envs._quiet_env(PIP_NO_INPUT="1"))
+    venvs.sh(cmd, log, env=venvs.quiet_env(PIP_NO_INPUT="1"))
     check = subprocess.run([str(venv / "bin" / "python"), "-c",
                             f"from importlib.metadata import version; print(version({package!r}))"],
                            capture_output=True, text=True)
