@@ -21,8 +21,9 @@ Capturing live training (each imports torch only when used):
 ``gradtrace.Layout``.
 
 Subpackages: ``gradtrace.codec`` (the codec wrapper above), ``gradtrace.adapters`` (the adapters, which
-the names above load) and ``gradtrace.deepspeed_versions`` (the ``gradtrace-deepspeed-versions`` command
-and the DeepSpeed studies it runs).
+the names above load), ``gradtrace.versions`` (the ``gradtrace-versions`` command: which release of a
+package changed the gradients) and ``gradtrace.deepspeed_versions`` (DeepSpeed's part of it, the
+``gradtrace-deepspeed-versions`` alias, and the DeepSpeed studies it runs).
 """
 
 import importlib

@@ -1,6 +1,7 @@
 """One Python environment per DeepSpeed release, layered over a shared torch base (created on demand).
 
-Part of gradtrace-deepspeed-versions. Layout under the env root (default
+DeepSpeed's half of gradtrace-versions' environments (gradtrace.versions.envs builds every other
+distribution's). Layout under the env root (default
 ~/.cache/gradtrace/deepspeed-envs, --env-root or $GRADTRACE_DS_ENVS):
 
     torch-2.1.2/      shared base: torch 2.1.2 + numpy 1.26 + pydantic 1.10 + DeepSpeed's pure-Python
@@ -9,7 +10,7 @@ Part of gradtrace-deepspeed-versions. Layout under the env root (default
                       that append the base's site-packages (and, before 0.15, cpu_shims/) to sys.path
     cpu_shims/        import stubs for intel_extension_for_pytorch / oneccl_bindings_for_pytorch
 
-The base of a release is dsversions_releases.torch_base_of: "torch-2.1.2" before 0.15, "host" (the
+The base of a release is torch_base_of (below): "torch-2.1.2" before 0.15, "host" (the
 interpreter running the command, e.g. the project's .venv with torch 2.15.0 and pydantic 2) from 0.15 on.
 A release equal to the host's installed DeepSpeed runs in the host interpreter itself, no env at all.
 Every environment is the host's Python minor version (the _gtcodec extension is built for it).
@@ -23,15 +24,15 @@ neither is used by CPU/gloo runs without fused ops, so the stubs in cpu_shims/ s
 0.13.0's setup.py imports torch, hence --no-build-isolation (the base is visible through the .pth).
 """
 
-import contextlib
-import fcntl
 import os
 import pathlib
 import subprocess
 import sys
 import sysconfig
 
-from gradtrace.deepspeed_versions import releases
+from gradtrace.versions.releases import version_key
+from gradtrace.versions.venvs import EnvError, site_packages
+from gradtrace.versions.venvs import locked as _locked, make_venv as _make_venv, quiet_env as _quiet_env, sh as _sh
 
 DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_ENVS", "~/.cache/gradtrace/deepspeed-envs")).expanduser()
 
@@ -96,8 +97,15 @@ __gradtrace_stub__ = True  # ds5248_run.gloo_for_stubbed_oneccl: with it the CPU
 }
 
 
-class EnvError(RuntimeError):
-    """A release's environment could not be built; the message names the log."""
+# The torch base a release runs on. "torch-2.1.2": the pinned base above (pydantic 1.10, numpy 1.26), what
+# 0.11.x-0.14.x shipped against; "host": the interpreter running the command (the project's .venv: torch
+# 2.15.0, pydantic 2). Evidence for the boundary, measured by building both sides of it:
+# docs/deepspeed-versions/README.md ("Which torch each release runs on"); 0.15.0 needs pydantic 2.
+HOST_FROM = "0.15.0"
+
+
+def torch_base_of(version: str) -> str:
+    return "torch-2.1.2" if version_key(version) < version_key(HOST_FROM) else "host"
 
 
 def host_deepspeed_version():
@@ -110,29 +118,6 @@ def host_deepspeed_version():
             return None
     except ImportError:
         return None
-
-
-def site_packages(venv: pathlib.Path) -> pathlib.Path:
-    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-
-
-def _sh(cmd, log, env=None):
-    with open(log, "a") as f:
-        f.write("+ " + " ".join(map(str, cmd)) + "\n")
-        f.flush()
-        rc = subprocess.call([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
-    if rc != 0:
-        raise EnvError(f"{' '.join(map(str, cmd[:4]))} ... failed (exit {rc}); see {log}")
-
-
-def _make_venv(path: pathlib.Path, log):
-    if not (path / "bin" / "python").exists():
-        # The base interpreter, not this venv's: a venv made from inside a venv would nest nothing anyway.
-        _sh([getattr(sys, "_base_executable", sys.executable), "-m", "venv", path], log)
-
-
-def _quiet_env(**extra):
-    return dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
 
 
 def ensure_base(name: str, root: pathlib.Path, log) -> pathlib.Path:
@@ -169,7 +154,7 @@ def ensure_shims(root: pathlib.Path) -> pathlib.Path:
 
 def spec_of(version: str) -> str:
     """What the env of `version` is made of; a change rebuilds it."""
-    return f"deepspeed=={version}\nbase={releases.torch_base_of(version)}\npython={sys.version_info[:2]}\n"
+    return f"deepspeed=={version}\nbase={torch_base_of(version)}\npython={sys.version_info[:2]}\n"
 
 
 def python_of(version: str, root: pathlib.Path = DEFAULT_ROOT, build: bool = True, log=None) -> pathlib.Path:
@@ -191,25 +176,15 @@ def python_of(version: str, root: pathlib.Path = DEFAULT_ROOT, build: bool = Tru
         return _build(version, root, venv, stamp, pathlib.Path(log or root / f"ds-{version}.log"))
 
 
-@contextlib.contextmanager
-def _locked(path):
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _build(version, root, venv, stamp, log):
     log.write_text("")
-    base_sp = ensure_base(releases.torch_base_of(version), root, log)
+    base_sp = ensure_base(torch_base_of(version), root, log)
     _make_venv(venv, log)
     sp = site_packages(venv)
     # Appended to sys.path after the venv's own site-packages: deepspeed here wins, torch comes from the base.
     (sp / "_gradtrace_base_env.pth").write_text(f"{base_sp}\n")
     shims = sp / "_gradtrace_cpu_shims.pth"
-    if releases.version_key(version) < releases.version_key("0.15.0"):
+    if version_key(version) < version_key("0.15.0"):  # the CPU accelerator needs the stubs before 0.15
         shims.write_text(f"{ensure_shims(root)}\n")
     elif shims.exists():
         shims.unlink()

@@ -1,18 +1,16 @@
-"""Run one training entry point under one DeepSpeed release and capture it (gradtrace-deepspeed-versions).
+"""Run one entry point under one release of a distribution and capture it (gradtrace-versions).
 
 Entry points:
-- `model:ds5248`: the #5248 Ulysses loop (gradtrace.deepspeed_versions.ds5248_run) with the tiny dense model;
-- `model:moe`: the same loop with every MLP a deepspeed.moe.layer.MoE of 2 experts (ep_size 1);
 - `script:PATH`: the user's script, started once per rank (the contract is in command.py);
-- `emulation`: gradtrace-train --scaling deepspeed@RELEASE (the C++ emulation of that release's reduction,
-  a real capture by gradtrace-train; for tests and for checking the command without DeepSpeed envs).
+- DeepSpeed's built-in ones (gradtrace.deepspeed_versions.entries): `model:ds5248`, `model:moe` (the
+  #5248 Ulysses loop) and `emulation` (gradtrace-train --scaling deepspeed@RELEASE).
 
-A run is a trace directory plus a summary (loss, the grad norm DeepSpeed reported); the caller caches both.
+A run is a trace directory plus a summary (loss, the grad norm the framework reported); the caller caches
+both. The comparison is the installed gradtrace-diff (`diff`), the one implementation of it.
 """
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -23,22 +21,10 @@ import time
 import types
 
 import gradtrace
-from gradtrace.adapters import loss_recipes
-from gradtrace.deepspeed_versions import ds5248_run
+from gradtrace.deepspeed_versions import ds5248_run, entries
 
 # Not resolved: a dev build's package folder may hold symlinks to the sources, without the extension.
 PACKAGE_PARENT = pathlib.Path(os.path.abspath(gradtrace.__file__)).parent.parent
-MOE_EXPERTS = 2
-LOOP_MODULE = "gradtrace.deepspeed_versions.ds5248_run"  # the built-in #5248 loop, run with -m
-# The modules that loop runs: their bytes key the cache of a model entry.
-LOOP_SOURCES = (LOOP_MODULE, "gradtrace.deepspeed_versions.ds5248_model",
-                "gradtrace.deepspeed_versions.ds5248_mpu", "gradtrace.adapters.deepspeed_adapter",
-                "gradtrace.adapters.deepspeed_zero3")
-
-
-def _source_of(module: str) -> pathlib.Path:
-    """The file of `module`, found without importing it (the model and the adapter import torch)."""
-    return pathlib.Path(importlib.util.find_spec(module).origin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +37,7 @@ class Entry:
     def digest(self) -> str:
         """Hash of what the entry runs: the script's bytes, or the package's loop sources."""
         h = hashlib.sha256(f"{self.kind}:{self.name}:{self.loss}:{json.dumps(self.script_args)}".encode())
-        files = [pathlib.Path(self.name)] if self.kind == "script" else [_source_of(m) for m in LOOP_SOURCES]
+        files = [pathlib.Path(self.name)] if self.kind == "script" else entries.loop_sources()
         for f in files:
             h.update(f.read_bytes() if f.exists() else b"")
         return h.hexdigest()[:16]
@@ -68,15 +54,6 @@ class Layout:
 
     def text(self):
         return f"sp{self.sp}xdp{self.dp}"
-
-
-def reference_config(cfg: dict, layout: Layout) -> dict:
-    """The single-rank reference's DeepSpeed config: one rank takes the global batch (dp x micro-batch rows);
-    train_batch_size is dropped so that DeepSpeed derives it for world 1."""
-    ref = json.loads(json.dumps(cfg))
-    ref["train_micro_batch_size_per_gpu"] = int(cfg.get("train_micro_batch_size_per_gpu", 1)) * layout.dp
-    ref.pop("train_batch_size", None)
-    return ref
 
 
 def child_env(extra=None) -> dict:
@@ -106,56 +83,48 @@ def find_binary(name: str) -> pathlib.Path:
     return pathlib.Path(found)
 
 
-def run(entry: Entry, python, config_path, layout: Layout, out: pathlib.Path, log: pathlib.Path, release: str,
-        timeout: float = 900) -> int:
+def run(entry: Entry, python, config_path, layout: Layout, out: pathlib.Path, log: pathlib.Path, package: str,
+        release: str, timeout: float = 900) -> int:
     """One capture into `out` (removed first); the exit status. Output goes to `log`."""
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
+        if entry.kind == "script":
+            return _script(entry, python, config_path, layout, out, f, package, release, timeout)
         if entry.kind == "model":
-            cmd = [str(python), "-m", LOOP_MODULE, "--sp", str(layout.sp), "--dp", str(layout.dp),
-                   "--ds-config", str(config_path), "--loss", entry.loss, "--out", str(out),
-                   "--timeout", str(timeout)]
-            if entry.name == "moe":
-                cmd += ["--moe-experts", str(MOE_EXPERTS)]
-            f.write("+ " + " ".join(cmd) + "\n")
-            f.flush()
-            try:
-                return subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
-                                       timeout=timeout + 60)
-            except subprocess.TimeoutExpired:
-                return 124
-        if entry.kind == "emulation":
-            return _emulate(entry, config_path, layout, out, f, release, timeout)
-        # A user script: one process per rank, the contract's variables set.
-        f.write(f"+ {python} {entry.name} {' '.join(entry.script_args)} (x{layout.world} ranks)\n")
+            cmd = entries.loop_command(python, entry.name, layout.sp, layout.dp, config_path, entry.loss, out, timeout)
+        else:
+            cmd = entries.emulation_command(find_binary("gradtrace-train"), config_path, layout.sp, layout.dp,
+                                            entry.loss, release, out)
+        f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
-        extra = {"GRADTRACE_OUT_DIR": str(out), "GRADTRACE_DS_CONFIG": str(config_path),
-                 "GRADTRACE_SP": str(layout.sp), "GRADTRACE_DP": str(layout.dp),
-                 "GRADTRACE_DEEPSPEED_RELEASE": release}
-        args = types.SimpleNamespace(sp=layout.sp, dp=layout.dp, timeout=timeout)
-        env = child_env(extra)
-        return ds5248_run.launch(args, list(entry.script_args), script=entry.name, python=python, log=f,
-                                 extra_env={k: env[k] for k in ("PYTHONPATH", "DS_ACCELERATOR", *extra)})
+        try:
+            return subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(), timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            return 124
 
 
-def _emulate(entry, config_path, layout, out, f, release, timeout):
-    cfg = json.loads(pathlib.Path(config_path).read_text())
-    zero = cfg.get("zero_optimization", {})
-    gt_loss = loss_recipes.ALIASES.get(entry.loss, entry.loss)
-    micro = int(cfg.get("train_micro_batch_size_per_gpu", 1))
-    cmd = [str(find_binary("gradtrace-train")), "--nproc", str(layout.world), "--sp", str(layout.sp),
-           "--dp", str(layout.dp), "--zero-stage", str(zero.get("stage", 0)),
-           "--scaling", f"deepspeed@{release}", "--loss", gt_loss, "--batch", str(micro * layout.dp),
-           "--gas", str(cfg.get("gradient_accumulation_steps", 1)), "--steps", "1",
-           "--reduce-bucket-size", str(zero.get("reduce_bucket_size", 2000)), "--out", str(out)]
-    f.write("+ " + " ".join(cmd) + "\n")
+def script_env(out, config_path, layout: Layout, package: str, release: str) -> dict:
+    """The script contract's variables (command.py's docstring); DeepSpeed's names stay for its scripts."""
+    env = {"GRADTRACE_OUT_DIR": str(out), "GRADTRACE_SP": str(layout.sp), "GRADTRACE_DP": str(layout.dp),
+           "GRADTRACE_PACKAGE": package, "GRADTRACE_RELEASE": release}
+    if config_path is not None:
+        env["GRADTRACE_CONFIG"] = str(config_path)
+    if package == "deepspeed":
+        env.update(GRADTRACE_DS_CONFIG=str(config_path), GRADTRACE_DEEPSPEED_RELEASE=release)
+    return env
+
+
+def _script(entry, python, config_path, layout, out, f, package, release, timeout):
+    """A user script: one process per rank (ds5248_run.launch: RANK, WORLD_SIZE, MASTER_* on 127.0.0.1)."""
+    f.write(f"+ {python} {entry.name} {' '.join(entry.script_args)} (x{layout.world} ranks)\n")
     f.flush()
-    try:
-        return subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return 124
+    extra = script_env(out, config_path, layout, package, release)
+    env = child_env(extra)
+    args = types.SimpleNamespace(sp=layout.sp, dp=layout.dp, timeout=timeout)
+    return ds5248_run.launch(args, list(entry.script_args), script=entry.name, python=python, log=f,
+                             extra_env={k: env[k] for k in ("PYTHONPATH", "DS_ACCELERATOR", *extra)})
 
 
 def summarize(trace_dir: pathlib.Path) -> dict:

@@ -1,10 +1,18 @@
-"""The table and the Markdown report of gradtrace-deepspeed-versions (from its result rows; no running).
+"""The table and the Markdown report of gradtrace-versions (from its result rows; no running).
 
 A row: {"release", "status" ("ok" | "failed"), "error", "loss", "grad_norm", "seconds", "cached",
 "vs_reference": {"verdict", "summary", "groups": [...]}, "vs_previous": {"previous", "verdict", ...}}.
 """
 
 import json
+
+
+def md_text(s) -> str:
+    """A cell or a line made of outside strings (a release, an error, a path): no table break, no HTML, no code."""
+    out = str(s).replace("\\", "\\\\").replace("\r", " ").replace("\n", " ")
+    for c in "|`<>":
+        out = out.replace(c, "\\" + c)
+    return out
 
 
 def fmt(x, spec=".4g"):
@@ -39,7 +47,7 @@ def transitions(rows) -> list:
 
 
 def table_rows(rows):
-    head = ["release", "vs reference: scale per group", "vs previous", "loss", "DS grad norm", "seconds"]
+    head = ["release", "vs reference: scale per group", "vs previous", "loss", "reported grad norm", "seconds"]
     body = []
     for r in rows:
         if r.get("status") != "ok":
@@ -64,9 +72,8 @@ def text_table(rows) -> str:
 
 def md_table(rows) -> str:
     head, body = table_rows(rows)
-    esc = lambda s: str(s).replace("|", "\\|")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
+    out += ["| " + " | ".join(md_text(c) for c in b) + " |" for b in body]
     return "\n".join(out)
 
 
@@ -90,19 +97,25 @@ def conclusion(result) -> str:
 def markdown(result) -> str:
     """The report to attach to a bug report."""
     a = result["setup"]
+    name = "DeepSpeed" if a["package"].lower() == "deepspeed" else a["package"]
     lines = [
-        "# DeepSpeed versions compared with gradtrace", "",
-        f"Command: `{a['command']}`", "",
-        f"- entry point: {a['entry']}; layout: sp={a['sp']} dp={a['dp']}; loss recipe: {a['loss']}",
-        f"- reference: {a['reference']}",
-        f"- releases: {', '.join(r['release'] for r in result['rows'])}",
+        f"# {md_text(name)} versions compared with gradtrace", "",
+        f"Command: `{a['command'].replace('`', chr(39))}`", "",
+        f"- entry point: {md_text(a['entry'])}; layout: sp={a['sp']} dp={a['dp']}; loss recipe: {a['loss']}"
+        + (f"; dependencies: {a['deps']}" if a.get("deps") else ""),
+        f"- reference: {md_text(a['reference'])}",
+        f"- releases: {', '.join(md_text(r['release']) for r in result['rows'])}",
         f"- compared: FINAL gradients of optimizer step 0, `gradtrace-diff REF RELEASE` (scale = B/A per "
         "parameter group, res = worst residual in the group); `vs previous` = `gradtrace-diff PREVIOUS RELEASE`",
-        "", "DeepSpeed config:", "", "```json", json.dumps(a["config"], indent=2), "```", "",
-        "## Results", "", md_table(result["rows"]), "", conclusion(result), "",
+        "",
     ]
+    if a.get("config") is not None:
+        fence = "````"  # longer than any run of backticks json.dumps can write inside a string
+        lines += [f"{name} config:" if name == "DeepSpeed" else "Config:", "", fence + "json",
+                  json.dumps(a["config"], indent=2), fence, ""]
+    lines += ["## Results", "", md_table(result["rows"]), "", conclusion(result), ""]
     tr = result.get("transition")
     if tr and tr.get("markdown"):
-        lines += [f"## The transition {tr['from']} -> {tr['to']} (gradtrace-diff {tr['from']} {tr['to']})", "",
-                  tr["markdown"].rstrip(), ""]
+        lines += [f"## The transition {md_text(tr['from'])} -> {md_text(tr['to'])} "
+                  f"(gradtrace-diff {md_text(tr['from'])} {md_text(tr['to'])})", "", tr["markdown"].rstrip(), ""]
     return "\n".join(lines)

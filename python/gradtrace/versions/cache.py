@@ -1,5 +1,5 @@
-"""The result cache of gradtrace-deepspeed-versions: one folder per run, named by a hash of what decides
-its gradients (release, DeepSpeed config, entry point, layout), so a second call reruns nothing.
+"""The result cache of gradtrace-versions: one folder per run, named by a hash of what decides its
+gradients (package, release, config, entry point, layout, dependencies), so a second call reruns nothing.
 
     <cache>/runs/<key>/trace/        the captured trace set
     <cache>/runs/<key>/run.log       the run's output
@@ -12,7 +12,13 @@ import json
 import os
 import pathlib
 
-DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_CACHE", "~/.cache/gradtrace/deepspeed-versions")).expanduser()
+DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_VERSIONS_CACHE", "~/.cache/gradtrace/versions")).expanduser()
+# gradtrace-deepspeed-versions' cache, where it has always been.
+DEEPSPEED_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_CACHE", "~/.cache/gradtrace/deepspeed-versions")).expanduser()
+
+
+def default_root(package: str) -> pathlib.Path:
+    return DEEPSPEED_ROOT if package.lower() == "deepspeed" else DEFAULT_ROOT
 
 
 def key(**parts) -> str:

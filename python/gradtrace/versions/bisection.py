@@ -1,4 +1,4 @@
-"""Binary search for the first bad release, as git bisect does it (gradtrace-deepspeed-versions --bisect).
+"""Binary search for the first bad release, as git bisect does it (gradtrace-versions --bisect).
 
 `releases` is the ordered list from GOOD to BAD (both included); `verdict(release)` runs a release and says
 "good" (same gradients as GOOD), "bad" (changed) or "skip" (its env or its run failed). Only the releases

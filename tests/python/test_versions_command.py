@@ -1,0 +1,124 @@
+"""gradtrace-versions (python/gradtrace/versions/command.py) on packages other than DeepSpeed, with their real
+releases from PyPI, each in its own environment over this interpreter (built in the test's folder):
+
+- pytorch-msssim (wheels of 5-8 kB, torch only): `--bisect 0.1.1 1.0.0` over PyPI's 8 releases names 0.2.0,
+  where its README's "Updates" says MS-SSIM was recomputed "in the same way as tensorflow and skimage"
+  (2020.04.30, v0.2; VainF/pytorch-msssim commit 0180eae);
+- torchmetrics (wheels of ~0.5 MB; lightning-utilities resolved into each release's env): `--bisect 1.3.1
+  1.4.1` names 1.4.0, whose CHANGELOG says "Fixed bug in computation of `ERGAS` metric (#2498)": the gradient
+  through ERGAS is 1/ratio**2 = 1/16 of 1.3.x's, which gradtrace-diff measures as B/A = 0.0625;
+- a second call runs nothing (the cache); bad input exits 2 with one line.
+
+The scripts (tests/python/versions_scripts/) capture with gradtrace.manual_adapter into GRADTRACE_OUT_DIR.
+Needs PyPI (the test downloads about 3 MB).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, ROOT, deepspeed_env
+
+SCRIPTS = ROOT / "tests" / "python" / "versions_scripts"
+
+
+def command(tmp, *args, timeout=900):
+    env = deepspeed_env()
+    env["GRADTRACE_BUILD_DIR"] = str(BUILD)
+    cmd = [sys.executable, "-m", "gradtrace.versions", "--cache-dir", str(tmp / "cache"), "--env-root",
+           str(tmp / "envs"), *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def bisect_run(tmp, package, script, good, bad):
+    p = command(tmp, "--package", package, "--script", SCRIPTS / script, "--bisect", good, bad,
+                "--json", tmp / "b.json", "--markdown", tmp / "b.md")
+    res = json.loads((tmp / "b.json").read_text()) if (tmp / "b.json").exists() else None
+    return p, res
+
+
+def row(res, release):
+    return next(r for r in res["rows"] if r["release"] == release)
+
+
+@pytest.fixture(scope="module")
+def msssim(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("msssim")
+    return (tmp, *bisect_run(tmp, "pytorch-msssim", "msssim_denoise.py", "0.1.1", "1.0.0"))
+
+
+@pytest.fixture(scope="module")
+def ergas(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("torchmetrics")
+    return (tmp, *bisect_run(tmp, "torchmetrics", "torchmetrics_ergas.py", "1.3.1", "1.4.1"))
+
+
+def test_bisect_names_pytorch_msssim_0_2_0(msssim):
+    _, p, res = msssim
+    assert p.returncode == 0, p.stdout + p.stderr
+    b = res["bisect"]
+    assert b["candidates"] == ["0.1.1", "0.1.2", "0.1.3", "0.1.4", "0.1.5", "0.2.0", "0.2.1", "1.0.0"]
+    assert b["first_bad"] == "0.2.0" and b["last_good"] == "0.1.5"
+    assert len(b["visited"]) == 3  # a search over the 6 between, not a sweep
+    assert "First bad release: 0.2.0 (last good 0.1.5" in p.stdout
+    # the loss the script recorded: 1 - MS-SSIM, as each release computes it (measured)
+    assert row(res, "0.1.1")["loss"] == pytest.approx(0.0331124, abs=1e-6)
+    assert row(res, "0.2.0")["loss"] == pytest.approx(0.0214304, abs=1e-6)
+    good, = row(res, "0.1.5")["vs_reference"]["groups"]  # float64: the same computation to ~1e-14
+    assert good["kind"] == "scale" and good["scale"] == pytest.approx(1.0, abs=1e-9) and good["residual"] < 1e-12
+    bad = row(res, "0.2.0")["vs_reference"]
+    assert bad["verdict"] == "mismatch"
+    kinds = {g["kind"]: g for g in bad["groups"]}
+    assert kinds["mismatch"]["params"] == ["weight"]  # the 3x3 kernel's gradient is no multiple of 0.1.5's
+    assert kinds["scale"]["params"] == ["bias"] and kinds["scale"]["scale"] == pytest.approx(0.2530, abs=1e-3)
+
+
+def test_bisect_names_torchmetrics_1_4_0_and_measures_one_sixteenth(ergas):
+    _, p, res = ergas
+    assert p.returncode == 0, p.stdout + p.stderr
+    b = res["bisect"]
+    assert b["candidates"] == ["1.3.1", "1.3.2", "1.4.0", "1.4.0.post0", "1.4.1"]  # post releases are releases
+    assert b["first_bad"] == "1.4.0" and b["last_good"] == "1.3.2"
+    g, = row(res, "1.4.0")["vs_reference"]["groups"]
+    assert g["kind"] == "scale" and g["scale"] == pytest.approx(1 / 16, rel=1e-4) and g["count"] == 2
+    assert g["residual"] < 1e-5
+    assert row(res, "1.3.1")["loss"] / row(res, "1.4.0")["loss"] == pytest.approx(16.0, rel=1e-5)
+    assert "First bad release: 1.4.0 (last good 1.3.2" in p.stdout
+    md = (res and (ergas[0] / "b.md").read_text())
+    assert md.startswith("# torchmetrics versions compared with gradtrace")
+    assert "## The transition 1.3.2 -> 1.4.0" in md and "0.0625" in md
+
+
+def test_release_envs_hold_only_what_the_base_lacks(ergas):
+    tmp, _, res = ergas
+    env = tmp / "envs" / "torchmetrics-1.4.0"
+    site, = env.glob("lib/python3*/site-packages")
+    assert (site / "torchmetrics").is_dir() and (site / "lightning_utilities").is_dir()
+    assert not (site / "torch").exists()  # the base's torch, held by the constraint
+    assert (env / ".gradtrace-spec").read_text().startswith("torchmetrics==1.4.0\ndeps=resolve\n")
+
+
+def test_second_call_runs_nothing(ergas):
+    tmp, _, first = ergas
+    p, res = bisect_run(tmp, "torchmetrics", "torchmetrics_ergas.py", "1.3.1", "1.4.1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert res["runs_executed"] == 0 and all(r["cached"] for r in res["rows"])
+    assert res["bisect"]["first_bad"] == "1.4.0" and res["bisect"]["visited"] == first["bisect"]["visited"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--package", "bad name!", "--script", "x.py", "--releases", "1.0"], "not a PyPI distribution name"),
+    (["--package", "torchmetrics", "--model", "ds5248", "--releases", "1.0"], "--model is DeepSpeed's"),
+    (["--package", "deepspeed", "--emulation", "--releases", "0.11.1"], "--config: DeepSpeed needs its config"),
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--releases", "latest"],
+     "'latest' is not a release number"),
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--bisect", "1.4.0", "1.3.0"],
+     "GOOD must be older than BAD"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
+    p = command(tmp_path, *args)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("gradtrace-versions: ")
+    assert not (tmp_path / "envs").exists()
