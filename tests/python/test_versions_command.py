@@ -89,6 +89,9 @@ def test_bisect_names_torchmetrics_1_4_0_and_measures_one_sixteenth(ergas):
     md = (res and (ergas[0] / "b.md").read_text())
     assert md.startswith("# torchmetrics versions compared with gradtrace")
     assert "## The transition 1.3.2 -> 1.4.0" in md and "0.0625" in md
+    # A bisection compares every visited release with GOOD, and its table says so.
+    assert "| vs good end (1.3.1) |" in md and "vs previous" not in md
+    assert "vs good end (1.3.1)" in p.stdout
 
 
 def test_release_envs_hold_only_what_the_base_lacks(ergas):

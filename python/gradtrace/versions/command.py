@@ -300,7 +300,7 @@ def main(argv=None, prog=PROG, package=None):
                        "deps": args.deps, "reference": result["reference"]}
     result["runs_executed"] = study.runs_executed
     result["exit_code"] = rc
-    print(report.text_table(result["rows"]))
+    print(report.text_table(result["rows"], report.against(result)))
     print()
     print(report.conclusion(result).replace("**", ""))
     tr = result.get("transition")

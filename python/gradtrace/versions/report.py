@@ -46,8 +46,15 @@ def transitions(rows) -> list:
     return [(r["vs_previous"]["previous"], r["release"]) for r in rows if changed(r)]
 
 
-def table_rows(rows):
-    head = ["release", "vs reference: scale per group", "vs previous", "loss", "reported grad norm", "seconds"]
+def against(result) -> str:
+    """What the table's second comparison is against: each release's predecessor, or in a bisection
+    the good end (every visited release is compared with GOOD)."""
+    b = result.get("bisect")
+    return f"vs good end ({b['good']})" if b else "vs previous"
+
+
+def table_rows(rows, versus: str = "vs previous"):
+    head = ["release", "vs reference: scale per group", versus, "loss", "reported grad norm", "seconds"]
     body = []
     for r in rows:
         if r.get("status") != "ok":
@@ -63,15 +70,15 @@ def table_rows(rows):
     return head, body
 
 
-def text_table(rows) -> str:
-    head, body = table_rows(rows)
+def text_table(rows, versus: str = "vs previous") -> str:
+    head, body = table_rows(rows, versus)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(b) for b in body])
 
 
-def md_table(rows) -> str:
-    head, body = table_rows(rows)
+def md_table(rows, versus: str = "vs previous") -> str:
+    head, body = table_rows(rows, versus)
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(md_text(c) for c in b) + " |" for b in body]
     return "\n".join(out)
@@ -106,14 +113,16 @@ def markdown(result) -> str:
         f"- reference: {md_text(a['reference'])}",
         f"- releases: {', '.join(md_text(r['release']) for r in result['rows'])}",
         f"- compared: FINAL gradients of optimizer step 0, `gradtrace-diff REF RELEASE` (scale = B/A per "
-        "parameter group, res = worst residual in the group); `vs previous` = `gradtrace-diff PREVIOUS RELEASE`",
+        "parameter group, res = worst residual in the group); "
+        + ("`vs good end` = `gradtrace-diff GOOD RELEASE`" if result.get("bisect")
+           else "`vs previous` = `gradtrace-diff PREVIOUS RELEASE`"),
         "",
     ]
     if a.get("config") is not None:
         fence = "````"  # longer than any run of backticks json.dumps can write inside a string
         lines += [f"{name} config:" if name == "DeepSpeed" else "Config:", "", fence + "json",
                   json.dumps(a["config"], indent=2), fence, ""]
-    lines += ["## Results", "", md_table(result["rows"]), "", conclusion(result), ""]
+    lines += ["## Results", "", md_table(result["rows"], against(result)), "", conclusion(result), ""]
     tr = result.get("transition")
     if tr and tr.get("markdown"):
         lines += [f"## The transition {md_text(tr['from'])} -> {md_text(tr['to'])} "
