@@ -119,6 +119,53 @@ Status CheckRanks(const pb::RunInfo& run) {
   return Status::Ok();
 }
 
+// One parameter's entry: its id, dtype, shape, layout, dtype chain, stages and sketch.
+Status CheckParam(const pb::RunInfo& run, int i) {
+  const pb::ParamInfo& p = run.params(i);
+  const std::string where = "param " + std::to_string(i) + " " + Quoted(p.name());
+  if (p.id() != i)
+    return Status::Corruption(where + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
+  if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where + ": unknown dtype " + std::to_string(p.dtype()));
+  int64_t n = 1;
+  for (int64_t d : p.shape()) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
+      return Status::Corruption(where + ": invalid shape");
+    }
+    n *= d;
+  }
+  if (p.numel() != n) {
+    return Status::Corruption(where + ": numel " + std::to_string(p.numel()) + " != product of shape " +
+                              std::to_string(n));
+  }
+  // 1.2 layout: a partition dim must name one of the shape's dimensions.
+  if (p.has_partition_dim() && (p.partition_dim() < 0 || p.partition_dim() >= p.shape_size())) {
+    return Status::Corruption(where + ": partition_dim " + std::to_string(p.partition_dim()) + " outside its " +
+                              std::to_string(p.shape_size()) + "-d shape");
+  }
+  if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
+  // 1.4 precision chain and initial-weight sketch.
+  for (auto [field, dtype] :
+       {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}, {"accum_dtype", p.accum_dtype()}}) {
+    if (dtype != pb::DTYPE_UNSPECIFIED && DTypeSize(dtype) == 0) {
+      return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
+    }
+  }
+  // 1.5: the stages holding it, each a stage of the pipeline (at most two: a tied parameter's copies).
+  if (p.stages_size() > 2)
+    return Status::Corruption(where + ": held by " + std::to_string(p.stages_size()) + " stages, at most 2");
+  for (int32_t st : p.stages()) {
+    if (st < 0 || (run.config().pp_stages() > 0 && st >= run.config().pp_stages())) {
+      return Status::Corruption(where + ": stage " + std::to_string(st) + " outside the pipeline's " +
+                                std::to_string(run.config().pp_stages()) + " stages");
+    }
+  }
+  if (p.init_sketch_size() > format::kInitSketchSize || p.init_sketch_size() > p.numel()) {
+    return Status::Corruption(where + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
+                              " values, at most min(numel, " + std::to_string(format::kInitSketchSize) + ")");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateRunInfo(const pb::RunInfo& run) {
@@ -126,50 +173,7 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
     return Status::LimitExceeded("RunInfo lists " + std::to_string(run.params_size()) + " params (limit " +
                                  std::to_string(format::kMaxParams) + ")");
   }
-  for (int i = 0; i < run.params_size(); ++i) {
-    const pb::ParamInfo& p = run.params(i);
-    const std::string where = "param " + std::to_string(i) + " " + Quoted(p.name());
-    if (p.id() != i)
-      return Status::Corruption(where + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
-    if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where + ": unknown dtype " + std::to_string(p.dtype()));
-    int64_t n = 1;
-    for (int64_t d : p.shape()) {
-      if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
-        return Status::Corruption(where + ": invalid shape");
-      }
-      n *= d;
-    }
-    if (p.numel() != n) {
-      return Status::Corruption(where + ": numel " + std::to_string(p.numel()) + " != product of shape " +
-                                std::to_string(n));
-    }
-    // 1.2 layout: a partition dim must name one of the shape's dimensions.
-    if (p.has_partition_dim() && (p.partition_dim() < 0 || p.partition_dim() >= p.shape_size())) {
-      return Status::Corruption(where + ": partition_dim " + std::to_string(p.partition_dim()) + " outside its " +
-                                std::to_string(p.shape_size()) + "-d shape");
-    }
-    if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
-    // 1.4 precision chain and initial-weight sketch.
-    for (auto [field, dtype] :
-         {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}, {"accum_dtype", p.accum_dtype()}}) {
-      if (dtype != pb::DTYPE_UNSPECIFIED && DTypeSize(dtype) == 0) {
-        return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
-      }
-    }
-    // 1.5: the stages holding it, each a stage of the pipeline (at most two: a tied parameter's copies).
-    if (p.stages_size() > 2)
-      return Status::Corruption(where + ": held by " + std::to_string(p.stages_size()) + " stages, at most 2");
-    for (int32_t st : p.stages()) {
-      if (st < 0 || (run.config().pp_stages() > 0 && st >= run.config().pp_stages())) {
-        return Status::Corruption(where + ": stage " + std::to_string(st) + " outside the pipeline's " +
-                                  std::to_string(run.config().pp_stages()) + " stages");
-      }
-    }
-    if (p.init_sketch_size() > format::kInitSketchSize || p.init_sketch_size() > p.numel()) {
-      return Status::Corruption(where + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
-                                " values, at most min(numel, " + std::to_string(format::kInitSketchSize) + ")");
-    }
-  }
+  for (int i = 0; i < run.params_size(); ++i) GT_RETURN_IF_ERROR(CheckParam(run, i));
   const pb::Config& c = run.config();
   for (auto [name, degree] : {std::pair{"world", c.world()},
                               {"dp", c.dp()},
