@@ -291,8 +291,16 @@ Status CheckSameRun(const std::vector<ScanResult>& results, const std::vector<st
                               " vs " + ConfigLine(run0.config()) + ")");
     }
     if (run.model_fingerprint() != run0.model_fingerprint() || run.params_size() != run0.params_size()) {
-      return Status::Mismatch(paths[i] + ": model fingerprint " + run.model_fingerprint() + " differs from " +
-                              run0.model_fingerprint() + " of " + path0 + " (different models)");
+      // A pipeline captured stage by stage (format 1.5 tables name the whole model on every rank).
+      const bool stages = run0.config().pp() > 1 && run0.params_size() > 0 && run0.params(0).stages_size() == 0;
+      return Status::Mismatch(
+          paths[i] + ": model fingerprint " + run.model_fingerprint() + " differs from " + run0.model_fingerprint() +
+          " of " + path0 +
+          (stages ? " (pp " + std::to_string(run0.config().pp()) +
+                        ": each rank recorded only its own stage's parameters; attach to the pipeline schedule or "
+                        "PipelineStage, e.g. gradtrace.manual_adapter.attach(schedule, ...), so that every rank's "
+                        "table names the whole model)"
+                  : " (different models)"));
     }
     // Ranks holding different shards sketch no initial values, or other ones: not part of the table's identity.
     MessageDifferencer same_param;

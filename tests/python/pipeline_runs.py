@@ -18,6 +18,8 @@ KIND:
 - ref: one rank, the whole model, the whole batch, one backward of the batch's mean loss.
 - gpipe, 1f1b: ScheduleGPipe / Schedule1F1B over P stages (one per rank), 4 micro-batches.
 - interleaved: ScheduleInterleaved1F1B, 2 stages per rank (2P stages), 4 micro-batches.
+--per-stage: manual_adapter.attach(stage_module, ..., pp=P) instead of the schedule: each rank's table holds its
+own stage only (what a user tries first; the diff refuses it and says how to attach).
 --no-scale-grads: the schedule's scale_grads=False (the gradients are the sum over micro-batches of each
 micro-batch's mean loss: 4x the reference).
 --tied: the head reuses the embedding's weight (one parameter in the reference, "embed.weight"); the first
@@ -152,6 +154,8 @@ def run_rank(rank, args):
         cap = gradtrace.ddp_adapter.attach(schedule, args.out, optimizer=opt, loss="local-mean")
     elif args.fsdp2:
         cap = gradtrace.fsdp2_adapter.attach(schedule, args.out, optimizer=opt, loss="local-mean")
+    elif args.per_stage:  # what a user tried first: the stage module itself, the pipeline degree as a keyword
+        cap = gradtrace.manual_adapter.attach(modules[0], args.out, optimizer=opt, pp=args.pp, loss="local-mean")
     else:
         cap = gradtrace.manual_adapter.attach(schedule, args.out, optimizer=opt, groups={"dp": dp_group},
                                               loss="local-mean")
@@ -198,6 +202,7 @@ def main(argv=None):
     wrap = ap.add_mutually_exclusive_group()
     wrap.add_argument("--ddp", action="store_true")
     wrap.add_argument("--fsdp2", action="store_true")
+    wrap.add_argument("--per-stage", action="store_true")
     ties = ap.add_mutually_exclusive_group()
     ties.add_argument("--tied", action="store_true")
     ties.add_argument("--tied-unsummed", action="store_true")

@@ -37,6 +37,7 @@ RUNS_ARGS = {
     "interleaved-noscale": ["interleaved", "--no-scale-grads"],
     "tied": ["gpipe", "--tied"],
     "tied-unsummed": ["gpipe", "--tied-unsummed"],
+    "per-stage": ["gpipe", "--per-stage"],
 }
 PARAMS = 12  # embed, 4 x (weight, bias), norm (weight, bias), head; 11 when the head is the embedding
 
@@ -175,3 +176,15 @@ def test_tied_embedding_left_unsummed_is_flagged_as_copies_that_disagree(run):
     self_report = json.loads((out.parent / "self-tied.json").read_text())
     assert self_report["verdict"] == "inconsistent"
     assert any("tied parameter" in f["message"] for f in self_report["findings"])
+
+
+def test_stages_captured_as_separate_models_are_refused_with_how_to_attach(run):
+    """attach(stage_module, pp=2), as a user first tried: each rank's table is its own stage's, so the set is
+    not one model. One line, exit 2, naming the fix."""
+    p = subprocess.run([str(DIFF), str(run("ref")), str(run("per-stage"))], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert "rank-00001.gtrace: model fingerprint" in line
+    assert "each rank recorded only its own stage's parameters" in line
+    assert "gradtrace.manual_adapter.attach(schedule, ...)" in line
