@@ -286,7 +286,10 @@ Status CheckSpec(const ClusterSpec& s, const CaptureMode& mode) {
     return Status::InvalidArgument("layers (" + std::to_string(s.layers) + ") must divide evenly over pp " +
                                    std::to_string(s.pp) + " stages");
   }
-  if (1024 % s.tp != 0) return Status::InvalidArgument("tp " + std::to_string(s.tp) + " must divide 1024 (k/v rows)");
+  if (1024 % s.tp != 0 || 128256 % s.tp != 0) {  // every other sharded dimension is a multiple of 1024
+    return Status::InvalidArgument("tp " + std::to_string(s.tp) +
+                                   " must divide every sharded dimension (1024 k/v rows, 128256 vocab rows)");
+  }
   if (s.planted_stage >= s.pp) {
     return Status::InvalidArgument("planted stage " + std::to_string(s.planted_stage) + " outside the " +
                                    std::to_string(s.pp) + " stages");

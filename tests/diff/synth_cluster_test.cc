@@ -147,6 +147,10 @@ TEST(SimulatedClusterSpec, RefusesALayoutThatDoesNotDivideTheModel) {
   ClusterSpec s = SmallCluster("sketch:4096");
   s.pp = 3;
   EXPECT_EQ(testing::WriteClusterSet(FreshDir("x"), s).message(), "layers (4) must divide evenly over pp 3 stages");
+  s = SmallCluster("sketch:4096");
+  s.tp = 512;  // divides the k/v rows but not the vocabulary
+  EXPECT_EQ(testing::WriteClusterSet(FreshDir("z"), s).message(),
+            "tp 512 must divide every sharded dimension (1024 k/v rows, 128256 vocab rows)");
   s = SmallCluster("full");
   EXPECT_EQ(testing::WriteClusterSet(FreshDir("y"), s).message(),
             "capture 'full' is not simulated at 70B scale (use sketch:K or stats)");
