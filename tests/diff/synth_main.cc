@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "synth_cluster.h"
 #include "synth_trace.h"
 
 int main(int argc, char** argv) {
@@ -44,7 +45,30 @@ int main(int argc, char** argv) {
   app.add_option("--comm-dtype", spec.comm_dtype, "round every POST_REDUCE value through fp16/bf16");
   app.add_option("--comm-hook", spec.comm_hook, "Config.comm_hook");
   app.add_option("--reported-grad-norm", spec.reported_grad_norm, "rank 0 reports this grad norm at every step");
+  gradtrace::testing::ClusterSpec cluster;
+  bool llama70b = false;
+  app.add_flag("--llama70b", llama70b,
+               "a simulated Megatron cluster: Llama-70B shapes over --dp x --tp x --pp ranks (synth_cluster.h)");
+  app.add_option("--tp", cluster.tp, "--llama70b: tensor-parallel degree");
+  app.add_option("--pp", cluster.pp, "--llama70b: pipeline stages");
+  app.add_option("--layers", cluster.layers, "--llama70b: transformer layers (80)");
+  app.add_option("--microbatches", cluster.microbatches, "--llama70b: pipeline micro-batches (default 2 x pp)");
+  app.add_option("--planted-stage", cluster.planted_stage, "--llama70b: this stage's reductions divide wrong");
+  app.add_option("--planted-divisor", cluster.planted_divisor, "--llama70b: the planted stage's divisor (dp / 2)");
+  app.add_option("--threads", cluster.threads, "--llama70b: writer threads");
   CLI11_PARSE(app, argc, argv);
+  if (llama70b) {
+    cluster.dp = spec.dp;
+    cluster.steps = spec.steps;
+    cluster.capture = spec.capture;
+    cluster.run_id = spec.run_id;
+    gradtrace::Status st = gradtrace::testing::WriteClusterSet(out, cluster);
+    if (!st.ok()) {
+      std::fprintf(stderr, "gradtrace-synth: %s\n", st.message().c_str());
+      return 2;
+    }
+    return 0;
+  }
   for (const std::string& f : factors) {
     const size_t eq = f.rfind('=');
     if (eq == std::string::npos) {

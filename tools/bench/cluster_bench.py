@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""gradtrace-diff on a simulated 70B-class cluster, 64 to 1,024 ranks (issue 24, item 3).
+
+    python3 tools/bench/cluster_bench.py [--ranks 64,128,256,512,1024] [--tp 8] [--pp 4]
+        [--capture sketch:4096] [--repeat 1] [--out DIR] [--json F] [--markdown F] [--keep]
+
+For each rank count R it writes two sets with `gradtrace-synth --llama70b` (Llama-70B shapes,
+dp = R / (tp x pp)): A, a correct run, and B, the same run with the last stage's reductions
+dividing by dp/2 (the planted bug). Then, each under `/usr/bin/time -v` (wall, user+sys CPU, peak
+RSS), with the load average read just before:
+
+  diff     gradtrace-diff A B --json F (default threads)
+  diff T1  the same with --threads 1
+  self     gradtrace-diff --self B --json F
+  shard    gradtrace-diff A B --shard 0/2 and 1/2 as two concurrent processes, --threads 1 each,
+           then gradtrace-diff --merge (wall: both shards until the last ends, plus the merge)
+
+It checks the answers (the diff's scaled group is 2.000 over exactly the last stage's parameters;
+--self reports divisor dp/2 for them) and prints a Markdown table; sets are deleted after each rank
+count unless --keep. Timings belong in docs/performance.md, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def timed(cmd: list[str], out_path: str | None = None) -> dict:
+    """Runs cmd under /usr/bin/time -v; returns wall, cpu, rss_mb, rc, load."""
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.monotonic() - t0
+    return {"wall": wall, "load": load, "rc": p.returncode, **parse_time(p.stderr)}
+
+
+def parse_time(text: str) -> dict:
+    def num(key: str) -> float:
+        m = re.search(re.escape(key) + r":\s*([0-9.]+)", text)
+        return float(m.group(1)) if m else float("nan")
+
+    return {"cpu": num("User time (seconds)") + num("System time (seconds)"),
+            "rss_mb": num("Maximum resident set size (kbytes)") / 1024.0,
+            "stderr_tail": text[-400:] if re.search(r"exited with non-zero status ([2-9]|1[0-9])", text) else ""}
+
+
+def concurrent(cmds: list[list[str]]) -> dict:
+    """Runs cmds at once, each under /usr/bin/time -v; wall until the last ends, CPU summed, RSS max."""
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(["/usr/bin/time", "-v"] + c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for c in cmds]
+    outs = [p.communicate()[1] for p in procs]
+    wall = time.monotonic() - t0
+    parsed = [parse_time(o) for o in outs]
+    return {"wall": wall, "load": load, "rc": max(p.returncode for p in procs),
+            "cpu": sum(x["cpu"] for x in parsed), "rss_mb": max(x["rss_mb"] for x in parsed)}
+
+
+def set_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def last_stage_names(layers: int, pp: int) -> set[str]:
+    per = layers // pp
+    names = {"model.norm.weight", "lm_head.weight"}
+    for i in range(layers - per, layers):
+        for w in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+            names.add(f"model.layers.{i}.{w}.weight")
+    return names
+
+
+def check_diff(report: dict, expected: set[str]) -> str:
+    scaled = {p["name"] for p in report["params"] if p["verdict"] == "scaled"}
+    scales = sorted({round(p["scale"], 3) for p in report["params"] if p["verdict"] == "scaled"})
+    others = {p["verdict"] for p in report["params"] if p["name"] not in expected}
+    ok = scaled == expected and scales == [2.0] and others <= {"match"}
+    return (f"{'found' if ok else 'NOT found'}: {len(scaled)} scaled x{','.join(f'{s:.3f}' for s in scales)}"
+            f", verdict {report['verdict']}")
+
+
+def check_self(report: dict, dp: int) -> str:
+    divs = []
+    for g in report.get("groups", []):
+        m = re.search(r"effective divisor ([0-9.]+)", g.get("explanation", ""))
+        if m:
+            divs.append(f"{float(m.group(1)):g} ({g.get('count', '?')})")
+    return f"divisors {', '.join(divs)} (dp {dp}), verdict {report.get('verdict')}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="64,128,256,512,1024")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--pp", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=80)
+    ap.add_argument("--capture", default="sketch:4096")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "out", "bench", "cluster"))
+    ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--markdown")
+    ap.add_argument("--keep", action="store_true", help="keep the trace sets")
+    ap.add_argument("--skip", default="", help="comma list of measurements to skip: diff,diff1,self,shard")
+    ap.add_argument("--shard-diff", help="gradtrace-diff binary for the --shard runs (a patched build to compare)")
+    args = ap.parse_args()
+    synth = os.path.join(args.build, "bin", "gradtrace-synth")
+    diff = os.path.join(args.build, "bin", "gradtrace-diff")
+    skip = set(filter(None, args.skip.split(",")))
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        dp = ranks // (args.tp * args.pp)
+        if dp * args.tp * args.pp != ranks or dp < 2:
+            print(f"skip {ranks}: not dp x {args.tp} x {args.pp} with dp >= 2", file=sys.stderr)
+            continue
+        a, b = os.path.join(args.out, f"A{ranks}"), os.path.join(args.out, f"B{ranks}")
+        lay = ["--llama70b", "--dp", str(dp), "--tp", str(args.tp), "--pp", str(args.pp), "--layers",
+               str(args.layers), "--capture", args.capture, "--threads", "2"]
+        row = {"ranks": ranks, "dp": dp, "tp": args.tp, "pp": args.pp, "capture": args.capture}
+        for d in (a, b):
+            shutil.rmtree(d, ignore_errors=True)
+        # Sets are written with 2 threads on the same cores the measurements use.
+        need_a = not {"diff", "diff1", "shard"} <= skip  # --self reads B alone
+        gen = [timed([synth, b] + lay + ["--planted-stage", str(args.pp - 1)])]
+        if need_a:
+            gen.append(timed([synth, a] + lay))
+        if any(g["rc"] != 0 for g in gen):
+            print(f"gradtrace-synth failed at {ranks} ranks", file=sys.stderr)
+            return 2
+        row["write"] = {"wall": sum(g["wall"] for g in gen) / len(gen), "load": gen[0]["load"]}
+        row["set_mb"] = set_bytes(b) / 1e6
+        runs: dict[str, list[dict]] = {}
+        rep = os.path.join(args.out, "report.json")
+        for _ in range(args.repeat):
+            if "diff" not in skip:
+                runs.setdefault("diff", []).append(timed([diff, a, b, "--json", rep]))
+                row["diff_answer"] = check_diff(json.load(open(rep)), last_stage_names(args.layers, args.pp))
+            if "diff1" not in skip:
+                runs.setdefault("diff_t1", []).append(timed([diff, a, b, "--threads", "1", "--json", rep]))
+            if "self" not in skip:
+                runs.setdefault("self", []).append(timed([diff, "--self", b, "--json", rep]))
+                row["self_answer"] = check_self(json.load(open(rep)), dp)
+            if "shard" not in skip:
+                parts = [os.path.join(args.out, f"part{k}.json") for k in (0, 1)]
+                shard_bin = args.shard_diff or diff
+                sh = concurrent([[shard_bin, a, b, "--shard", f"{k}/2", "--threads", "1", "--json", parts[k]]
+                                 for k in (0, 1)])
+                mg = timed([diff, "--merge"] + parts + ["--json", rep])
+                merged = json.load(open(rep))
+                row["merge_answer"] = check_diff(merged, last_stage_names(args.layers, args.pp))
+                runs.setdefault("shard", []).append(
+                    {"wall": sh["wall"] + mg["wall"], "cpu": sh["cpu"] + mg["cpu"],
+                     "rss_mb": max(sh["rss_mb"], mg["rss_mb"]), "load": sh["load"], "rc": mg["rc"],
+                     "merge_wall": mg["wall"]})
+        row["runs"] = runs
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if not args.keep:
+            shutil.rmtree(a, ignore_errors=True)
+            shutil.rmtree(b, ignore_errors=True)
+    md = markdown(rows)
+    print(md)
+    if args.markdown:
+        open(args.markdown, "w").write(md)
+    if args.json_out:
+        json.dump(rows, open(args.json_out, "w"), indent=1)
+    return 0
+
+
+def cell(rs: list[dict] | None) -> str:
+    if not rs:
+        return "-"
+    walls = sorted(r["wall"] for r in rs)
+    w = f"{walls[0]:.2f}" if len(walls) == 1 else f"{walls[0]:.2f}-{walls[-1]:.2f}"
+    best = min(rs, key=lambda r: r["wall"])
+    return f"{w} s / {best['cpu']:.2f} s, {max(r['rss_mb'] for r in rs):.0f} MB (load {best['load']:.1f})"
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| ranks (dp x tp x pp) | set MB (each) | write s | diff wall / CPU, RSS | diff --threads 1 | --self B |"
+           " 2 x --shard + --merge | T1 / shard | answer |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        runs = r["runs"]
+        speed = "-"
+        if runs.get("diff_t1") and runs.get("shard"):
+            speed = f"{min(x['wall'] for x in runs['diff_t1']) / min(x['wall'] for x in runs['shard']):.2f}"
+        out.append(f"| {r['ranks']} ({r['dp']}x{r['tp']}x{r['pp']}) | {r['set_mb']:.0f} | {r['write']['wall']:.1f} |"
+                   f" {cell(runs.get('diff'))} | {cell(runs.get('diff_t1'))} | {cell(runs.get('self'))} |"
+                   f" {cell(runs.get('shard'))} | {speed} | diff {r.get('diff_answer', '-')}; merge"
+                   f" {r.get('merge_answer', '-')}; self {r.get('self_answer', '-')} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
