@@ -728,14 +728,14 @@ void MarkDisagreeingReplicas(const TraceSet& set, const std::map<int32_t, Replic
       p.verdict = SelfVerdict::kInconsistent;
       report->self_params.push_back(std::move(p));
     }
+    const std::string tied = TiedCopiesWords(info);  // "" unless two pipeline stages hold copies
     report->findings.push_back(
         {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
                         " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
                         ")" +
-                        (info.stages_size() == 2 ? TiedCopiesWords(info)
-                                                 : ": its gradient was not reduced over every rank that holds it (e.g. "
-                                                   "a norm or bias replicated under tensor/sequence parallelism, not "
-                                                   "all-reduced over tp)")});
+                        (tied.empty() ? ": its gradient was not reduced over every rank that holds it (e.g. a norm "
+                                        "or bias replicated under tensor/sequence parallelism, not all-reduced over tp)"
+                                      : tied)});
   }
 }
 

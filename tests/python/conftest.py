@@ -53,6 +53,31 @@ def train_small(out, *args, timeout=180):
     return out
 
 
+def script_runs(tmp_path_factory, label: str, command, timeout: int):
+    """run(name) -> the output directory of run ``name``, made once (module fixtures build on it):
+    ``command(name, out)`` gives the arguments after this interpreter; the run must exit 0 (else its
+    command and output tails fail the test). ``run.root`` is the folder holding the runs,
+    ``run.stderr(name)`` a finished run's stderr."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp(label)
+    done = {}
+
+    def get(name):
+        if name not in done:
+            out = root / name
+            cmd = [sys.executable, *map(str, command(name, out))]
+            p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=timeout)
+            assert p.returncode == 0, \
+                f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}"
+            done[name] = (out, p.stderr)
+        return done[name][0]
+
+    get.root = root
+    get.stderr = lambda name: done[name][1]
+    return get
+
+
 def _binary(name: str) -> pathlib.Path:
     path = BUILD / "bin" / name
     if not path.exists():

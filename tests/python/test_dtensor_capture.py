@@ -23,14 +23,13 @@ fp32 with a few dozen summands per element: residuals ~1e-7; scales within 1e-5 
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import gradtrace
 
-from conftest import BUILD, ROOT, deepspeed_env
+from conftest import BUILD, ROOT, script_runs
 
 RUNS = ROOT / "tests" / "python" / "dtensor_runs.py"
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -44,22 +43,11 @@ FLAGS = {"tp-bug": ("tp", ["--loss-scale", "2"]), "tp-sp-unreduced": ("tp-sp", [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """run(name) -> the trace directory of that run, made once per module."""
-    root = tmp_path_factory.mktemp("dtensor")
-    done = {}
+    def command(name, out):
+        kind, flags = FLAGS.get(name, (name, []))
+        return [RUNS, kind, WORLD[name], out, *flags]
 
-    def get(name):
-        if name not in done:
-            kind, flags = FLAGS.get(name, (name, []))
-            out = root / name
-            cmd = [sys.executable, str(RUNS), kind, str(WORLD[name]), str(out), *flags]
-            p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=240)
-            assert p.returncode == 0, \
-                f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}"
-            done[name] = out
-        return done[name]
-
-    get.root = root
-    return get
+    return script_runs(tmp_path_factory, "dtensor", command, timeout=240)
 
 
 def _diff(run, name):

@@ -39,6 +39,14 @@ def runs(tmp_path_factory):
             "acc-ds": _run(d / "acc-ds", 2, "accelerate", "2"), "tmp": d}
 
 
+def _self_params(trace_dir, report):
+    """``gradtrace-diff --self`` of a set that must pass (exit 0): its self_params rows."""
+    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(trace_dir), "--json", str(report)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:]
+    return json.loads(report.read_text())["self_params"]
+
+
 def test_trainer_run_on_two_ranks_matches_one_rank(runs):
     report = runs["tmp"] / "report.json"
     p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), str(runs["ref"]), str(runs["dp2"]), "--json",
@@ -76,10 +84,7 @@ def test_trainer_ddp_buckets_divide_by_dp(runs, tmp_path):
     assert [(f["phase"], f["step"]) for f in frames if f["type"] == "bucket"] == \
         [("PRE_REDUCE", 0), ("POST_REDUCE", 0), ("FINAL", 0), ("PRE_REDUCE", 1), ("POST_REDUCE", 1), ("FINAL", 1)]
     report = tmp_path / "self.json"
-    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["dp2"]), "--json", str(report)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:]
-    rows = json.loads(report.read_text())["self_params"]
+    rows = _self_params(runs["dp2"], report)
     assert len(rows) == 12 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows
 
 
@@ -93,10 +98,7 @@ def test_accelerate_prepared_model_with_the_ddp_adapter(runs):
     assert phases == [("PRE_REDUCE", 0, 1), ("POST_REDUCE", 0, 1), ("FINAL", 0, 1),
                       ("PRE_REDUCE", 1, 1), ("POST_REDUCE", 1, 1), ("FINAL", 1, 1)]
     report = runs["tmp"] / "self-acc.json"
-    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["acc"]), "--json", str(report)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:]
-    rows = json.loads(report.read_text())["self_params"]
+    rows = _self_params(runs["acc"], report)
     assert len(rows) == 4 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows
 
 
@@ -111,8 +113,5 @@ def test_accelerate_with_a_deepspeed_plugin(runs, tmp_path):
     assert phases == [(p, step, m) for step in (0, 1) for m in (0, 1)
                       for p in ("PRE_REDUCE", "POST_REDUCE", "FINAL") if p != "FINAL" or m == 1]
     report = tmp_path / "self.json"
-    p = subprocess.run([str(BUILD / "bin" / "gradtrace-diff"), "--self", str(runs["acc-ds"]), "--json", str(report)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:]
-    rows = json.loads(report.read_text())["self_params"]
+    rows = _self_params(runs["acc-ds"], report)
     assert len(rows) == 4 and all(abs(r["divisor"] - 2.0) < 1e-5 for r in rows), rows

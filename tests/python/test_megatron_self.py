@@ -25,11 +25,10 @@ fp32 with a few dozen summands per element: residuals ~1e-7; divisors and scales
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from conftest import BUILD, ROOT, deepspeed_env
+from conftest import BUILD, ROOT, script_runs
 
 RUNS = ROOT / "tests" / "python" / "megatron_runs.py"
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -51,22 +50,8 @@ RUN_ARGS = {
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """run(name) -> the trace directory of that run, made once per module."""
-    root = tmp_path_factory.mktemp("megatron")
-    done = {}
-
-    def get(name):
-        if name not in done:
-            kind, *flags = RUN_ARGS[name]
-            out = root / name
-            cmd = [sys.executable, str(RUNS), kind, str(out), *flags]
-            p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=120)
-            assert p.returncode == 0, \
-                f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}"
-            done[name] = out
-        return done[name]
-
-    get.root = root
-    return get
+    return script_runs(tmp_path_factory, "megatron",
+                       lambda name, out: [RUNS, RUN_ARGS[name][0], out, *RUN_ARGS[name][1:]], timeout=120)
 
 
 def _gradtrace_diff(run, args, report):

@@ -12,12 +12,11 @@ reproduced without gradtrace); 1F1B runs them.
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 import gradtrace
-from conftest import BUILD, ROOT, deepspeed_env
+from conftest import BUILD, ROOT, script_runs
 
 RUNS = ROOT / "tests" / "python" / "pipeline_runs.py"
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -45,21 +44,8 @@ PARAMS = 12  # embed, 4 x (weight, bias), norm (weight, bias), head; 11 when the
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """run(name) -> the trace directory of that run, made once per module."""
-    root = tmp_path_factory.mktemp("pipeline")
-    done = {}
-
-    def get(name):
-        if name not in done:
-            kind, *flags = RUNS_ARGS[name]
-            out = root / name
-            cmd = [sys.executable, str(RUNS), kind, str(out), *flags]
-            p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=300)
-            assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}"
-            done[name] = (out, p.stderr)
-        return done[name][0]
-
-    get.stderr = lambda name: done[name][1]
-    return get
+    return script_runs(tmp_path_factory, "pipeline",
+                       lambda name, out: [RUNS, RUNS_ARGS[name][0], out, *RUNS_ARGS[name][1:]], timeout=300)
 
 
 def _diff(a, b, *args):

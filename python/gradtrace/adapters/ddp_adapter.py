@@ -68,7 +68,7 @@ class DDPCapture(Capture):
 
         from . import pipeline as pp
 
-        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        info = pp.of(model)
         if info is not None:  # a pipeline whose stage is a DDP model (PipelineStage runs its no_sync)
             model = info.only_stage("ddp_adapter")
         if not isinstance(model, DistributedDataParallel):

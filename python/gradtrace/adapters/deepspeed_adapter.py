@@ -488,12 +488,13 @@ class DeepSpeedCapture:
         if self._checked_empty or self.recorder.disabled is not None:
             return
         self._checked_empty = True
-        phases = ("PRE_REDUCE", "POST_REDUCE", "FINAL")
-        if not self.wanted & set(phases) or any(self.recorded[p] for p in phases):
-            return
-        why = "; ".join(f"{p}: {w}" for p, w in self.unrecordable.items()) or \
-            f"no bucket reached the hooked reductions ({', '.join(self.hooks)}) and no parameter had a full gradient"
-        no_gradient.warn(self.rank, self.step, f"DeepSpeed {self.ds_version} ZeRO stage {self.zero_stage}: {why}")
+
+        def reason():
+            why = "; ".join(f"{p}: {w}" for p, w in self.unrecordable.items()) or \
+                f"no bucket reached the hooked reductions ({', '.join(self.hooks)}) and no parameter had a full gradient"
+            return f"DeepSpeed {self.ds_version} ZeRO stage {self.zero_stage}: {why}"
+
+        no_gradient.warn_if_none(self.recorded, self.wanted, self.rank, self.step, reason)
 
     def _next_bucket(self):
         b = self._bucket_id

@@ -88,7 +88,7 @@ class FSDP2Capture(Capture):
 
         from . import pipeline as pp
 
-        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        info = pp.of(model)
         if info is not None:  # a pipeline whose stage module is fully_shard'ed (PipelineStage runs its no-sync)
             model = info.only_stage("fsdp2_adapter")
         self.full_final = full_final

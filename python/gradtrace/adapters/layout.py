@@ -40,15 +40,17 @@ def group_ranks(group) -> list[int]:
     return [int(r) for r in tdist.get_process_group_ranks(group)]
 
 
-def _edp_from_ep(ep: list[int], world: int, rank: int) -> list[int]:
-    """The ranks holding the same experts as this one: those at its position in their own ep group."""
+def same_position_ranks(group: list[int], world: int, rank: int) -> list[int]:
+    """The ranks at this rank's position in their own group of the same kind (a collective: every rank
+    gathers every rank's group): the expert-data-parallel ranks from the ep groups, a pipeline stage's
+    data-parallel replicas from the pp groups."""
     import torch.distributed as tdist
 
-    groups = [ep]
+    groups = [group]
     if world > 1 and tdist.is_available() and tdist.is_initialized():
         groups = [None] * world
-        tdist.all_gather_object(groups, list(ep))
-    mine = ep.index(rank)
+        tdist.all_gather_object(groups, list(group))
+    mine = group.index(rank)
     return [r for r, g in enumerate(groups) if g and r in g and g.index(r) == mine] if world > 1 else [rank]
 
 
@@ -119,7 +121,7 @@ class Layout:
         by name (EXPERT_NAMES) and reduced over their expert-data-parallel group, which, when not given, is
         the ranks at this rank's position in their own ep group (a collective: every rank attaches)."""
         if "edp" not in self.groups:
-            self.groups["edp"] = _edp_from_ep(self.groups["ep"], self.world, self.rank)
+            self.groups["edp"] = same_position_ranks(self.groups["ep"], self.world, self.rank)
             self.degrees.setdefault("edp", len(self.groups["edp"]))
             self.inferred.append(f"edp group {self.groups['edp']} from every rank's ep group")
         self.add_rule(EXPERT_NAMES, kind="EXPERT", grad_group="edp")

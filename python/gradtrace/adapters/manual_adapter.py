@@ -39,10 +39,10 @@ class ManualCapture(Capture):
 
         from . import pipeline as pp
 
-        info = pp.resolve(model) if pp.is_pipeline(model) else None
+        info = pp.of(model)
         if info is not None:
             groups = pp.layout_groups(info, groups)
-            model = _Stages(info)
+            model = info  # its named_parameters(): every stage this rank runs
         given_layout = layout is not None
         specs = _shard_specs(model, shards)
         layout = make_layout(options, groups, layout, params=model.named_parameters())
@@ -180,16 +180,6 @@ class ManualCapture(Capture):
         yield self
         self.record("POST_REDUCE", group, params, tensors=tensors, flat=flat, bucket_id=bucket_id, divisor=divisor,
                     offsets=offsets)
-
-
-class _Stages:
-    """This rank's pipeline stages as one model: their parameters in stage order."""
-
-    def __init__(self, info):
-        self._info = info
-
-    def named_parameters(self):
-        return self._info.named_parameters()
 
 
 def _local_numel(p) -> int:

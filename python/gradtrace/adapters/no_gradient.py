@@ -27,6 +27,18 @@ def reason(params, written=None) -> str:
             "elsewhere)")
 
 
+GRADIENT_PHASES = ("PRE_REDUCE", "POST_REDUCE", "FINAL")
+
+
+def warn_if_none(recorded: dict, wanted, rank: int, step: int, reason) -> None:
+    """The check every adapter runs at the end of its first captured optimizer step: when it wanted a
+    gradient phase and ``recorded`` (phase -> frames written) holds none, one warning with ``reason()``
+    (called only then)."""
+    if not set(wanted) & set(GRADIENT_PHASES) or any(recorded[p] for p in GRADIENT_PHASES):
+        return
+    warn(rank, step, reason())
+
+
 def warn(rank: int, step: int, why: str) -> None:
     """One line on stderr, written at once so that ranks' lines never interleave."""
     sys.stderr.write(f"gradtrace: WARNING: rank {rank}: optimizer step {step} ended and no gradient was recorded "

@@ -89,6 +89,11 @@ def _is_schedule(obj) -> bool:
     return hasattr(obj, "_n_microbatches") and (hasattr(obj, "_stage") or hasattr(obj, "_stages"))
 
 
+def of(obj) -> PipelineInfo | None:
+    """The PipelineInfo of ``obj`` when it is a pipeline (is_pipeline), else None: what an adapter was handed."""
+    return resolve(obj) if is_pipeline(obj) else None
+
+
 def resolve(obj) -> PipelineInfo:
     """The PipelineInfo of a schedule (its stages, micro-batches, scale_grads), a stage or a list of stages."""
     info = PipelineInfo()
@@ -138,14 +143,14 @@ def layout_groups(info: PipelineInfo, given: dict | None) -> dict:
     """The groups a pipelined layout records: ``pp`` (the pipeline's ranks) and, unless given, ``dp``:
     the ranks at this rank's position in their own pipeline group (its stages' data-parallel replicas;
     a collective, as every rank attaches)."""
-    from .layout import _edp_from_ep, group_ranks, world_and_rank
+    from .layout import group_ranks, same_position_ranks, world_and_rank
 
     given = dict(given or {})
     pp = group_ranks(given.get("pp", info.group))
     out = {"pp": pp}
     if "dp" not in given:
         world, rank = world_and_rank()
-        out["dp"] = _edp_from_ep(pp, world, rank)
+        out["dp"] = same_position_ranks(pp, world, rank)
     return {**out, **given}
 
 
@@ -162,12 +167,10 @@ def whole_table(local: list[dict], stage_of_entry: list[int], info: PipelineInfo
     if tdist.is_available() and tdist.is_initialized() and len(pp_ranks) > 1:
         gathered = [None] * len(pp_ranks)
         tdist.all_gather_object(gathered, mine, group=info.group)
-    by_stage: dict[int, list[dict]] = {}
+    by_stage: dict[int, list[dict]] = {}  # each stage comes from the one rank of the group that runs it
     for part in gathered:
         for stage, entry in part:
-            by_stage.setdefault(stage, [])
-            if entry["name"] not in {e["name"] for e in by_stage[stage]}:
-                by_stage[stage].append(entry)
+            by_stage.setdefault(stage, []).append(entry)
     table: list[dict] = []
     where: dict[str, int] = {}
     for stage in sorted(by_stage):

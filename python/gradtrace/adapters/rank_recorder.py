@@ -38,7 +38,7 @@ from .layout import Layout
 
 log = logging.getLogger("gradtrace")
 
-PHASES = ("PRE_REDUCE", "POST_REDUCE", "FINAL")
+PHASES = no_gradient.GRADIENT_PHASES
 
 
 def rank_file(out_dir, rank: int) -> str:
@@ -259,8 +259,6 @@ class RankRecorder:
         self.micro_steps: list[int] = []
         self._warned = False
         self._checked_empty = False  # the first captured optimizer step was checked for gradient frames
-        # An adapter that knows better where the gradients went sets this (a callable returning the reason).
-        self.no_gradient_reason = None
 
     def _param_table(self, named_params, shape_of, grad_dtype, accum_dtype, comm_dtype) -> list[dict]:
         """RunInfo's parameter table (those with requires_grad, in order), filling ids, names, params and
@@ -471,11 +469,8 @@ class RankRecorder:
         if self._checked_empty or not self.capturing or self.disabled is not None:
             return
         self._checked_empty = True
-        if not self.phases & set(PHASES) or any(self.recorded[p] for p in PHASES):
-            return
-        why = self.no_gradient_reason() if self.no_gradient_reason is not None else \
-            no_gradient.reason(self.params, self._written)
-        no_gradient.warn(self.rank, self.step, why)
+        no_gradient.warn_if_none(self.recorded, self.phases, self.rank, self.step,
+                                 lambda: no_gradient.reason(self.params, self._written))
 
     def next_step(self) -> None:
         self.check_gradients_recorded()
