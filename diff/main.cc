@@ -64,7 +64,7 @@ int Emit(std::initializer_list<Output> files, const std::function<std::string(bo
 // 0 when the part is written: the verdict belongs to the merge.
 int RunShard(const std::string& a_dir, const std::string& b_dir, const std::string& shard_text,
              const std::string& json_path, const std::string& md_path, const std::string& html_path,
-             gradtrace::diff::DiffOptions o) {
+             bool bucket_views, gradtrace::diff::DiffOptions o) {
   using namespace gradtrace;
   auto shard = diff::ParseShard(shard_text);
   if (!shard.ok()) return Fail(shard.status().message());
@@ -72,8 +72,9 @@ int RunShard(const std::string& a_dir, const std::string& b_dir, const std::stri
   if (!md_path.empty() || !html_path.empty())
     return Fail("--shard writes JSON only; give --markdown/--html to --merge");
   o.shard = *shard;
-  // The merge may write HTML, which draws each side's bucket view: shard 0 computes it and carries it.
-  o.bucket_view = o.shard.k == 0;
+  // A merge that writes HTML draws each side's bucket view: a --self pass per side, so only on request
+  // (--bucket-views), and only shard 0 computes and carries it (the others would repeat it).
+  o.bucket_view = bucket_views && o.shard.k == 0;
   auto c = diff::RunCompare(a_dir, b_dir, o);
   if (!c.ok()) return Fail(c.status().message());
   Status st = diff::WriteFileAtomic(json_path, diff::RenderPartialJson(*c));
@@ -110,6 +111,7 @@ struct CommandLine {
   size_t top = SIZE_MAX;
   std::optional<int64_t> step;  // --step N
   bool all_steps = false;       // --step all
+  bool bucket_views = false;    // --bucket-views (with --shard)
 };
 
 void AddOptions(CLI::App& app, CommandLine* cl) {
@@ -129,6 +131,9 @@ void AddOptions(CLI::App& app, CommandLine* cl) {
                  "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
   app.add_option("--shard", cl->shard_text,
                  "compare only share K of N (0 <= K < N) and write a partial report to --json; see --merge");
+  app.add_flag("--bucket-views", cl->bucket_views,
+               "with --shard: shard 0 also measures each side's per-rank x per-bucket reductions (a --self pass "
+               "per side) for a --merge that writes --html");
   app.add_option("--merge", cl->merge_paths,
                  "merge the partial reports of all N shards into the report of the whole diff")
       ->expected(1, -1);
@@ -209,6 +214,11 @@ int RunMerge(const CLI::App& app, const CommandLine& cl) {
   // As in a single-process diff, the bucket views (from shard 0's part) are reported only with --html.
   auto merged = diff::MergeParts(cl.merge_paths, !cl.html_path.empty());
   if (!merged.ok()) return Fail(merged.status().message());
+  if (!cl.html_path.empty() && merged->a.bucket_view.empty() && merged->b.bucket_view.empty()) {
+    std::fprintf(stderr,
+                 "gradtrace-diff --merge: no part carries the sides' per-bucket views (shard 0 measures them with "
+                 "--bucket-views, where the sets hold PRE_REDUCE and POST_REDUCE): the HTML draws none\n");
+  }
   return EmitReport(diff::JudgeComparison(*merged), cl);
 }
 
@@ -250,7 +260,7 @@ int RunTwoSets(const CommandLine& cl) {
   // it draws; --shard sets its own).
   o.bucket_view = !cl.html_path.empty();
   if (!cl.shard_text.empty()) {
-    return RunShard(cl.a_dir, cl.b_dir, cl.shard_text, cl.json_path, cl.md_path, cl.html_path, o);
+    return RunShard(cl.a_dir, cl.b_dir, cl.shard_text, cl.json_path, cl.md_path, cl.html_path, cl.bucket_views, o);
   }
   if (cl.all_steps) {
     return EmitTable(diff::RunDiffAllSteps(cl.a_dir, cl.b_dir, o), cl.json_path, cl.md_path, cl.html_path, cl.top);
@@ -279,6 +289,8 @@ int main(int argc, char** argv) {
   }
   if (Status st = UsePackedDiff(app, &cl); !st.ok()) return Fail(st.message());
   if (Status st = ParseStepAndCheck(&cl); !st.ok()) return Fail(st.message());
+  if (cl.bucket_views && cl.shard_text.empty())
+    return Fail("--bucket-views goes with --shard (a diff or --self with --html measures the views itself)");
   if (!cl.merge_paths.empty()) return RunMerge(app, cl);
   if (!cl.self_dir.empty()) return RunSelf(cl);
   return RunTwoSets(cl);

@@ -95,11 +95,26 @@ PY
 fi
 grep -q '<table id="bucket-view-a">' "$work/single.html" && grep -q '<table id="bucket-view-b">' "$work/single.html" \
   || fail "bucket views missing from the --html diff"
+# The views cost a --self pass per side, so shards measure them only with --bucket-views (shard 0 alone does).
 for n in 1 3; do
-  expect 1 "$diff_bin" --merge "$work/parts$n"/part-*.json --json "$work/merged$n-h.json" --html "$work/merged$n.html"
+  mkdir -p "$work/parts$n-h"
+  for k in $(seq 0 $((n - 1))); do
+    expect 0 "$diff_bin" "$work/ref" "$work/bad" --shard "$k/$n" --bucket-views --json "$work/parts$n-h/part-$k.json"
+  done
+  grep -q '"bucket_id"' "$work/parts$n-h/part-0.json" || fail "N=$n: shard 0 --bucket-views carries no views"
+  if ((n > 1)); then grep -q '"bucket_id"' "$work/parts$n-h/part-1.json" && fail "N=$n: shard 1 measured views"; fi
+  expect 1 "$diff_bin" --merge "$work/parts$n-h"/part-*.json --json "$work/merged$n-h.json" --html "$work/merged$n.html"
   cmp -s "$work/single-h.json" "$work/merged$n-h.json" || fail "N=$n: merged JSON (--html) differs"
   cmp -s "$work/single.html" "$work/merged$n.html" || fail "N=$n: merged HTML differs"
 done
+# Parts without the views: the merge writes HTML without them and says why on stderr.
+grep -q '"bucket_id"' "$work/parts3/part-0.json" && fail "shard 0 measured views without --bucket-views"
+"$diff_bin" --merge "$work/parts3"/part-*.json --html "$work/merged-noviews.html" >"$work/out" 2>"$work/err"
+[ $? = 1 ] || fail "merge of parts without views: exit"
+grep -q "shard 0 measures them with --bucket-views" "$work/err" || fail "merge without views: no note ($(cat "$work/err"))"
+grep -q 'id="bucket-view-a"' "$work/merged-noviews.html" && fail "merge without views drew views"
+expect 2 "$diff_bin" "$work/ref" "$work/bad" --bucket-views --json "$work/x.json"
+expect_one_line_error "--bucket-views goes with --shard"
 # The parts against diff/partial.schema.json (which borrows the trace and config definitions of the report's).
 if "$python" -c 'import jsonschema, referencing' 2>/dev/null; then
   "$python" - "$schema" "$(dirname "$schema")/partial.schema.json" "$work"/parts*/part-*.json <<'PY' || fail "partial schema validation"

@@ -98,7 +98,7 @@ std::vector<std::string> WriteParts(const TraceSet& a, const TraceSet& b, const 
   std::vector<std::string> paths;
   for (int k = 0; k < n; ++k) {
     o.shard = {k, n};
-    o.bucket_view = k == 0;  // as gradtrace-diff --shard: shard 0 carries the sides' bucket views
+    o.bucket_view = k == 0;  // as gradtrace-diff --shard --bucket-views: shard 0 carries the sides' bucket views
     auto c = CompareSets(a, b, o, noise);
     EXPECT_TRUE(c.ok()) << c.status().message();
     if (!c.ok()) return {};
