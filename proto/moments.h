@@ -1,7 +1,8 @@
 // The `stats` payload (count, sum, sum of squares, abs-max, non-finite count)
-// computed in one pass at memory bandwidth: elements are widened inline (no
-// per-element dtype switch), non-finite ones are masked out without a branch,
-// and four-wide vector lanes accumulate them.
+// computed in one pass: elements are widened inline (no per-element dtype
+// switch), non-finite ones are masked out without a branch, and eight double
+// lanes accumulate them (16-byte vectors, or 32-byte ones on CPUs with AVX2:
+// moments_kernel.h).
 //
 // Summation order, the only thing that makes two correct implementations
 // differ: a slice is cut into blocks of kMomentsBlock elements from its start;
@@ -45,6 +46,12 @@ Moments BlockMoments(pb::DType dtype, const void* data, int64_t count);
 // gives BlockMoments' very bits (slower). A new row of the dtype table gets its
 // stats from here.
 Moments BlockMomentsElementwise(pb::DType dtype, const void* data, int64_t count);
+
+// The same bits at the baseline vector width (16 bytes), whatever the CPU:
+// BlockMoments runs the AVX2 build of the kernel instead where the CPU has it
+// (MomentsKernelIsAvx2). For tests and benchmarks that compare the two.
+Moments BlockMomentsBaseline(pb::DType dtype, const void* data, int64_t count);
+bool MomentsKernelIsAvx2();
 
 // The whole slice: BlockMoments over consecutive kMomentsBlock blocks, merged
 // in order. A caller that computes the blocks in parallel and merges them in

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -115,6 +116,31 @@ TEST(Moments, ElementwisePathGivesTheVectorKernelsBits) {
       EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
       EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
       EXPECT_EQ(a.abs_max, b.abs_max) << what;
+    }
+  }
+}
+
+// The AVX2 build of the kernel (32-byte vectors) keeps the documented lanes and order: the same bits as
+// the baseline build, specials included. On a CPU with AVX2 BlockMoments must have dispatched to it.
+TEST(Moments, Avx2KernelGivesTheBaselineBits) {
+#if defined(__x86_64__)
+  EXPECT_EQ(MomentsKernelIsAvx2(), static_cast<bool>(__builtin_cpu_supports("avx2")));
+#endif
+  if (!MomentsKernelIsAvx2()) std::fprintf(stderr, "note: no AVX2 on this CPU; BlockMoments is the baseline\n");
+  for (pb::DType t : {pb::FP32, pb::BF16, pb::FP16, pb::FP64}) {
+    for (int64_t n : {0, 1, 7, 8, 9, 255, 256, 257, 1000, 65535, 65536}) {
+      for (bool specials : {false, true}) {
+        const std::string bytes = RandomBytes(t, n, t == pb::FP16 ? 1.0 : 1e-3, specials, 11 + n);
+        const Moments a = BlockMoments(t, bytes.data(), n), b = BlockMomentsBaseline(t, bytes.data(), n);
+        const std::string what = std::string(DTypeName(t)) + " n=" + std::to_string(n) + (specials ? " +specials" : "");
+        EXPECT_EQ(a.count, b.count) << what;
+        EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
+        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum), std::bit_cast<uint64_t>(b.sum)) << what;
+        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_c), std::bit_cast<uint64_t>(b.sum_c)) << what;
+        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
+        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
+        EXPECT_EQ(a.abs_max, b.abs_max) << what;
+      }
     }
   }
 }

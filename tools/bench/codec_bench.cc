@@ -4,11 +4,13 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "moments.h"
 #include "slice_codec.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
@@ -53,6 +55,24 @@ void BM_MakeSlice(benchmark::State& state, const char* mode_text) {
 BENCHMARK_CAPTURE(BM_MakeSlice, full, "full")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MakeSlice, sketch_4096, "sketch:4096")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MakeSlice, stats, "stats")->Unit(benchmark::kMillisecond);
+
+// The stats kernel alone, one thread, on the 16 MiB fp32 gradient: the baseline build (16-byte vectors)
+// against what BlockMoments dispatches to (the AVX2 build where the CPU has it; the label says which).
+void BM_StatsKernel(benchmark::State& state, bool baseline) {
+  const float* g = Gradient().data();
+  for (auto _ : state) {
+    Moments total;
+    for (int64_t b = 0; b < kNumel; b += kMomentsBlock) {
+      const int64_t n = std::min(kMomentsBlock, kNumel - b);
+      total.Merge(baseline ? BlockMomentsBaseline(pb::FP32, g + b, n) : BlockMoments(pb::FP32, g + b, n));
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetBytesProcessed(state.iterations() * kNumel * 4);
+  state.SetLabel(baseline ? "baseline" : (MomentsKernelIsAvx2() ? "avx2" : "baseline (no AVX2)"));
+}
+BENCHMARK_CAPTURE(BM_StatsKernel, baseline, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_StatsKernel, dispatched, false)->Unit(benchmark::kMillisecond);
 
 std::string BenchPath() { return "/tmp/gradtrace-codec-bench-" + std::to_string(getpid()) + ".gtrace"; }
 
