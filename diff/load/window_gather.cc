@@ -87,37 +87,43 @@ Status WindowGather::Error(const Cursor& c, const std::string& what) const {
 
 Status WindowGather::Start() {
   kept_bytes_ = 0;
-  for (Cursor& c : cursors_) {
+  waiting_ = {};
+  for (size_t i = 0; i < cursors_.size(); ++i) {
+    Cursor& c = cursors_[i];
     c.next = 0;
     c.slice = 0;
     c.resume = -1;
     c.decodes = 0;
     c.kept.reset();
     GT_RETURN_IF_ERROR(Advance(&c, 0, 0, nullptr, nullptr));  // an empty window: stops at the first full data
+    Wait(i);
   }
   return Status::Ok();
 }
 
-int64_t WindowGather::NextData() const {
-  int64_t next = kNone;
-  for (const Cursor& c : cursors_) {
-    if (c.next < c.frames.size()) next = std::min(next, c.resume);
-  }
-  return next;
+void WindowGather::Wait(size_t index) {
+  const Cursor& c = cursors_[index];
+  if (c.next < c.frames.size()) waiting_.emplace(c.resume, index);
 }
+
+int64_t WindowGather::NextData() const { return waiting_.empty() ? kNone : waiting_.top().first; }
 
 Status WindowGather::Gather(int64_t lo, int64_t hi, bool record, WindowValues* out) {
   out->Reset(lo, hi - lo);
+  active_.clear();
+  for (; !waiting_.empty() && waiting_.top().first < hi; waiting_.pop()) active_.push_back(waiting_.top().second);
+  std::sort(active_.begin(), active_.end());  // rank order, as MergeRank merges
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (size_t i = 0; i < cursors_.size();) {
-    const int rank = cursors_[i].rank;
+  for (size_t k = 0; k < active_.size();) {
+    const int rank = cursors_[active_[k]].rank;
     // The first rank with data here goes straight into `out`; later ones merge into it.
     const bool direct = out->covered() == 0;
     WindowValues* target = direct ? out : &rank_values_;
     if (!direct) rank_values_.Reset(lo, hi - lo);
     ranges.clear();
-    for (; i < cursors_.size() && cursors_[i].rank == rank; ++i) {
-      GT_RETURN_IF_ERROR(Advance(&cursors_[i], lo, hi, target, &ranges));
+    for (; k < active_.size() && cursors_[active_[k]].rank == rank; ++k) {
+      GT_RETURN_IF_ERROR(Advance(&cursors_[active_[k]], lo, hi, target, &ranges));
+      Wait(active_[k]);
     }
     if (!direct && !ranges.empty()) MergeInto(rank, &ranges, record, out);
   }

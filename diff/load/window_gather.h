@@ -17,10 +17,12 @@
 // Sketch and stats slices are small: they are taken whole, per rank, the first
 // time their frame is decoded, and merged over ranks by MergeRank at the end.
 //
-// Work is proportional to the data, not to the windows' extent: which elements
-// of a window are set is an epoch stamp (no clearing per window), ranks merge
-// over the ranges they hold, and the caller skips windows no cursor has data
-// for (NextData), so a huge declared numel with few slices costs nothing.
+// Work is proportional to the data, not to the windows' extent or count:
+// which elements of a window are set is an epoch stamp (no clearing per
+// window), ranks merge over the ranges they hold, a window visits only the
+// cursors with data in it (a heap by next element), and the caller skips
+// windows no cursor has data for (NextData), so a huge declared numel with few
+// slices costs nothing.
 //
 // A record whose full slices of the parameter are not in ascending,
 // non-overlapping element order (none of our writers makes one; the format
@@ -29,9 +31,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <queue>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -133,6 +139,8 @@ class WindowGather {
   };
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
 
+  // Back on the heap unless its frames are used up.
+  void Wait(size_t index);
   // Uses up the cursor's frames for [lo, hi) into `out` (null: none to add), noting the ranges added.
   Status Advance(Cursor* c, int64_t lo, int64_t hi, WindowValues* out, std::vector<std::pair<int64_t, int64_t>>* added);
   // The record of c->frames[c->next]: kept, or read (first time: sketch and stats taken, order checked).
@@ -150,7 +158,10 @@ class WindowGather {
   Combine combine_;
   ReaderCache* readers_;
   uint64_t keep_budget_, kept_bytes_ = 0;
-  std::vector<Cursor> cursors_;       // by rank, then record
+  std::vector<Cursor> cursors_;  // by rank, then record
+  // (resume, cursor index) of every cursor with frames left: the next window's cursors are at the top.
+  std::priority_queue<std::pair<int64_t, size_t>, std::vector<std::pair<int64_t, size_t>>, std::greater<>> waiting_;
+  std::vector<size_t> active_;        // this window's cursors, in cursors_ order
   std::map<int, SideValues> others_;  // per rank: sketch and stats values
   WindowValues rank_values_;          // a later rank's values, before merging
   bool has_full_ = false, out_of_order_ = false, needs_wide_ = false;
