@@ -159,7 +159,9 @@ Status CompareWindowed(const TraceSet& x, const TraceSet& y, const Frames& frame
   for (;;) {
     *out = WindowedResult();
     Sides sides(x, y, frames_x, frames_y, id_x, id_y, combine, narrow_a, narrow_b, readers);
-    Status st = Compare(&sides, window, out);
+    // Double storage takes twice the bytes per element: half the window keeps the memory per thread.
+    const int64_t elements = narrow_a && narrow_b ? window : std::max<int64_t>(1, window / 2);
+    Status st = Compare(&sides, elements, out);
     if (st.ok()) return st;
     if (sides.a.out_of_order() || sides.b.out_of_order()) {
       *out = WindowedResult();

@@ -188,10 +188,11 @@ Status WindowGather::Load(Cursor* c, std::unique_ptr<pb::BucketRecord>* record) 
 }
 
 Status WindowGather::FirstSight(const Cursor& c, const pb::BucketRecord& record, int64_t* last_end) {
-  SideValues& others = others_[c.rank];
-  others.numel = numel_;
   for (const pb::Slice& s : record.slices()) {
     if (s.param_id() != id_) continue;
+    // A rank with a slice of the parameter contributes (MergedOthers counts it), whatever the slice's mode.
+    SideValues& others = others_[c.rank];
+    others.numel = numel_;
     if (!InParameter(s, numel_)) {
       return Error(c, "slice [" + std::to_string(s.offset()) + ", +" + std::to_string(s.count()) +
                           ") outside parameter of " + std::to_string(numel_) + " elements");
