@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
-#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -61,19 +60,26 @@ Compared MakeRecord(const Metrics& metrics, const std::string& note, const SideS
   return c;
 }
 
+// What every unit of one comparison reads: the two sets, the frames picked from each, the alignment.
+struct Sources {
+  const TraceSet& x;
+  const TraceSet& y;
+  std::vector<std::vector<const FrameRef*>> frames_x, frames_y;
+  const Alignment& al;
+  Combine combine;
+};
+
 // Parameters gathered whole (gather.h), all of them at once.
-Status CompareWhole(const TraceSet& x, const TraceSet& y, const std::vector<std::vector<const FrameRef*>>& frames_x,
-                    const std::vector<std::vector<const FrameRef*>>& frames_y, const Alignment& al,
-                    const std::vector<size_t>& pairs, Combine combine, ReaderCache* readers,
+Status CompareWhole(const Sources& s, const std::vector<size_t>& pairs, ReaderCache* readers,
                     std::vector<Compared>* out) {
   std::vector<int32_t> ids_x, ids_y;
   for (size_t i : pairs) {
-    ids_x.push_back(al.params[i].id_a);
-    ids_y.push_back(al.params[i].id_b);
+    ids_x.push_back(s.al.params[i].id_a);
+    ids_y.push_back(s.al.params[i].id_b);
   }
   std::vector<SideValues> vx, vy;
-  GT_RETURN_IF_ERROR(GatherParams(x, frames_x, ids_x, combine, readers, &vx));
-  GT_RETURN_IF_ERROR(GatherParams(y, frames_y, ids_y, combine, readers, &vy));
+  GT_RETURN_IF_ERROR(GatherParams(s.x, s.frames_x, ids_x, s.combine, readers, &vx));
+  GT_RETURN_IF_ERROR(GatherParams(s.y, s.frames_y, ids_y, s.combine, readers, &vy));
   for (size_t k = 0; k < pairs.size(); ++k) {
     std::string note;
     const Metrics m = CompareSides(vx[k], vy[k], &note);
@@ -84,67 +90,64 @@ Status CompareWhole(const TraceSet& x, const TraceSet& y, const std::vector<std:
 
 // A parameter whose full slices the windows cannot follow is compared whole, as before windows, when its frames
 // could hold it: a hostile numel with few slices is refused instead of allocated.
-Status WholeFallback(const TraceSet& x, const TraceSet& y, const std::vector<std::vector<const FrameRef*>>& frames_x,
-                     const std::vector<std::vector<const FrameRef*>>& frames_y, const Alignment& al, size_t pair,
-                     Combine combine, ReaderCache* readers, std::vector<Compared>* out) {
+Status WholeFallback(const Sources& s, size_t pair, ReaderCache* readers, std::vector<Compared>* out) {
+  const ParamPair& p = s.al.params[pair];
   uint64_t bytes = 0;
-  for (const auto& [set, frames, id] :
-       {std::tuple{&x, &frames_x, al.params[pair].id_a}, std::tuple{&y, &frames_y, al.params[pair].id_b}}) {
+  for (const auto& [frames, id] : {std::pair{&s.frames_x, p.id_a}, std::pair{&s.frames_y, p.id_b}}) {
     for (const auto& per_rank : *frames) {
       for (const FrameRef* f : per_rank) {
         if (std::binary_search(f->param_ids.begin(), f->param_ids.end(), id)) bytes += f->raw_bytes;
       }
     }
   }
-  if (static_cast<uint64_t>(al.params[pair].numel) > bytes) {
-    return Status::Corruption("parameter '" + al.params[pair].name + "': full slices out of element order within a " +
-                              "record, and its " + std::to_string(al.params[pair].numel) +
-                              " elements are more than its frames hold (" + std::to_string(bytes) +
-                              " bytes): not reassembled");
+  if (static_cast<uint64_t>(p.numel) > bytes) {
+    return Status::Corruption("parameter '" + p.name + "': full slices out of element order within a record, and its " +
+                              std::to_string(p.numel) + " elements are more than its frames hold (" +
+                              std::to_string(bytes) + " bytes): not reassembled");
   }
-  return CompareWhole(x, y, frames_x, frames_y, al, {pair}, combine, readers, out);
+  return CompareWhole(s, {pair}, readers, out);
 }
 
-// Gathers and compares every aligned parameter of `al` (y against x): parameters larger than a window
-// (DiffOptions.window_elements) window by window, the others whole, a unit at a time.
+// One unit: its parameters larger than `window` one at a time in windows, the others gathered whole together.
+Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCache* readers,
+                   std::vector<Compared>* out) {
+  std::vector<size_t> whole;
+  for (size_t i : unit.pairs) {
+    const ParamPair& p = s.al.params[i];
+    if (window <= 0 || p.numel <= window) {
+      whole.push_back(i);
+      continue;
+    }
+    WindowedResult r;
+    GT_RETURN_IF_ERROR(
+        CompareWindowed(s.x, s.y, s.frames_x, s.frames_y, p.id_a, p.id_b, s.combine, window, readers, &r));
+    if (r.whole) {
+      GT_RETURN_IF_ERROR(WholeFallback(s, i, readers, out));
+    } else {
+      (*out)[i] = MakeRecord(r.metrics, r.note, r.a, r.b);
+    }
+  }
+  return whole.empty() ? Status::Ok() : CompareWhole(s, whole, readers, out);
+}
+
+// Gathers and compares every aligned parameter of `al` (y against x), a unit at a time on all threads.
 Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, const DiffOptions& options,
                   Progress* progress, std::vector<Compared>* out) {
   Selection sel{al.step, al.phase};
-  auto frames_x = SelectFrames(x, sel);
-  auto frames_y = SelectFrames(y, sel);
-  std::vector<Unit> units = MakeUnits(al, frames_x, frames_y, options.unit_elements);
+  const Sources sources{x, y, SelectFrames(x, sel), SelectFrames(y, sel), al, CombineFor(al.phase)};
+  std::vector<Unit> units = MakeUnits(al, sources.frames_x, sources.frames_y, options.unit_elements);
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
   out->assign(al.params.size(), Compared());
   std::mutex mu;
   Status first_error;
   std::atomic<size_t> done{0};
-  Combine combine = CombineFor(al.phase);
-  const int64_t window = options.window_elements;
   ParallelFor(units.size(), threads, [&](size_t u, int worker) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error.ok()) return;
     }
-    std::vector<size_t> whole;
-    Status st;
-    for (size_t i : units[u].pairs) {
-      if (window <= 0 || al.params[i].numel <= window) {
-        whole.push_back(i);
-        continue;
-      }
-      if (!st.ok()) break;
-      WindowedResult r;
-      st = CompareWindowed(x, y, frames_x, frames_y, al.params[i].id_a, al.params[i].id_b, combine, window,
-                           &caches[worker], &r);
-      if (st.ok() && r.whole) {
-        st = WholeFallback(x, y, frames_x, frames_y, al, i, combine, &caches[worker], out);
-      } else if (st.ok()) {
-        (*out)[i] = MakeRecord(r.metrics, r.note, r.a, r.b);
-      }
-    }
-    if (st.ok() && !whole.empty())
-      st = CompareWhole(x, y, frames_x, frames_y, al, whole, combine, &caches[worker], out);
+    Status st = CompareUnit(sources, units[u], options.window_elements, &caches[worker], out);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = st;
