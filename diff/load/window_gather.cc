@@ -222,6 +222,8 @@ void WindowGather::Keep(Cursor* c, std::unique_ptr<pb::BucketRecord> record) {
 
 Status WindowGather::AddClipped(const Cursor& c, const pb::Slice& s, int64_t lo, int64_t hi, WindowValues* out,
                                 std::vector<std::pair<int64_t, int64_t>>* added) {
+  // FirstSight checked the range; a frame read again is checked again (the file may have changed since).
+  if (!InParameter(s, numel_)) return Error(c, "slice outside the parameter on a second read");
   const int64_t a = std::max(s.offset(), lo), z = std::min(s.offset() + s.count(), hi);
   if (a >= z || out == nullptr) return Status::Ok();
   if (out->narrow() && s.dtype() == pb::FP64) {
