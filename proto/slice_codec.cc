@@ -174,10 +174,12 @@ namespace {
 // byte-shuffled. Shuffled input is reassembled straight from its W byte
 // planes (plane k holds byte k of every element), with no transposition
 // buffer: the loop vectorizes.
+// Elements [first, first + count) of the n stored go to out[0, count).
 template <size_t W, typename Bits, typename ToDouble, typename T>
-void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_double, T* out) {
+void AddElements(const uint8_t* data, size_t n, size_t first, size_t count, bool shuffled, ToDouble to_double, T* out) {
   if (!shuffled) {
-    for (size_t i = 0; i < n; ++i) {
+    data += first * W;
+    for (size_t i = 0; i < count; ++i) {
       Bits bits;
       std::memcpy(&bits, data + i * W, W);
       out[i] += static_cast<T>(to_double(bits));
@@ -185,8 +187,8 @@ void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_doubl
     return;
   }
   const uint8_t* plane[W];
-  for (size_t k = 0; k < W; ++k) plane[k] = data + k * n;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t k = 0; k < W; ++k) plane[k] = data + k * n + first;
+  for (size_t i = 0; i < count; ++i) {
     Bits bits = 0;
     for (size_t k = 0; k < W; ++k) bits |= static_cast<Bits>(plane[k][i]) << (8 * k);
     out[i] += static_cast<T>(to_double(bits));
@@ -195,7 +197,7 @@ void AddElements(const uint8_t* data, size_t n, bool shuffled, ToDouble to_doubl
 
 // Elements of a dtype without a fast path above, each widened by the dtype table's ElementToDouble.
 template <typename T>
-void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, bool shuffled, T* out) {
+void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_t count, bool shuffled, T* out) {
   const auto widen = [dtype](auto bits) {
     uint8_t e[sizeof bits];
     std::memcpy(e, &bits, sizeof bits);  // little-endian, as stored
@@ -203,16 +205,16 @@ void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, bool shuffled, T* o
   };
   switch (DTypeSize(dtype)) {
     case 1:
-      AddElements<1, uint8_t>(p, n, shuffled, widen, out);
+      AddElements<1, uint8_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 2:
-      AddElements<2, uint16_t>(p, n, shuffled, widen, out);
+      AddElements<2, uint16_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 4:
-      AddElements<4, uint32_t>(p, n, shuffled, widen, out);
+      AddElements<4, uint32_t>(p, n, first, count, shuffled, widen, out);
       break;
     default:
-      AddElements<8, uint64_t>(p, n, shuffled, widen, out);
+      AddElements<8, uint64_t>(p, n, first, count, shuffled, widen, out);
       break;
   }
 }
@@ -220,38 +222,47 @@ void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, bool shuffled, T* o
 }  // namespace
 
 template <typename T>
-Status AddFullValues(const pb::Slice& slice, T* out) {
+Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
   Expected<size_t> width = FullSliceWidth(slice);
   if (!width.ok()) return width.status();
-  const std::string& data = slice.full().data();
-  const int64_t count = slice.count();
+  if (first < 0 || count < 0 || first > slice.count() || count > slice.count() - first) {
+    return Status::InvalidArgument("elements [" + std::to_string(first) + ", +" + std::to_string(count) +
+                                   ") outside a slice of " + std::to_string(slice.count()));
+  }
   if (sizeof(T) < 8 && slice.dtype() == pb::FP64) return Status::InvalidArgument("fp64 slice into float values");
-  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
-  const auto n = static_cast<size_t>(count);
+  const auto* p = reinterpret_cast<const uint8_t*>(slice.full().data().data());
+  const auto n = static_cast<size_t>(slice.count()), f = static_cast<size_t>(first), c = static_cast<size_t>(count);
   const bool sh = slice.full().shuffled();
   switch (slice.dtype()) {
     case pb::FP32:
       AddElements<4, uint32_t>(
-          p, n, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); }, out);
+          p, n, f, c, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); }, out);
       break;
     case pb::FP64:
       AddElements<8, uint64_t>(
-          p, n, sh, [](uint64_t b) { return std::bit_cast<double>(b); }, out);
+          p, n, f, c, sh, [](uint64_t b) { return std::bit_cast<double>(b); }, out);
       break;
     case pb::BF16:
       AddElements<2, uint16_t>(
-          p, n, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
+          p, n, f, c, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
       break;
     default:  // FP16 and any other row of the dtype table: its exact widening is ElementToDouble
-      AddWidened(slice.dtype(), p, n, sh, out);
+      AddWidened(slice.dtype(), p, n, f, c, sh, out);
       break;
   }
   return Status::Ok();
 }
 
+template <typename T>
+Status AddFullValues(const pb::Slice& slice, T* out) {
+  return AddFullValueRange(slice, 0, slice.count(), out);
+}
+
 template Status AddFullValues<double>(const pb::Slice& slice, double* out);
 template Status AddFullValues<float>(const pb::Slice& slice, float* out);
+template Status AddFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
+template Status AddFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
 
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {
   Expected<std::string> bytes = DecodeFullBytes(slice);

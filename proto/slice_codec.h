@@ -59,6 +59,11 @@ Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice);
 // an fp64 slice into float is InvalidArgument.
 template <typename T>
 Status AddFullValues(const pb::Slice& slice, T* out);
+// The same for elements [first, first + count) of the slice only, onto
+// out[0, count): a window of a parameter larger than memory should hold.
+// InvalidArgument when the range is not inside the slice.
+template <typename T>
+Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 

@@ -9,7 +9,9 @@
 #include <unordered_set>
 
 #include "compare/align.h"
+#include "compare/side_compare.h"
 #include "compare/tolerance.h"
+#include "compare/windowed_compare.h"
 #include "compare/work_units.h"
 #include "evidence/evidence.h"
 #include "evidence/grad_norm.h"
@@ -30,70 +32,6 @@ constexpr char kAccumulationNote[] = "accumulating buckets in ";
 
 Combine CombineFor(pb::Phase phase) { return phase == pb::PRE_REDUCE ? Combine::kSum : Combine::kReplicas; }
 
-Moments MomentsOf(const SideValues& v) {
-  Moments m;
-  v.WithDense([&m](const auto& dense) {
-    for (double x : dense) m.Add(x);
-  });
-  return m;
-}
-
-std::string Coverage(const char* side, const SideValues& v) {
-  if (v.ranks == 0) return std::string("no ") + side + " records";
-  if (v.has_full()) {
-    return std::string(side) + " covers " + std::to_string(v.covered) + " of " + std::to_string(v.numel) + " elements";
-  }
-  return std::string(side) + " has no full values";
-}
-
-// B against A for one parameter, on the richest basis both sides share.
-Metrics CompareSides(const SideValues& a, const SideValues& b, std::string* note) {
-  if (a.complete() && b.complete()) {
-    return a.WithDense([&](const auto& da) {
-      return b.WithDense([&](const auto& db) { return CompareValues(da.data(), db.data(), a.numel, Basis::kFull); });
-    });
-  }
-  // Sketch: shared positions, taking dense values where a side has them.
-  auto value_at = [](const SideValues& v, int64_t pos, double* out) {
-    if (v.has_full() && v.filled[pos]) {
-      *out = v.at(pos);
-      return true;
-    }
-    auto it = v.sparse.find(pos);
-    if (it == v.sparse.end()) return false;
-    *out = it->second;
-    return true;
-  };
-  if (!a.sparse.empty() || !b.sparse.empty()) {
-    const SideValues& keys = !a.sparse.empty() ? a : b;
-    std::vector<double> va, vb;
-    for (const auto& [pos, unused] : keys.sparse) {
-      double x, y;
-      if (value_at(a, pos, &x) && value_at(b, pos, &y)) {
-        va.push_back(x);
-        vb.push_back(y);
-      }
-    }
-    if (!va.empty()) return CompareValues(va.data(), vb.data(), static_cast<int64_t>(va.size()), Basis::kSketch);
-    *note = "no shared sketch positions";
-  }
-  bool sa = a.has_stats || a.complete(), sb = b.has_stats || b.complete();
-  if (sa && sb) {
-    Moments ma = a.has_stats ? a.moments : MomentsOf(a);
-    Moments mb = b.has_stats ? b.moments : MomentsOf(b);
-    bool sums_only = a.stats_sums_only || b.stats_sums_only;
-    *note = sums_only ? "stats mode: only sums are comparable (sums over ranks or micro-steps)"
-                      : "stats mode: scale from norms; residual is the disagreement of sum/norm/max scale estimates";
-    return CompareMoments(ma, mb, sums_only);
-  }
-  if (note->empty()) {
-    *note = !a.complete() ? Coverage("A", a) : Coverage("B", b);
-  }
-  Metrics none;
-  none.nonfinite_a = 0;
-  return none;
-}
-
 struct Compared {
   Metrics metrics;
   std::string note;
@@ -102,57 +40,118 @@ struct Compared {
   int replica_rank_a = -1, replica_rank_b = -1, replica_first_a = -1, replica_first_b = -1;
 };
 
-// Gathers and compares every aligned parameter of `al` (y against x).
+// The compare phase's record of one parameter from its sides' summaries.
+Compared MakeRecord(const Metrics& metrics, const std::string& note, const SideSummary& a, const SideSummary& b) {
+  Compared c;
+  c.metrics = metrics;
+  c.note = note;
+  c.computed = true;
+  c.replica_a = a.replica_rel();
+  c.replica_b = b.replica_rel();
+  c.replica_rank_a = a.replica_other;
+  c.replica_rank_b = b.replica_other;
+  c.replica_first_a = a.replica_rank;
+  c.replica_first_b = b.replica_rank;
+  // Partial coverage (truncation) is missing data, not a comparison.
+  if (a.only_partly_full() || b.only_partly_full()) {
+    c.metrics.basis = Basis::kNone;
+    c.note = !a.complete() ? Coverage("A", a) : Coverage("B", b);
+  }
+  return c;
+}
+
+// What every unit of one comparison reads: the two sets, the frames picked from each, the alignment.
+struct Sources {
+  const TraceSet& x;
+  const TraceSet& y;
+  std::vector<std::vector<const FrameRef*>> frames_x, frames_y;
+  const Alignment& al;
+  Combine combine;
+};
+
+// Parameters gathered whole (gather.h), all of them at once.
+Status CompareWhole(const Sources& s, const std::vector<size_t>& pairs, ReaderCache* readers,
+                    std::vector<Compared>* out) {
+  std::vector<int32_t> ids_x, ids_y;
+  for (size_t i : pairs) {
+    ids_x.push_back(s.al.params[i].id_a);
+    ids_y.push_back(s.al.params[i].id_b);
+  }
+  std::vector<SideValues> vx, vy;
+  GT_RETURN_IF_ERROR(GatherParams(s.x, s.frames_x, ids_x, s.combine, readers, &vx));
+  GT_RETURN_IF_ERROR(GatherParams(s.y, s.frames_y, ids_y, s.combine, readers, &vy));
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    std::string note;
+    const Metrics m = CompareSides(vx[k], vy[k], &note);
+    (*out)[pairs[k]] = MakeRecord(m, note, Summarize(vx[k]), Summarize(vy[k]));
+  }
+  return Status::Ok();
+}
+
+// A parameter whose full slices the windows cannot follow is compared whole, as before windows, when its frames
+// could hold it: a hostile numel with few slices is refused instead of allocated.
+Status WholeFallback(const Sources& s, size_t pair, ReaderCache* readers, std::vector<Compared>* out) {
+  const ParamPair& p = s.al.params[pair];
+  uint64_t bytes = 0;
+  for (const auto& [frames, id] : {std::pair{&s.frames_x, p.id_a}, std::pair{&s.frames_y, p.id_b}}) {
+    for (const auto& per_rank : *frames) {
+      for (const FrameRef* f : per_rank) {
+        if (std::binary_search(f->param_ids.begin(), f->param_ids.end(), id)) bytes += f->raw_bytes;
+      }
+    }
+  }
+  if (static_cast<uint64_t>(p.numel) > bytes) {
+    return Status::Corruption("parameter '" + p.name + "': full slices out of element order within a record, and its " +
+                              std::to_string(p.numel) + " elements are more than its frames hold (" +
+                              std::to_string(bytes) + " bytes): not reassembled");
+  }
+  return CompareWhole(s, {pair}, readers, out);
+}
+
+// One unit: its parameters larger than `window` one at a time in windows, the others gathered whole together.
+Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCache* readers,
+                   std::vector<Compared>* out) {
+  std::vector<size_t> whole;
+  for (size_t i : unit.pairs) {
+    const ParamPair& p = s.al.params[i];
+    if (window <= 0 || p.numel <= window) {
+      whole.push_back(i);
+      continue;
+    }
+    WindowedResult r;
+    GT_RETURN_IF_ERROR(
+        CompareWindowed(s.x, s.y, s.frames_x, s.frames_y, p.id_a, p.id_b, s.combine, window, readers, &r));
+    if (r.whole) {
+      GT_RETURN_IF_ERROR(WholeFallback(s, i, readers, out));
+    } else {
+      (*out)[i] = MakeRecord(r.metrics, r.note, r.a, r.b);
+    }
+  }
+  return whole.empty() ? Status::Ok() : CompareWhole(s, whole, readers, out);
+}
+
+// Gathers and compares every aligned parameter of `al` (y against x), a unit at a time on all threads.
 Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, const DiffOptions& options,
                   Progress* progress, std::vector<Compared>* out) {
   Selection sel{al.step, al.phase};
-  auto frames_x = SelectFrames(x, sel);
-  auto frames_y = SelectFrames(y, sel);
-  std::vector<Unit> units = MakeUnits(al, frames_x, frames_y, options.unit_elements);
+  const Sources sources{x, y, SelectFrames(x, sel), SelectFrames(y, sel), al, CombineFor(al.phase)};
+  std::vector<Unit> units = MakeUnits(al, sources.frames_x, sources.frames_y, options.unit_elements);
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
   out->assign(al.params.size(), Compared());
   std::mutex mu;
   Status first_error;
   std::atomic<size_t> done{0};
-  Combine combine = CombineFor(al.phase);
   ParallelFor(units.size(), threads, [&](size_t u, int worker) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error.ok()) return;
     }
-    std::vector<int32_t> ids_x, ids_y;
-    for (size_t i : units[u].pairs) {
-      ids_x.push_back(al.params[i].id_a);
-      ids_y.push_back(al.params[i].id_b);
-    }
-    std::vector<SideValues> vx, vy;
-    Status st = GatherParams(x, frames_x, ids_x, combine, &caches[worker], &vx);
-    if (st.ok()) st = GatherParams(y, frames_y, ids_y, combine, &caches[worker], &vy);
+    Status st = CompareUnit(sources, units[u], options.window_elements, &caches[worker], out);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = st;
       return;
-    }
-    for (size_t k = 0; k < units[u].pairs.size(); ++k) {
-      Compared& c = (*out)[units[u].pairs[k]];
-      c.metrics = CompareSides(vx[k], vy[k], &c.note);
-      c.computed = true;
-      auto rel = [](const SideValues& v) {
-        return v.replica_ref2 > 0 ? std::sqrt(v.replica_diff2 / v.replica_ref2) : (v.replica_diff2 > 0 ? 1.0 : 0.0);
-      };
-      c.replica_a = rel(vx[k]);
-      c.replica_b = rel(vy[k]);
-      c.replica_rank_a = vx[k].replica_other;
-      c.replica_rank_b = vy[k].replica_other;
-      c.replica_first_a = vx[k].replica_rank;
-      c.replica_first_b = vy[k].replica_rank;
-      // Partial coverage (truncation) is missing data, not a comparison.
-      if ((vx[k].has_full() && !vx[k].complete() && vx[k].sparse.empty() && !vx[k].has_stats) ||
-          (vy[k].has_full() && !vy[k].complete() && vy[k].sparse.empty() && !vy[k].has_stats)) {
-        c.metrics.basis = Basis::kNone;
-        c.note = !vx[k].complete() ? Coverage("A", vx[k]) : Coverage("B", vy[k]);
-      }
     }
     if (progress) progress->Update(done.fetch_add(1) + 1, units.size());
   });

@@ -31,6 +31,10 @@ struct DiffOptions {
   bool progress = false;             // allow a progress bar (still only on a TTY for large input)
   // Work unit: parameters read together, at most this many elements (or one parameter).
   int64_t unit_elements = int64_t{1} << 20;
+  // A parameter larger than this is compared in windows of this many elements (half as many where values are
+  // kept in double: sums over ranks, fp64), windowed_compare.h, so memory is bounded by the window and the frames
+  // in flight, not by the parameter (0: every parameter whole).
+  int64_t window_elements = int64_t{1} << 22;
   Shard shard;  // --shard K/N: compare only this share of the aligned parameters
   // Each side's per-rank x per-bucket view (TraceSide.bucket_view): a full --self pass over each side, so only
   // when the HTML report will draw it (--html; shard 0 of a sharded diff, which carries it to the merge).

@@ -71,18 +71,20 @@ void Moments::Merge(const Moments& o) {
   nonfinite += o.nonfinite;
 }
 
-template <typename A, typename B>
-Metrics CompareValues(const A* a_in, const B* b_in, int64_t n, Basis basis) {
-  Metrics m;
-  m.basis = basis;
-  m.compared = n;
+namespace {
+
+constexpr int kLanes = 8;
+double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+}  // namespace
+
+template <bool kCross, typename A, typename B>
+void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
   // kLanes interleaved partial sums, element i in lane i % kLanes: independent
   // chains the compiler turns into SIMD, in a fixed order, so results do not
   // depend on threads or shards. No per-element branch: non-finite values are
   // counted in a second pass only when they made a sum non-finite.
-  constexpr int kLanes = 8;
   double aa_l[kLanes] = {}, ab_l[kLanes] = {}, bb_l[kLanes] = {};
-  auto sum = [](const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
   const int64_t full = n - n % kLanes;
   for (int64_t i = 0; i < full; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
@@ -98,48 +100,86 @@ Metrics CompareValues(const A* a_in, const B* b_in, int64_t n, Basis basis) {
     ab_l[i - full] += x * y;
     bb_l[i - full] += y * y;
   }
-  const double aa = sum(aa_l), ab = sum(ab_l), bb = sum(bb_l);
+  const double aa = LaneSum(aa_l), ab = LaneSum(ab_l), bb = LaneSum(bb_l);
   if (!std::isfinite(aa) || !std::isfinite(bb)) {
     for (int64_t i = 0; i < n; ++i) {
-      m.nonfinite_a += !std::isfinite(static_cast<double>(a_in[i]));
-      m.nonfinite_b += !std::isfinite(static_cast<double>(b_in[i]));
+      nonfinite_a_ += !std::isfinite(static_cast<double>(a_in[i]));
+      nonfinite_b_ += !std::isfinite(static_cast<double>(b_in[i]));
     }
   }
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  m.norm_a = std::sqrt(aa);
-  m.norm_b = std::sqrt(bb);
-  m.scale = aa > 0 ? ab / aa : nan;
-  m.cosine = (aa > 0 && bb > 0) ? ab / (m.norm_a * m.norm_b) : nan;
-  double res_l[kLanes] = {}, err_l[kLanes] = {}, max_l[kLanes] = {};
-  const double s = aa > 0 ? m.scale : 0;
+  // Second pass: residual against this window's own scale, error and its maximum.
+  double res_l[kLanes] = {}, err_l[kLanes] = {}, max_l[kLanes] = {}, cross_l[kLanes] = {};
+  const double s = aa > 0 ? ab / aa : 0;
   auto residuals = [&](int64_t i, int l) {
     const double x = a_in[i], y = b_in[i];
     const double r = y - s * x, e = y - x;
     res_l[l] += r * r;
     err_l[l] += e * e;
+    if constexpr (kCross) cross_l[l] += x * r;
     max_l[l] = std::max(max_l[l], std::fabs(e));  // NaN never wins, as before
   };
   for (int64_t i = 0; i < full; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) residuals(i + l, l);
   }
   for (int64_t i = full; i < n; ++i) residuals(i, static_cast<int>(i - full));
-  m.max_abs_error = *std::max_element(max_l, max_l + kLanes);
-  const double res2 = sum(res_l), err2 = sum(err_l);
-  if (bb > 0) {
+  aa_ += aa;
+  ab_ += ab;
+  bb_ += bb;
+  err2_ += LaneSum(err_l);
+  max_abs_ = std::max(max_abs_, *std::max_element(max_l, max_l + kLanes));
+  n_ += n;
+  windows_.push_back({s, aa, LaneSum(res_l), LaneSum(cross_l)});
+}
+
+template <typename A, typename B>
+void FullSums::Add(const A* a, const B* b, int64_t n) {
+  AddWindow<true>(a, b, n);
+}
+
+Metrics FullSums::Finish(Basis basis) const {
+  Metrics m;
+  m.basis = basis;
+  m.compared = n_;
+  m.nonfinite_a = nonfinite_a_;
+  m.nonfinite_b = nonfinite_b_;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  m.norm_a = std::sqrt(aa_);
+  m.norm_b = std::sqrt(bb_);
+  m.scale = aa_ > 0 ? ab_ / aa_ : nan;
+  m.cosine = (aa_ > 0 && bb_ > 0) ? ab_ / (m.norm_a * m.norm_b) : nan;
+  const double s = aa_ > 0 ? m.scale : 0;
+  double res2 = 0;
+  for (const Window& w : windows_) {
+    const double d = s - w.scale;  // 0 for a single window: its residual as summed
+    res2 += d == 0 ? w.res2 : w.res2 - 2 * d * w.cross + d * d * w.aa;
+  }
+  m.max_abs_error = max_abs_;
+  if (bb_ > 0) {
     m.residual = std::sqrt(res2) / m.norm_b;
-    m.rel_error = std::sqrt(err2) / m.norm_b;
+    m.rel_error = std::sqrt(err2_) / m.norm_b;
   } else {
     // b is zero: any non-zero a is entirely error, relative to a.
-    m.residual = aa > 0 ? 1.0 : 0.0;
-    m.rel_error = aa > 0 ? 1.0 : 0.0;
+    m.residual = aa_ > 0 ? 1.0 : 0.0;
+    m.rel_error = aa_ > 0 ? 1.0 : 0.0;
   }
   return m;
+}
+
+template <typename A, typename B>
+Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis) {
+  FullSums sums;
+  sums.AddWindow<false>(a, b, n);  // one window: no cross term needed
+  return sums.Finish(basis);
 }
 
 template Metrics CompareValues(const double*, const double*, int64_t, Basis);
 template Metrics CompareValues(const float*, const float*, int64_t, Basis);
 template Metrics CompareValues(const float*, const double*, int64_t, Basis);
 template Metrics CompareValues(const double*, const float*, int64_t, Basis);
+template void FullSums::Add(const double*, const double*, int64_t);
+template void FullSums::Add(const float*, const float*, int64_t);
+template void FullSums::Add(const float*, const double*, int64_t);
+template void FullSums::Add(const double*, const float*, int64_t);
 
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
   Metrics m;

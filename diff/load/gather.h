@@ -6,7 +6,9 @@
 // replicas (POST_REDUCE, FINAL: every rank holding an element must agree, and
 // disagreement is recorded) or as a sum (PRE_REDUCE: the total that enters the
 // reduction). Memory: two dense buffers and two byte maps per parameter in the
-// unit, plus one decoded frame at a time per reader.
+// unit, plus one decoded frame at a time per reader; so only parameters of at
+// most DiffOptions.window_elements come here, larger ones are reassembled a
+// window at a time (window_gather.h).
 #pragma once
 
 #include <cstdint>

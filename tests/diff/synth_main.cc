@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "synth_big.h"
 #include "synth_cluster.h"
 #include "synth_trace.h"
 
@@ -56,7 +57,23 @@ int main(int argc, char** argv) {
   app.add_option("--planted-stage", cluster.planted_stage, "--llama70b: this stage's reductions divide wrong");
   app.add_option("--planted-divisor", cluster.planted_divisor, "--llama70b: the planted stage's divisor (dp / 2)");
   app.add_option("--threads", cluster.threads, "--llama70b: writer threads");
+  gradtrace::testing::BigParamSpec big;
+  big.numel = 0;
+  app.add_option("--big-param", big.numel,
+                 "one fp32 parameter of NUMEL elements, FINAL only, written chunk by chunk over --dp replicas "
+                 "(synth_big.h)");
+  app.add_option("--big-factor", big.factor, "--big-param: every value multiplied by this");
   CLI11_PARSE(app, argc, argv);
+  if (big.numel != 0) {
+    big.dp = spec.dp;
+    if (!spec.run_id.empty()) big.run_id = spec.run_id;
+    gradtrace::Status st = gradtrace::testing::WriteBigParamSet(out, big);
+    if (!st.ok()) {
+      std::fprintf(stderr, "gradtrace-synth: %s\n", st.message().c_str());
+      return 2;
+    }
+    return 0;
+  }
   if (llama70b) {
     cluster.dp = spec.dp;
     cluster.steps = spec.steps;

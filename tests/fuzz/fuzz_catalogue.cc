@@ -3,9 +3,9 @@
 // (the stats-mode sample), so the fuzzer works on the catalogue entries: param
 // ids, groups, partitions, divisors, offsets. The file is loaded as a trace set
 // (TraceSet::Load builds the catalogue from the index without reading data
-// frames), diffed against itself in every phase and self-checked: frames the
-// catalogue names are then read by offset, so every lie it tells must end in a
-// one-line error, never a crash.
+// frames), diffed against itself in every phase (whole and windowed) and
+// self-checked: frames the catalogue names are then read by offset, so every
+// lie it tells must end in a one-line error, never a crash.
 #include <unistd.h>
 
 #include <cstddef>
@@ -48,11 +48,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   for (pb::Phase phase : {pb::FINAL, pb::POST_REDUCE, pb::PRE_REDUCE}) {
-    diff::DiffOptions o;
-    o.phase = phase;
-    o.threads = 1;
-    auto r = diff::DiffSets(*set, *set, o);
-    if (!r.ok()) fuzz::CheckErrorNaming(r.status(), *dir);
+    // Whole parameters, and windows of 7 elements (issue 24 item 2: the windowed gather follows the same lies).
+    for (int64_t window : {int64_t{0}, int64_t{7}}) {
+      diff::DiffOptions o;
+      o.phase = phase;
+      o.threads = 1;
+      o.window_elements = window;
+      auto r = diff::DiffSets(*set, *set, o);
+      if (!r.ok()) fuzz::CheckErrorNaming(r.status(), *dir);
+    }
   }
   diff::SelfOptions so;
   so.threads = 1;

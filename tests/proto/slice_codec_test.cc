@@ -179,6 +179,28 @@ TEST(SliceCodec, DecodeRefusesWrongSizes) {
   EXPECT_EQ(Status::Code::kInvalidArgument, DecodeFullBytes(stats).status().code());
 }
 
+// A window of a parameter (issue 24 item 2) decodes part of a slice: the same values as the whole, shuffled or not.
+TEST(SliceCodec, FullValueRangeIsThatPartOfTheWhole) {
+  for (pb::DType t : kAllDTypes) {
+    for (bool shuffled : {true, false}) {
+      const std::string bytes = SpecialBytes(t);
+      const int64_t n = 12;
+      pb::Slice s = MakeSlice(ParamOf(n, t), 0, n, t, bytes.data(), CaptureMode{});
+      if (!shuffled) s.mutable_full()->set_data(bytes), s.mutable_full()->set_shuffled(false);
+      std::vector<double> whole(n, 0.0);
+      ASSERT_TRUE(AddFullValues(s, whole.data()).ok());
+      std::vector<double> part(5, 1.0);  // added onto, as AddFullValues adds
+      ASSERT_TRUE(AddFullValueRange(s, 4, 5, part.data()).ok());
+      for (int64_t i = 0; i < 5; ++i) {
+        const double want = whole[4 + i] + 1.0;
+        EXPECT_TRUE(want == part[i] || (std::isnan(want) && std::isnan(part[i]))) << DTypeName(t) << " element " << i;
+      }
+      EXPECT_EQ(Status::Code::kInvalidArgument, AddFullValueRange(s, 8, 5, part.data()).code());
+      EXPECT_EQ(Status::Code::kInvalidArgument, AddFullValueRange(s, -1, 2, part.data()).code());
+    }
+  }
+}
+
 TEST(SliceCodec, ParseCaptureMode) {
   auto full = ParseCaptureMode("full");
   ASSERT_TRUE(full.ok());
