@@ -7,19 +7,13 @@
 
 #include "rank_file.h"
 #include "slice_codec.h"
+#include "synth_trace.h"
 #include "trace_writer.h"
 
 namespace gradtrace::testing {
 namespace fs = std::filesystem;
 
 namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 pb::RunInfo BigRunInfo(const BigParamSpec& spec) {
   pb::RunInfo run;

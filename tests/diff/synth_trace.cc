@@ -37,14 +37,14 @@ std::vector<SynthParam> DefaultParams() {
   };
 }
 
-namespace {
-
 uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+namespace {
 
 uint64_t HashName(const std::string& s) {
   uint64_t h = 1469598103934665603ull;

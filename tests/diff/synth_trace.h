@@ -32,6 +32,9 @@
 
 namespace gradtrace::testing {
 
+// splitmix64: the generators' deterministic hash of an index or seed.
+uint64_t Mix(uint64_t x);
+
 struct SynthParam {
   std::string name;
   std::vector<int64_t> shape;

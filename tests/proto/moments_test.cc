@@ -88,6 +88,16 @@ void ExpectWithinBound(pb::DType dtype, const std::string& bytes, const std::str
   EXPECT_LE(std::fabs(got.sum_sq() - ref.sum_sq()), sq_bound) << what;
 }
 
+void ExpectSameBits(const Moments& a, const Moments& b, const std::string& what) {
+  EXPECT_EQ(a.count, b.count) << what;
+  EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.sum), std::bit_cast<uint64_t>(b.sum)) << what;
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_c), std::bit_cast<uint64_t>(b.sum_c)) << what;
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
+  EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
+  EXPECT_EQ(a.abs_max, b.abs_max) << what;
+}
+
 TEST(Moments, MatchesTheElementwiseReferenceForEveryDtypeAndSize) {
   // Sizes around the chunk (256), the 8-lane group and the block (65536) edges.
   const int64_t sizes[] = {0, 1, 7, 8, 9, 255, 256, 257, 1000, 65535, 65536, 65537, 200003};
@@ -109,13 +119,7 @@ TEST(Moments, ElementwisePathGivesTheVectorKernelsBits) {
       const std::string bytes = RandomBytes(t, n, t == pb::FP16 ? 1.0 : 1e-3, true, 7 + n);
       const Moments a = BlockMoments(t, bytes.data(), n), b = BlockMomentsElementwise(t, bytes.data(), n);
       const std::string what = std::string(DTypeName(t)) + " n=" + std::to_string(n);
-      EXPECT_EQ(a.count, b.count) << what;
-      EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
-      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum), std::bit_cast<uint64_t>(b.sum)) << what;
-      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_c), std::bit_cast<uint64_t>(b.sum_c)) << what;
-      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
-      EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
-      EXPECT_EQ(a.abs_max, b.abs_max) << what;
+      ExpectSameBits(a, b, what);
     }
   }
 }
@@ -133,13 +137,7 @@ TEST(Moments, Avx2KernelGivesTheBaselineBits) {
         const std::string bytes = RandomBytes(t, n, t == pb::FP16 ? 1.0 : 1e-3, specials, 11 + n);
         const Moments a = BlockMoments(t, bytes.data(), n), b = BlockMomentsBaseline(t, bytes.data(), n);
         const std::string what = std::string(DTypeName(t)) + " n=" + std::to_string(n) + (specials ? " +specials" : "");
-        EXPECT_EQ(a.count, b.count) << what;
-        EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
-        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum), std::bit_cast<uint64_t>(b.sum)) << what;
-        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_c), std::bit_cast<uint64_t>(b.sum_c)) << what;
-        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq), std::bit_cast<uint64_t>(b.sum_sq)) << what;
-        EXPECT_EQ(std::bit_cast<uint64_t>(a.sum_sq_c), std::bit_cast<uint64_t>(b.sum_sq_c)) << what;
-        EXPECT_EQ(a.abs_max, b.abs_max) << what;
+        ExpectSameBits(a, b, what);
       }
     }
   }
