@@ -227,7 +227,7 @@ Status TraceReader::ReadRunInfo() {
   return Status::Ok();
 }
 
-Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next) {
+Status TraceReader::ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, std::string* stored, uint64_t* next) {
   // Bytes past `limit` belong to the index when limit < file size: a frame
   // running into them is corrupt, not cut short.
   auto short_of = [&](const std::string& what) {
@@ -239,8 +239,7 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
     return short_of("frame header: " + std::to_string(offset > limit ? 0 : limit - offset) + " of " +
                     std::to_string(format::kFrameHeaderSize) + " bytes");
   }
-  uint8_t hb[format::kFrameHeaderSize];
-  if (!ReadExact(file_, base_ + offset, hb, sizeof hb))
+  if (!ReadExact(file_, base_ + offset, hb, format::kFrameHeaderSize))
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   if (Status s = CheckDeclaredSizes(h); !s.ok()) return At(Where(offset), s);
@@ -248,27 +247,48 @@ Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint
   if (left < h.stored_len) {
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
   }
+  stored->resize(h.stored_len);
+  if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored->data(), stored->size())) {
+    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  }
+  *next = offset + format::kFrameHeaderSize + h.stored_len;
+  return Status::Ok();
+}
+
+Status TraceReader::DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored,
+                              RawFrame* out) {
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  if (Status s = CheckFrame(hb, h, stored, newer_minor_); !s.ok()) return At(Where(offset), s);
+  out->type = h.type;
+  out->stored_len = h.stored_len;
+  out->raw_len = h.raw_len;
+  if (keep_stored && static_cast<format::Codec>(h.codec) == format::Codec::kNone) {
+    std::string copy = stored;  // DecodePayload takes an uncompressed payload's bytes
+    if (Status s = DecodePayload(h, copy, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
+    return Status::Ok();
+  }
+  if (Status s = DecodePayload(h, stored, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
+  return Status::Ok();
+}
+
+Status TraceReader::ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next) {
   // Buffers are reused across frames (a fresh allocation per frame costs more
   // in page faults than the decompression itself), one per thread for all
   // readers: a trace set of many ranks has a reader per file, and buffers per
   // reader would multiply memory by the number of files.
   thread_local std::string stored;
-  stored.resize(h.stored_len);
-  if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored.data(), stored.size())) {
-    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
-  }
-  if (Status s = CheckFrame(hb, h, stored, newer_minor_); !s.ok()) return At(Where(offset), s);
-  out->type = h.type;
-  out->stored_len = h.stored_len;
-  out->raw_len = h.raw_len;
-  if (Status s = DecodePayload(h, stored, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
-  *next = offset + format::kFrameHeaderSize + h.stored_len;
-  return Status::Ok();
+  uint8_t hb[format::kFrameHeaderSize];
+  GT_RETURN_IF_ERROR(ReadStoredRaw(offset, limit, hb, &stored, next));
+  return DecodeRaw(offset, hb, stored, false, out);
 }
 
 Status TraceReader::ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next) {
   thread_local RawFrame raw;  // per thread, as ReadRaw's buffer
   GT_RETURN_IF_ERROR(ReadRaw(offset, end_of_frames_, &raw, next));
+  return ParseRaw(offset, raw, frame);
+}
+
+Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame) {
   frame->offset = offset;
   frame->type = raw.type;
   frame->stored_len = raw.stored_len;
@@ -432,13 +452,31 @@ bool TraceReader::Next(Frame* frame) {
   return false;
 }
 
-Status TraceReader::ReadAt(uint64_t offset, Frame* frame) {
+Status TraceReader::CheckDataOffset(uint64_t offset) const {
   if (offset < first_data_offset_ || offset >= end_of_frames_) {
     return Status::InvalidArgument(Where(offset) + "not inside the data frames [" + std::to_string(first_data_offset_) +
                                    ", " + std::to_string(end_of_frames_) + ")");
   }
+  return Status::Ok();
+}
+
+Status TraceReader::ReadAt(uint64_t offset, Frame* frame) {
+  GT_RETURN_IF_ERROR(CheckDataOffset(offset));
   uint64_t next = 0;
   return ReadFrameAt(offset, frame, &next);
+}
+
+Status TraceReader::ReadStoredAt(uint64_t offset, StoredFrame* out) {
+  GT_RETURN_IF_ERROR(CheckDataOffset(offset));
+  out->offset = offset;
+  uint64_t next = 0;
+  return ReadStoredRaw(offset, end_of_frames_, out->header, &out->bytes, &next);
+}
+
+Status TraceReader::DecodeStored(StoredFrame& stored, Frame* frame) {
+  thread_local RawFrame raw;  // per thread, as ReadRaw's buffer
+  GT_RETURN_IF_ERROR(DecodeRaw(stored.offset, stored.header, stored.bytes, true, &raw));
+  return ParseRaw(stored.offset, raw, frame);
 }
 
 Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }

@@ -94,6 +94,20 @@ class TraceReader {
   // InvalidArgument for an offset outside the data frames; otherwise as Next().
   Status ReadAt(uint64_t offset, Frame* frame);
 
+  // ReadAt in two steps, for a caller that skips decoding a frame whose stored
+  // bytes equal those of one it decoded before (replicas write byte-identical
+  // frames): ReadStoredAt reads the frame's header and stored payload, checking
+  // its offset and declared sizes only; DecodeStored checks its CRC,
+  // decompresses, parses and validates it (leaving `stored` as it was), with
+  // ReadAt's results and messages.
+  struct StoredFrame {
+    uint64_t offset = 0;
+    uint8_t header[format::kFrameHeaderSize] = {};
+    std::string bytes;  // stored_len bytes, as in the file
+  };
+  Status ReadStoredAt(uint64_t offset, StoredFrame* out);
+  Status DecodeStored(StoredFrame& stored, Frame* frame);
+
   // Compressed and uncompressed payload bytes of all frames read so far.
   uint64_t stored_bytes() const { return stored_bytes_; }
   uint64_t raw_bytes() const { return raw_bytes_; }
@@ -109,7 +123,13 @@ class TraceReader {
   };
   // Reads and checks the frame at `offset`, which must end by `limit`.
   Status ReadRaw(uint64_t offset, uint64_t limit, RawFrame* out, uint64_t* next);
+  // ReadRaw's steps: the header (into hb) and stored bytes, bounds checked; then the CRC and decompression
+  // (keep_stored: an uncompressed payload is copied out of `stored`, not taken).
+  Status ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, std::string* stored, uint64_t* next);
+  Status DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, RawFrame* out);
+  Status ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
+  Status CheckDataOffset(uint64_t offset) const;
   // Open's steps: the file (or archive window), the file header, the RunInfo frame.
   Status OpenWindow(const TraceSource& source);
   Status ReadFileHeader();

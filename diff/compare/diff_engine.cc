@@ -142,11 +142,30 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
   std::mutex mu;
   Status first_error;
   std::atomic<size_t> done{0};
-  ParallelFor(units.size(), threads, [&](size_t u, int worker) {
+  // Neighbouring units share the frames at their cut: each thread takes a run of them (ParallelForBlocks) and
+  // keeps those frames for the next (ReaderCache::Plan).
+  std::vector<int> unit_x(x.run().params_size(), -1), unit_y(y.run().params_size(), -1);
+  std::vector<int64_t> weight;
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t elems = 0;
+    for (size_t i : units[u].pairs) {
+      const ParamPair& p = al.params[i];
+      elems += p.numel;
+      if (p.id_a >= 0 && p.id_a < static_cast<int32_t>(unit_x.size())) unit_x[p.id_a] = static_cast<int>(u);
+      if (p.id_b >= 0 && p.id_b < static_cast<int32_t>(unit_y.size())) unit_y[p.id_b] = static_cast<int>(u);
+    }
+    weight.push_back(elems);
+  }
+  for (ReaderCache& cache : caches) {
+    cache.Plan(x, unit_x);
+    cache.Plan(y, unit_y);
+  }
+  ParallelForBlocks(weight, threads, [&](size_t u, int worker) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error.ok()) return;
     }
+    caches[worker].BeginUnit(u);
     Status st = CompareUnit(sources, units[u], options.window_elements, &caches[worker], out);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);

@@ -81,7 +81,9 @@ std::vector<Unit> MakeUnits(const Alignment& al, const std::vector<std::vector<c
   std::vector<Unit> units;
   int64_t elems = 0;
   auto add = [&](const std::vector<size_t>& pairs, int64_t n) {
-    if (units.empty() || (elems + n > max_elems && elems > 0)) {
+    // A unit closes once it holds max_elems, or when n would take it past twice that: so small parameters join
+    // their neighbour instead of making units of their own, whose cut frames are read once per unit.
+    if (units.empty() || elems >= max_elems || (elems + n > 2 * max_elems && elems > 0)) {
       units.emplace_back();
       elems = 0;
     }

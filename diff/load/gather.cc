@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "slice_codec.h"
 
@@ -23,12 +24,17 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
       GT_RETURN_IF_ERROR(
           v->WithDense([&](auto& dense) { return AddFullValues(slice, dense.data() + slice.offset()); }));
       uint8_t* filled = v->filled.data() + slice.offset();
-      int64_t fresh = 0;
-      for (int64_t i = 0; i < slice.count(); ++i) {
-        fresh += 1 - filled[i];
-        filled[i] = 1;
+      if (std::memchr(filled, 1, slice.count()) == nullptr) {
+        std::memset(filled, 1, slice.count());  // the usual case: slices do not overlap
+        v->covered += slice.count();
+      } else {
+        int64_t fresh = 0;
+        for (int64_t i = 0; i < slice.count(); ++i) {
+          fresh += 1 - filled[i];
+          filled[i] = 1;
+        }
+        v->covered += fresh;
       }
-      v->covered += fresh;
       return Status::Ok();
     }
     case pb::Slice::kSketch: {
@@ -73,10 +79,78 @@ void SideValues::Widen() {
 
 namespace {
 
+constexpr int kLanes = 8;
+double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+// Sum of squares in kLanes interleaved chains (SIMD, fixed order).
+template <typename T>
+double SquaredNorm(const T* x, int64_t n) {
+  double l[kLanes] = {};
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) l[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  }
+  for (int64_t i = full; i < n; ++i) l[i - full] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return LaneSum(l);
+}
+
+// Records one rank's disagreement with the side's values (replicas).
+void NoteReplica(int rank, double d2, double ref2, SideValues* side) {
+  if (ref2 + d2 > 0) {
+    side->replica_diff2 += d2;
+    side->replica_ref2 += ref2;
+    double rel = ref2 > 0 ? std::sqrt(d2 / ref2) : 1.0;
+    if (rel > side->replica_worst) {
+      side->replica_worst = rel;
+      side->replica_other = rank;
+    }
+  }
+}
+
+// MergeDense where both the side and the rank hold every element (the usual
+// FINAL/POST case): no per-element branch. A replica that is bitwise the side's
+// values (what an all-reduce gives every rank) costs one memcmp; the side's
+// squared norm, which every such comparison adds, is computed once.
+template <typename T>
+void MergeComplete(int rank, const std::vector<T>& in, Combine combine, std::vector<T>* dense, SideValues* side) {
+  const int64_t n = static_cast<int64_t>(in.size());
+  T* d = dense->data();
+  const T* x = in.data();
+  if (combine == Combine::kSum) {
+    for (int64_t e = 0; e < n; ++e) d[e] += x[e];
+    side->ref_norm2 = -1;
+    return;
+  }
+  side->replica_elems += n;
+  if (side->ref_norm2 < 0) side->ref_norm2 = SquaredNorm(d, n);
+  if (std::isfinite(side->ref_norm2) && std::memcmp(d, x, n * sizeof(T)) == 0) {
+    NoteReplica(rank, 0, side->ref_norm2, side);
+    return;
+  }
+  double d2_l[kLanes] = {}, max_l[kLanes] = {};
+  auto one = [&](int64_t e, int k) {
+    const double diff = static_cast<double>(x[e]) - static_cast<double>(d[e]);
+    d2_l[k] += diff * diff;
+    max_l[k] = std::max(max_l[k], std::fabs(diff));  // NaN never wins, as in MergeDense
+  };
+  const int64_t full = n - n % kLanes;
+  for (int64_t e = 0; e < full; e += kLanes) {
+    for (int k = 0; k < kLanes; ++k) one(e + k, k);
+  }
+  for (int64_t e = full; e < n; ++e) one(e, static_cast<int>(e - full));
+  side->replica_max_abs = std::max(side->replica_max_abs, *std::max_element(max_l, max_l + kLanes));
+  NoteReplica(rank, LaneSum(d2_l), side->ref_norm2, side);
+}
+
 // Full values of one rank into the side's (same storage type): fills, sums or compares.
 template <typename T>
-void MergeDense(int rank, const std::vector<T>& in, const std::vector<uint8_t>& in_filled, int64_t numel,
-                Combine combine, std::vector<T>* dense, SideValues* side) {
+void MergeDense(int rank, const std::vector<T>& in, const std::vector<uint8_t>& in_filled, int64_t in_covered,
+                int64_t numel, Combine combine, std::vector<T>* dense, SideValues* side) {
+  if (!dense->empty() && side->covered == numel && in_covered == numel && static_cast<int64_t>(in.size()) == numel) {
+    MergeComplete(rank, in, combine, dense, side);
+    return;
+  }
+  side->ref_norm2 = -1;
   if (dense->empty()) {
     dense->assign(numel, T{0});
     side->filled.assign(numel, 0);
@@ -99,15 +173,7 @@ void MergeDense(int rank, const std::vector<T>& in, const std::vector<uint8_t>& 
       ++side->replica_elems;
     }
   }
-  if (combine == Combine::kReplicas && ref2 + d2 > 0) {
-    side->replica_diff2 += d2;
-    side->replica_ref2 += ref2;
-    double rel = ref2 > 0 ? std::sqrt(d2 / ref2) : 1.0;
-    if (rel > side->replica_worst) {
-      side->replica_worst = rel;
-      side->replica_other = rank;
-    }
-  }
+  if (combine == Combine::kReplicas) NoteReplica(rank, d2, ref2, side);
 }
 
 }  // namespace
@@ -134,9 +200,9 @@ void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideVa
       side->Widen();
     }
     if (side->narrow) {
-      MergeDense(rank, r.dense32, r.filled, r.numel, combine, &side->dense32, side);
+      MergeDense(rank, r.dense32, r.filled, r.covered, r.numel, combine, &side->dense32, side);
     } else {
-      MergeDense(rank, r.dense, r.filled, r.numel, combine, &side->dense, side);
+      MergeDense(rank, r.dense, r.filled, r.covered, r.numel, combine, &side->dense, side);
     }
   }
   for (const auto& [pos, val] : r.sparse) {
@@ -184,6 +250,99 @@ Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
   return r;
 }
 
+void ReaderCache::Plan(const TraceSet& set, std::vector<int> unit_of_param) { plans_[&set] = std::move(unit_of_param); }
+
+void ReaderCache::BeginUnit(size_t unit) {
+  const int next = static_cast<int>(unit);
+  if (next < unit_) {  // units out of order (taken from another thread's block): trimmed frames may lack slices
+    kept_.clear();
+    kept_bytes_ = 0;
+  }
+  unit_ = next;
+  auto done = [&](const Kept& k) { return k.last_unit >= 0 && k.last_unit < unit_; };
+  for (const Kept& k : kept_) {
+    if (done(k)) kept_bytes_ -= k.bytes;
+  }
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
+  // What the units before this one read from a kept frame is not needed again: its values go.
+  for (Kept& k : kept_) {
+    auto plan = plans_.find(k.set);
+    if (plan == plans_.end()) continue;
+    for (pb::Slice& slice : *k.frame->bucket->mutable_slices()) {
+      const int32_t id = slice.param_id();
+      if (!slice.has_full() || id < 0 || static_cast<size_t>(id) >= plan->second.size() || plan->second[id] >= unit_) {
+        continue;
+      }
+      const uint64_t freed = std::min<uint64_t>(slice.full().data().size(), k.bytes);
+      slice.clear_full();
+      k.bytes -= freed;
+      kept_bytes_ -= freed;
+    }
+  }
+}
+
+void ReaderCache::SetDone(const TraceSet& set) {
+  auto done = [&](const Kept& k) { return k.set == &set && k.last_unit >= 0 && k.last_unit <= unit_; };
+  for (const Kept& k : kept_) {
+    if (done(k)) kept_bytes_ -= k.bytes;
+  }
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
+}
+
+Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f) {
+  const std::pair<int, uint64_t> at{f.rank, f.offset};
+  for (const Kept& k : kept_) {
+    if (k.set == &set && std::find(k.at.begin(), k.at.end(), at) != k.at.end()) return k.frame.get();
+  }
+  auto reader = Get(set, f.rank);
+  if (!reader.ok()) return reader.status();
+  const std::string& path = set.ranks()[f.rank].path;
+  TraceReader::StoredFrame& stored = scratch_stored_;
+  if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
+    return Status::Corruption(NameFile(path, st.message()));
+  }
+  // The same header (its CRC included) and bytes as a frame decoded before: the same record.
+  for (Kept& k : kept_) {
+    if (k.set == &set && std::memcmp(k.stored.header, stored.header, sizeof stored.header) == 0 &&
+        k.stored.bytes == stored.bytes) {
+      k.at.push_back(at);
+      ++deduplicated_;
+      return k.frame.get();
+    }
+  }
+  if (!scratch_) scratch_ = std::make_unique<Frame>();
+  Status st = (*reader)->DecodeStored(stored, scratch_.get());
+  ++decoded_;
+  if (!st.ok()) return Status::Corruption(NameFile(path, st.message()));
+  if (!scratch_->bucket) {
+    return Status::Corruption(path + ": frame at offset " + std::to_string(f.offset) + " is no longer a bucket record");
+  }
+  int last = -1;
+  if (auto plan = plans_.find(&set); plan != plans_.end()) {
+    for (int32_t id : f.param_ids) {
+      if (id >= 0 && static_cast<size_t>(id) < plan->second.size()) last = std::max(last, plan->second[id]);
+    }
+  }
+  // Kept while the budget allows: nothing is evicted for it, the frames kept
+  // are this unit's (for its other ranks) and those ahead of its cuts.
+  const uint64_t bytes = uint64_t{scratch_->raw_len} + stored.bytes.size();
+  if (kept_bytes_ + bytes <= frame_budget_) {
+    kept_bytes_ += bytes;
+    Kept k;
+    k.set = &set;
+    k.at.push_back(at);
+    k.stored.offset = stored.offset;
+    std::memcpy(k.stored.header, stored.header, sizeof stored.header);
+    k.stored.bytes.swap(stored.bytes);
+    k.frame = std::move(scratch_);
+    k.last_unit = last;
+    k.bytes = bytes;
+    kept_.push_back(std::move(k));
+    return kept_.back().frame.get();
+  }
+  return scratch_.get();
+}
+
 std::vector<std::vector<const FrameRef*>> SelectFrames(const TraceSet& set, const Selection& sel) {
   std::vector<std::vector<const FrameRef*>> out(set.world());
   for (const FrameRef& f : set.frames()) {
@@ -209,16 +368,9 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
     for (const FrameRef* f : frames[rank]) {
       bool wanted = std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return slot.count(id); });
       if (!wanted) continue;
-      auto reader = readers->Get(set, rank);
-      if (!reader.ok()) return reader.status();
-      Frame frame;
-      Status st = (*reader)->ReadAt(f->offset, &frame);
-      if (!st.ok()) return Status::Corruption(NameFile(set.ranks()[rank].path, st.message()));
-      if (!frame.bucket) {
-        return Status::Corruption(set.ranks()[rank].path + ": frame at offset " + std::to_string(f->offset) +
-                                  " is no longer a bucket record");
-      }
-      for (const pb::Slice& s : frame.bucket->slices()) {
+      auto frame = readers->Bucket(set, *f);
+      if (!frame.ok()) return frame.status();
+      for (const pb::Slice& s : (*frame)->bucket->slices()) {
         auto it = slot.find(s.param_id());
         if (it == slot.end()) continue;
         Status added = AddSlice(s, table[s.param_id()].numel(), &mine[it->second]);
@@ -234,6 +386,7 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) (*out)[i].numel = table[ids[i]].numel();
+  readers->SetDone(set);
   return Status::Ok();
 }
 

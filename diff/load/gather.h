@@ -50,6 +50,7 @@ struct SideValues {
   int64_t replica_elems = 0;
   int replica_rank = -1, replica_other = -1;  // worst disagreeing pair
   double replica_worst = 0;                   // worst per-rank relative disagreement
+  double ref_norm2 = -1;                      // cache: squared norm of complete dense values (-1: not known)
   int ranks = 0;                              // ranks that contributed
 
   bool has_full() const { return !dense.empty() || !dense32.empty(); }
@@ -79,13 +80,51 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v);
 // judges replica_* against its rtol).
 void MergeRank(int rank, int first_rank, SideValues&& rank_values, Combine combine, SideValues* side);
 
-// Per-thread open readers, one per (set, rank), opened on first use.
+// Per-thread open readers, one per (set, rank), opened on first use, and the
+// decoded frames worth keeping, within a byte budget:
+// - Replicas: ranks that hold the same gradient (FINAL, POST) write
+//   byte-identical frames. A frame whose stored bytes equal a kept one's is
+//   read and compared, not decompressed and parsed again.
+// - Cuts: work units cut chunked records between parameters, so the frame
+//   holding a cut serves two units (or more); a thread that gathers
+//   neighbouring units one after the other (ParallelForBlocks) decodes it once.
 class ReaderCache {
  public:
+  // Bytes of frames kept (stored and decoded); 0 keeps none.
+  static constexpr uint64_t kDefaultFrameBudget = uint64_t{64} << 20;
+  explicit ReaderCache(uint64_t frame_budget = kDefaultFrameBudget) : frame_budget_(frame_budget) {}
+
   Expected<TraceReader*> Get(const TraceSet& set, int rank);
+  // Which unit reads each of `set`'s parameters (by param id; -1: none).
+  void Plan(const TraceSet& set, std::vector<int> unit_of_param);
+  // Unit `unit` starts: frames no unit from `unit` on reads are dropped (all
+  // frames of a set without a plan are kept while the budget allows), and the
+  // values of earlier units are dropped from the others.
+  void BeginUnit(size_t unit);
+  // This unit is done with `set`: its frames that no later unit reads go.
+  void SetDone(const TraceSet& set);
+  // The bucket record frame `f` of `set`, kept or decoded; errors name the
+  // file. Valid until the next call or BeginUnit.
+  Expected<const Frame*> Bucket(const TraceSet& set, const FrameRef& f);
+  uint64_t decoded() const { return decoded_; }            // frames decompressed and parsed
+  uint64_t deduplicated() const { return deduplicated_; }  // frames found equal to a kept one by their bytes
 
  private:
+  struct Kept {
+    const TraceSet* set = nullptr;
+    std::vector<std::pair<int, uint64_t>> at;  // (rank, offset) of the frames with these bytes
+    TraceReader::StoredFrame stored;
+    std::unique_ptr<Frame> frame;
+    int last_unit = -1;  // the last unit that reads it (-1: no plan)
+    uint64_t bytes = 0;  // stored plus decoded, less the values of units already done (BeginUnit)
+  };
   std::map<std::pair<const TraceSet*, int>, std::unique_ptr<TraceReader>> readers_;
+  std::map<const TraceSet*, std::vector<int>> plans_;
+  std::vector<Kept> kept_;  // a handful: one unit's frames and those at its cuts
+  TraceReader::StoredFrame scratch_stored_;
+  std::unique_ptr<Frame> scratch_;  // the last frame decoded and not kept
+  uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
+  int unit_ = 0;
 };
 
 // What to read from one set.

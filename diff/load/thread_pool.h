@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gradtrace::diff {
@@ -34,6 +37,80 @@ inline void ParallelFor(size_t n, int threads, const std::function<void(size_t i
   for (int w = 0; w < t; ++w) {
     pool.emplace_back([&, w] {
       for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i, w);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// Cuts items [0, weight.size()) into `blocks` contiguous runs of about equal
+// total weight (a weight below 1 counts as 1), none empty while there are
+// items enough: [begin, end) per block, in order.
+inline std::vector<std::pair<size_t, size_t>> SplitBlocks(const std::vector<int64_t>& weight, int blocks) {
+  const size_t n = weight.size();
+  int64_t total = 0;
+  for (int64_t w : weight) total += std::max<int64_t>(w, 1);
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t i = 0;
+  int64_t seen = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const size_t begin = i;
+    const int64_t until = total * (b + 1) / blocks;  // the end of the b-th share
+    // One item for each block after this one that can have one.
+    const size_t reserve =
+        static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(blocks, static_cast<int64_t>(n)) - 1 - b));
+    while (i < n && (b == blocks - 1 || ((i == begin || seen < until) && n - i > reserve))) {
+      seen += std::max<int64_t>(weight[i], 1);
+      ++i;
+    }
+    out.emplace_back(begin, i);
+  }
+  return out;
+}
+
+// ParallelFor for items whose neighbours share work (per-thread caches): each
+// thread works through its own block of SplitBlocks in order. A thread whose
+// block is done takes items from the end of the block with the most weight
+// left, so uneven items still keep every thread busy.
+inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
+                              const std::function<void(size_t item, int worker)>& fn) {
+  const size_t n = weight.size();
+  const int t = std::max(1, std::min<int>(threads, static_cast<int>(n)));
+  if (t <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  struct Block {
+    size_t front = 0, back = 0;  // items [front, back) not yet claimed
+    int64_t left = 0;            // their weight
+  };
+  std::vector<Block> blocks;
+  for (auto [begin, end] : SplitBlocks(weight, t)) {
+    Block b{begin, end, 0};
+    for (size_t i = begin; i < end; ++i) b.left += std::max<int64_t>(weight[i], 1);
+    blocks.push_back(b);
+  }
+  std::mutex mu;
+  auto claim = [&](int worker, size_t* item) {
+    std::lock_guard<std::mutex> lock(mu);
+    Block* from = &blocks[worker];
+    if (from->front < from->back) {
+      *item = from->front++;
+    } else {
+      from = nullptr;
+      for (Block& b : blocks) {
+        if (b.front < b.back && (from == nullptr || b.left > from->left)) from = &b;
+      }
+      if (from == nullptr) return false;
+      *item = --from->back;
+    }
+    from->left -= std::max<int64_t>(weight[*item], 1);
+    return true;
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(t);
+  for (int w = 0; w < t; ++w) {
+    pool.emplace_back([&, w] {
+      for (size_t item = 0; claim(w, &item);) fn(item, w);
     });
   }
   for (auto& th : pool) th.join();

@@ -47,6 +47,23 @@ TEST(Crc32c, HardwareAgreesWithPortableAtEveryLengthAndAlignment) {
 #endif
 }
 
+// The hardware loop runs three chains over 3 x 4096-byte stripes and joins
+// them: lengths around one and several stripe groups, at every alignment, and
+// a long buffer must give the table loop's value.
+TEST(Crc32c, StripedChainsAgreeWithPortable) {
+  std::string s;
+  for (int i = 0; i < 5 * 12288 + 64; ++i) s.push_back(static_cast<char>((i * 2654435761u) >> 13));
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t n : {size_t{12287}, size_t{12288}, size_t{12289}, size_t{12295}, size_t{12296}, size_t{24576},
+                     size_t{24583}, size_t{36864 + 4095}, s.size() - 9}) {
+      ASSERT_EQ(ExtendPortable(0x9abcdef0u, s.data() + start, n), Extend(0x9abcdef0u, s.data() + start, n))
+          << start << " " << n;
+    }
+  }
+  std::string zeros(3 * 12288, '\0');
+  EXPECT_EQ(ExtendPortable(0, zeros.data(), zeros.size()), Extend(0, zeros.data(), zeros.size()));
+}
+
 TEST(Crc32c, Mask) {
   const uint32_t crc = Value("foo", 3);
   EXPECT_NE(crc, Mask(crc));

@@ -1,0 +1,207 @@
+// Issue 24 item 1: the gatherer decodes each distinct frame once. Replicas
+// (FINAL of data parallel ranks) write byte-identical frames, which ReaderCache
+// reads and compares instead of decompressing again; a frame at the cut between
+// two work units is kept for the next unit; ParallelForBlocks hands each thread
+// a run of neighbouring units. The answers must be those of gathering without
+// any cache (budget 0), and a frame that differs by one byte is decoded (and
+// its corruption reported) as before.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "load/gather.h"
+#include "load/thread_pool.h"
+#include "test_dirs.h"
+
+namespace gradtrace::diff {
+namespace {
+using testing::Synth;
+
+std::vector<int32_t> AllIds(const TraceSet& set) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < set.run().params_size(); ++i) ids.push_back(i);
+  return ids;
+}
+
+// The same gradients, replica statistics included, bit for bit.
+void ExpectSameValues(const std::vector<SideValues>& x, const std::vector<SideValues>& y) {
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(x[i].numel, y[i].numel) << i;
+    ASSERT_EQ(x[i].covered, y[i].covered) << i;
+    for (int64_t e = 0; e < x[i].numel; ++e) ASSERT_EQ(x[i].at(e), y[i].at(e)) << i << " " << e;
+    EXPECT_EQ(x[i].replica_diff2, y[i].replica_diff2) << i;
+    EXPECT_EQ(x[i].replica_elems, y[i].replica_elems) << i;
+    EXPECT_EQ(x[i].replica_worst, y[i].replica_worst) << i;
+    EXPECT_EQ(x[i].replica_other, y[i].replica_other) << i;
+    EXPECT_EQ(x[i].ranks, y[i].ranks) << i;
+  }
+}
+
+TEST(ReaderCache, ReplicaFramesAreDecodedOnce) {
+  testing::SynthSpec spec = testing::Config(4, 1, 0, "mean", "local-mean");
+  auto set = TraceSet::Load(Synth("dp4", spec));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  ASSERT_GT(frames[0].size(), 1u);
+  ReaderCache cache, none(0);
+  std::vector<SideValues> cached, decoded;
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &cache, &cached).ok());
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &none, &decoded).ok());
+  EXPECT_EQ(cache.decoded(), frames[0].size());  // rank 0's frames; ranks 1-3 wrote the same bytes
+  EXPECT_EQ(cache.deduplicated(), 3 * frames[0].size());
+  EXPECT_EQ(none.decoded(), 4 * frames[0].size());
+  EXPECT_EQ(none.deduplicated(), 0u);
+  ExpectSameValues(cached, decoded);
+  for (const SideValues& v : cached) EXPECT_EQ(v.replica_worst, 0.0);
+}
+
+// A replica that disagrees writes other bytes: its frames are decoded and the disagreement measured as before.
+TEST(ReaderCache, ADisagreeingReplicaIsDecodedAndMeasured) {
+  testing::SynthSpec spec = testing::Config(4, 1, 0, "mean", "local-mean");
+  spec.disagree_rank = 2;
+  auto set = TraceSet::Load(Synth("dp4", spec));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  ReaderCache cache, none(0);
+  std::vector<SideValues> cached, decoded;
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &cache, &cached).ok());
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &none, &decoded).ok());
+  EXPECT_EQ(cache.decoded(), frames[0].size() + frames[2].size());
+  EXPECT_EQ(cache.deduplicated(), frames[1].size() + frames[3].size());
+  ExpectSameValues(cached, decoded);
+  double worst = 0;
+  for (const SideValues& v : cached) {
+    worst = std::max(worst, v.replica_worst);
+    if (v.replica_worst > 0) {
+      EXPECT_EQ(v.replica_other, 2);
+    }
+  }
+  EXPECT_GT(worst, 1e-3);
+}
+
+// One byte flipped in rank 1's copy of a frame: not rank 0's bytes, so it is decoded, and its CRC names the file.
+TEST(ReaderCache, ACorruptReplicaIsDecodedAndReported) {
+  testing::SynthSpec spec = testing::Config(2, 1, 0, "mean", "local-mean");
+  const std::string dir = Synth("dp2", spec);
+  std::string path1;
+  uint64_t at = 0;
+  {
+    auto set = TraceSet::Load(dir);
+    ASSERT_TRUE(set.ok()) << set.status().message();
+    const auto frames = SelectFrames(*set, {0, pb::FINAL});
+    path1 = set->ranks()[1].path;
+    at = frames[1].back()->offset + format::kFrameHeaderSize + 10;
+  }
+  ASSERT_TRUE(testing::FlipByte(path1, at).ok());
+  auto set = TraceSet::Load(dir);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  ReaderCache cache;
+  std::vector<SideValues> out;
+  Status st = GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &cache, &out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find(path1), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
+}
+
+// A frame holding parameters of units 0 and 1 is decoded in unit 0 and served from the cache in unit 1, less
+// unit 0's values; a unit after the last that reads it finds it gone.
+TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
+  auto set = TraceSet::Load(Synth("one", testing::Reference()));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  const FrameRef* f = nullptr;
+  for (const FrameRef* x : frames[0]) {
+    if (x->param_ids.size() >= 2) f = x;
+  }
+  ASSERT_NE(f, nullptr);
+  const int32_t early = f->param_ids[0], late = f->param_ids[1];
+  std::vector<int> plan(set->run().params_size(), -1);
+  plan[early] = 0;
+  plan[late] = 1;
+  ReaderCache cache;
+  cache.Plan(*set, plan);
+  cache.BeginUnit(0);
+  auto first = cache.Bucket(*set, *f);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto has_full = [](const Frame* frame, int32_t id) {
+    for (const pb::Slice& s : frame->bucket->slices()) {
+      if (s.param_id() == id && s.has_full()) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has_full(*first, early));
+  cache.SetDone(*set);  // unit 0 is done with the set: the frame stays, unit 1 reads it
+  cache.BeginUnit(1);
+  auto second = cache.Bucket(*set, *f);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(cache.decoded(), 1u);
+  EXPECT_FALSE(has_full(*second, early));  // unit 0's values were dropped
+  EXPECT_TRUE(has_full(*second, late));
+  cache.BeginUnit(2);
+  ASSERT_TRUE(cache.Bucket(*set, *f).ok());
+  EXPECT_EQ(cache.decoded(), 2u);
+}
+
+// Blocks are contiguous, cover every item, are never empty while items last,
+// and weigh at most a share of the total plus one item.
+TEST(ParallelForBlocks, BlocksAreContiguousSharesOfTheWeight) {
+  const std::vector<int64_t> weight = {5, 1, 1, 1, 10, 1, 1, 1, 1, 2, 3, 1, 1, 7, 1, 1, 1, 1, 1, 0};
+  int64_t total = 0, heaviest = 0;
+  for (int64_t w : weight) total += std::max<int64_t>(w, 1), heaviest = std::max(heaviest, w);
+  for (int t : {1, 2, 3, 8, 20, 40}) {
+    const auto blocks = SplitBlocks(weight, t);
+    ASSERT_EQ(blocks.size(), static_cast<size_t>(t));
+    size_t next = 0;
+    for (int b = 0; b < t; ++b) {
+      EXPECT_EQ(blocks[b].first, next) << t << " " << b;
+      EXPECT_GE(blocks[b].second, blocks[b].first);
+      if (b < static_cast<int>(weight.size())) {
+        EXPECT_GT(blocks[b].second, blocks[b].first) << t << " " << b;
+      }
+      int64_t w = 0;
+      for (size_t i = blocks[b].first; i < blocks[b].second; ++i) w += std::max<int64_t>(weight[i], 1);
+      EXPECT_LE(w, total / t + heaviest + 1) << t << " " << b;
+      next = blocks[b].second;
+    }
+    EXPECT_EQ(next, weight.size()) << t;
+  }
+}
+
+// Every item once; one thread takes them in order; with several, each thread
+// takes its own block from the front, in order.
+TEST(ParallelForBlocks, EveryItemOnceEachThreadFromItsBlock) {
+  const std::vector<int64_t> weight = {5, 1, 1, 1, 10, 1, 1, 1, 1, 2, 3, 1, 1, 7, 1, 1, 1, 1, 1, 1};
+  std::vector<size_t> order;
+  ParallelForBlocks(weight, 1, [&](size_t i, int) { order.push_back(i); });
+  ASSERT_EQ(order.size(), weight.size());
+  for (size_t i = 0; i < weight.size(); ++i) EXPECT_EQ(order[i], i);
+  for (int threads : {2, 3, 8}) {
+    const auto blocks = SplitBlocks(weight, threads);
+    std::vector<std::atomic<int>> seen(weight.size());
+    std::mutex mu;
+    std::vector<std::vector<size_t>> by_worker(threads);
+    ParallelForBlocks(weight, threads, [&](size_t i, int w) {
+      ++seen[i];
+      std::lock_guard<std::mutex> lock(mu);
+      by_worker[w].push_back(i);
+    });
+    for (size_t i = 0; i < weight.size(); ++i) EXPECT_EQ(seen[i].load(), 1) << threads << " " << i;
+    for (int w = 0; w < threads; ++w) {
+      // What a worker took of its own block is a prefix of it, in order (others take from the back).
+      size_t expect = blocks[w].first;
+      for (size_t i : by_worker[w]) {
+        if (i >= blocks[w].first && i < blocks[w].second) {
+          EXPECT_EQ(i, expect++) << threads << " " << w;
+        }
+      }
+    }
+  }
+  ParallelForBlocks({}, 4, [&](size_t, int) { FAIL() << "no items"; });
+}
+
+}  // namespace
+}  // namespace gradtrace::diff
