@@ -289,7 +289,7 @@ void ReaderCache::SetDone(const TraceSet& set) {
   kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
 }
 
-Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f) {
+Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f, bool replicas) {
   const std::pair<int, uint64_t> at{f.rank, f.offset};
   for (const Kept& k : kept_) {
     if (k.set == &set && std::find(k.at.begin(), k.at.end(), at) != k.at.end()) return k.frame.get();
@@ -326,7 +326,10 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
   const uint64_t bytes = uint64_t{scratch_->raw_len} + stored.bytes.size();
-  if (kept_bytes_ + bytes <= frame_budget_) {
+  // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
+  // decoded into the same buffers again (fresh ones cost page faults).
+  const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);
+  if ((later || (replicas && set.world() > 1)) && kept_bytes_ + bytes <= frame_budget_) {
     kept_bytes_ += bytes;
     Kept k;
     k.set = &set;
@@ -368,7 +371,7 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
     for (const FrameRef* f : frames[rank]) {
       bool wanted = std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return slot.count(id); });
       if (!wanted) continue;
-      auto frame = readers->Bucket(set, *f);
+      auto frame = readers->Bucket(set, *f, combine == Combine::kReplicas);
       if (!frame.ok()) return frame.status();
       for (const pb::Slice& s : (*frame)->bucket->slices()) {
         auto it = slot.find(s.param_id());

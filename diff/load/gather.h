@@ -104,8 +104,9 @@ class ReaderCache {
   // This unit is done with `set`: its frames that no later unit reads go.
   void SetDone(const TraceSet& set);
   // The bucket record frame `f` of `set`, kept or decoded; errors name the
-  // file. Valid until the next call or BeginUnit.
-  Expected<const Frame*> Bucket(const TraceSet& set, const FrameRef& f);
+  // file. `replicas`: other ranks may hold byte-identical copies (FINAL,
+  // POST), so it is kept for them. Valid until the next call or BeginUnit.
+  Expected<const Frame*> Bucket(const TraceSet& set, const FrameRef& f, bool replicas);
   uint64_t decoded() const { return decoded_; }            // frames decompressed and parsed
   uint64_t deduplicated() const { return deduplicated_; }  // frames found equal to a kept one by their bytes
 

@@ -125,7 +125,7 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   ReaderCache cache;
   cache.Plan(*set, plan);
   cache.BeginUnit(0);
-  auto first = cache.Bucket(*set, *f);
+  auto first = cache.Bucket(*set, *f, true);
   ASSERT_TRUE(first.ok()) << first.status().message();
   auto has_full = [](const Frame* frame, int32_t id) {
     for (const pb::Slice& s : frame->bucket->slices()) {
@@ -136,13 +136,13 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   EXPECT_TRUE(has_full(*first, early));
   cache.SetDone(*set);  // unit 0 is done with the set: the frame stays, unit 1 reads it
   cache.BeginUnit(1);
-  auto second = cache.Bucket(*set, *f);
+  auto second = cache.Bucket(*set, *f, true);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(cache.decoded(), 1u);
   EXPECT_FALSE(has_full(*second, early));  // unit 0's values were dropped
   EXPECT_TRUE(has_full(*second, late));
   cache.BeginUnit(2);
-  ASSERT_TRUE(cache.Bucket(*set, *f).ok());
+  ASSERT_TRUE(cache.Bucket(*set, *f, true).ok());
   EXPECT_EQ(cache.decoded(), 2u);
 }
 

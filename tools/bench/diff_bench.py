@@ -44,10 +44,11 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Goals of issue 12 that this benchmark checks (ratios; see the table legend).
-GOAL_VS_NUMPY = 10.0  # diff at least 10x faster than the numpy baseline
-GOAL_VS_ZSTD = 0.7  # diff at least 0.7x the speed of `zstd -d` on the bytes it reads
-GOAL_RSS_PER_PARAM = 3.0  # diff peak memory at most 3x the largest parameter
+# Goals of issue 24 item 1 that this benchmark checks (ratios; see the table legend). Issue 12's 10x over
+# numpy is retired (it would be faster than decompressing the trace alone); numpy/diff is still shown.
+GOAL_VS_ZSTD = 1.0  # diff's wall time at most `zstd -d`'s on the same bytes (all cores)
+GOAL_CPU_VS_ZSTD = 1.5  # diff's CPU time at most 1.5x zstd's
+GOAL_RSS_PER_PARAM = 3.0  # diff peak memory at most 3x the largest parameter (issue 12)
 
 # Models. "23m" is the earlier measurement's model (issue 12): 23M parameters, a step of seconds.
 # "5m" stands in at 16 ranks by default: 16 processes of the 23M model on a 2-core machine take
@@ -479,6 +480,7 @@ def derive_ratios(row: dict) -> None:
     if "zstd_d" in row:
         row["zstd_mb_per_s"] = row["compared_zstd_mb"] / row["zstd_d"]["wall_s"]
         row["vs_zstd"] = row["zstd_d"]["wall_s"] / default["wall_s"]  # diff speed / zstd speed
+        row["cpu_vs_zstd"] = default["cpu_s"] / row["zstd_d"]["cpu_s"]  # diff CPU / zstd CPU
     row["vs_numpy"] = row["numpy"]["wall_s"] / default["wall_s"]
     row["rss_per_param"] = max(t["peak_rss_mb"] for t in d.values()) / row["largest_param_mb"]
 
@@ -496,7 +498,8 @@ def ok(value, goal, higher_is_better=True) -> str:
 def table(rows: list[dict], threads_default: int) -> tuple[list[str], list[list[str]]]:
     head = ["case", "params", "A+B MB", "compared MB (zstd)", f"diff s T={threads_default} wall/CPU",
             "diff s T=1 wall/CPU", "T1/T", "zstd -d s", "zstd MB/s", "diff MB/s",
-            f"diff/zstd speed (≥{GOAL_VS_ZSTD})", "numpy s", f"numpy/diff (≥{GOAL_VS_NUMPY:g})", "diff peak RSS MB",
+            f"diff/zstd speed (≥{GOAL_VS_ZSTD:g})", f"diff/zstd CPU (≤{GOAL_CPU_VS_ZSTD:g})", "numpy s", "numpy/diff",
+            "diff peak RSS MB",
             "largest param MB", f"RSS/param (≤{GOAL_RSS_PER_PARAM:g})", "verdict"]
     body = []
     for r in rows:
@@ -510,8 +513,8 @@ def table(rows: list[dict], threads_default: int) -> tuple[list[str], list[list[
             fmt(default), fmt(one), f"{r['speedup_threads']:.2f}" if r["speedup_threads"] else "-",
             f"{zs['wall_s']:.2f}" if zs else "-", f"{r['zstd_mb_per_s']:.0f}" if zs else "-",
             f"{r['diff_mb_per_s']:.0f}", ok(r.get("vs_zstd"), GOAL_VS_ZSTD),
-            f"{r['numpy']['wall_s']:.2f}" + ("" if r["numpy_agrees"] else " ≠"),
-            ok(r["vs_numpy"], GOAL_VS_NUMPY),
+            ok(r.get("cpu_vs_zstd"), GOAL_CPU_VS_ZSTD, higher_is_better=False),
+            f"{r['numpy']['wall_s']:.2f}" + ("" if r["numpy_agrees"] else " ≠"), f"{r['vs_numpy']:.2f}",
             f"{max(t['peak_rss_mb'] for t in d.values()):.0f}", f"{r['largest_param_mb']:.1f}",
             ok(r["rss_per_param"], GOAL_RSS_PER_PARAM, higher_is_better=False), f"{r['diff_verdict']}",
         ])
@@ -555,7 +558,10 @@ LEGEND = (
     "compared MB: the stored zstd payloads of every FINAL frame of the compared step, all ranks, A and B: "
     "what both `zstd -d` and `gradtrace-diff` decompress (codec-0 frames, stored raw, counted apart). "
     "diff MB/s and zstd MB/s are that byte count over each tool's wall time; diff/zstd speed = zstd wall / diff wall; "
-    "numpy/diff = numpy wall / diff wall (numpy: fresh interpreter, load both uncompressed .npz, scale, residual and "
+    "diff/zstd CPU = diff CPU / zstd CPU (user + sys; zstd -d is single-threaded). The diff reads every one of those "
+    "bytes but decompresses a replica's frame only when its bytes differ from a frame it already decoded (data "
+    "parallel ranks write byte-identical FINAL frames); zstd -d decompresses them all. "
+    "numpy/diff = numpy wall / diff wall, no longer a goal (numpy: fresh interpreter, load both uncompressed .npz, scale, residual and "
     "replica disagreement per parameter in float64; ≠ marks a worst residual that differs from the diff's). "
     "RSS/param: the diff's peak RSS over the largest parameter (numel x dtype bytes). ✗: misses the goal. "
     "verdict: the diff's own (B masks 25% of labels, so `mismatch` is expected)."
@@ -591,7 +597,7 @@ def emit(args, machine: dict, rows: list[dict], notes: list[str], codec: dict | 
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "notes": notes, "legend": legend, "rows": rows, "capture_overhead": capture,
                        "codec_bench": codec,
-                       "goals": {"vs_numpy": GOAL_VS_NUMPY, "vs_zstd": GOAL_VS_ZSTD,
+                       "goals": {"vs_zstd": GOAL_VS_ZSTD, "cpu_vs_zstd": GOAL_CPU_VS_ZSTD,
                                  "rss_per_param": GOAL_RSS_PER_PARAM}}, f, indent=1)
         log(f"wrote {args.json}")
     if args.markdown:
