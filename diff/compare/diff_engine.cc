@@ -426,8 +426,16 @@ void DescribeSides(const TraceSet& a, const TraceSet& b, const Alignment& al, co
   // Buckets that accumulate across micro-steps matter only to --phase pre/post.
   int accumulating_a = 0, accumulating_b = 0;
   const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
-  c->a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
-  c->b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  // A sharded diff of FINAL measures each side's evidence in one shard only, A's in shard 0 and B's in shard
+  // 1 % N, where the merge takes it from (merge.cc): repeated in every shard it was most of a shard's fixed cost
+  // (docs/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
+  const bool split = !summed && options.shard.n > 1;
+  if (!split || options.shard.k == 0) {
+    c->a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
+  }
+  if (!split || options.shard.k == EvidenceShardB(options.shard.n)) {
+    c->b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  }
   if (options.bucket_view) {
     c->a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
     c->b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);

@@ -99,7 +99,11 @@ Expected<Comparison> MergeParts(const std::vector<std::string>& paths, bool buck
   for (const auto& path : paths) given += (given.empty() ? "" : ", ") + path;
   auto owner = ShardOwners(parts, paths, given);
   if (!owner.ok()) return owner.status();
+  // Side B's reduction evidence comes from the shard that measured it (diff_engine.cc DescribeSides); a part
+  // written before that split carries it in every shard, the same.
+  std::vector<ReductionEvidence> b_reductions = parts[owner->at(EvidenceShardB(parts[0].shard.n))].b.reductions;
   Comparison merged = std::move(parts[owner->at(0)]);
+  merged.b.reductions = std::move(b_reductions);
   GT_RETURN_IF_ERROR(CollectParams(parts, *owner, paths, given, &merged));
   merged.shard = Shard{};
   if (!bucket_view) merged.a.bucket_view.clear(), merged.b.bucket_view.clear();

@@ -25,6 +25,11 @@ Expected<Shard> ParseShard(const std::string& text);
 // exceeds the smallest by at most the largest weight.
 std::vector<size_t> ShardItems(const std::vector<int64_t>& weights, Shard shard);
 
+// The shard that measures side B's reduction evidence in a sharded FINAL diff
+// (side A's: shard 0), so two shards share that fixed cost; the merge takes it
+// from there.
+inline int EvidenceShardB(int n) { return n > 1 ? 1 : 0; }
+
 // 16 hex digits of FNV-1a 64 over `text`: the identity of a diff's inputs
 // (partial reports of different diffs are refused on it; not a security check).
 std::string Fingerprint(const std::string& text);

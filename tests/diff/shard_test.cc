@@ -177,6 +177,13 @@ TEST(ShardMerge, MergedReportEqualsTheSingleProcessReport) {
     }
     EXPECT_EQ(params, 14u);
     EXPECT_LE(hi - lo, 64 * 32);  // the largest parameter (head.weight, 64 x 32)
+    // B's reduction evidence is measured once, by shard 1 of N > 1 (A has none to measure: one rank).
+    ASSERT_FALSE(single->b.reductions.empty());
+    for (int k = 0; k < n; ++k) {
+      auto c = ReadPartialJson(parts[k]);
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(c->b.reductions.size(), k == EvidenceShardB(n) ? single->b.reductions.size() : 0u) << k;
+    }
     ExpectMergeEqualsSingle(*single, parts);
     std::vector<std::string> reversed(parts.rbegin(), parts.rend());  // order of the files does not matter
     ExpectMergeEqualsSingle(*single, reversed);
