@@ -23,6 +23,7 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
       }
       GT_RETURN_IF_ERROR(
           v->WithDense([&](auto& dense) { return AddFullValues(slice, dense.data() + slice.offset()); }));
+      if (slice.count() == 0) return Status::Ok();  // a zero-element parameter has no buffer to mark
       uint8_t* filled = v->filled.data() + slice.offset();
       if (std::memchr(filled, 1, slice.count()) == nullptr) {
         std::memset(filled, 1, slice.count());  // the usual case: slices do not overlap

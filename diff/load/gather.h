@@ -91,7 +91,7 @@ void MergeRank(int rank, int first_rank, SideValues&& rank_values, Combine combi
 class ReaderCache {
  public:
   // Bytes of frames kept (stored and decoded); 0 keeps none.
-  static constexpr uint64_t kDefaultFrameBudget = uint64_t{64} << 20;
+  static constexpr uint64_t kDefaultFrameBudget = uint64_t{48} << 20;
   explicit ReaderCache(uint64_t frame_budget = kDefaultFrameBudget) : frame_budget_(frame_budget) {}
 
   Expected<TraceReader*> Get(const TraceSet& set, int rank);
