@@ -277,10 +277,6 @@ int main(int argc, char** argv) {
   // frame does not pay for fresh page faults (they cost more than zstd).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  // One arena for all threads: with an arena per thread each kept its own freed
-  // buffers (peak RSS 288 vs 214 MB on the bench's 4-rank pair at 2 threads, same
-  // time); the workers allocate a few large buffers per unit, so they hardly contend.
-  mallopt(M_ARENA_MAX, 1);
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
   CommandLine cl;
   AddOptions(app, &cl);
