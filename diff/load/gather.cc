@@ -253,48 +253,72 @@ Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
 
 void ReaderCache::Plan(const TraceSet& set, std::vector<int> unit_of_param) { plans_[&set] = std::move(unit_of_param); }
 
+size_t ReaderCache::PositionHash::operator()(const Position& p) const {
+  uint64_t h = reinterpret_cast<uintptr_t>(p.set) * 0x9e3779b97f4a7c15ull;
+  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(p.rank)) + 0x7f4a7c15ull + (h << 6) + (h >> 2));
+  h ^= (p.offset + 0x9e3779b9ull + (h << 6) + (h >> 2));
+  return static_cast<size_t>(h);
+}
+
+uint64_t ReaderCache::ContentKey(const TraceSet& set, const TraceReader::StoredFrame& stored) {
+  uint64_t h = 1469598103934665603ull ^ reinterpret_cast<uintptr_t>(&set);  // FNV-1a over the header
+  for (uint8_t c : stored.header) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void ReaderCache::Drop(KeptList::iterator it) {
+  for (const Position& p : it->at) by_position_.erase(p);
+  for (auto [c, end] = by_content_.equal_range(it->content); c != end; ++c) {
+    if (c->second == &*it) {
+      by_content_.erase(c);
+      break;
+    }
+  }
+  kept_bytes_ -= it->bytes;
+  kept_.erase(it);
+}
+
 void ReaderCache::BeginUnit(size_t unit) {
   const int next = static_cast<int>(unit);
   if (next < unit_) {  // units out of order (taken from another thread's block): trimmed frames may lack slices
     kept_.clear();
+    by_position_.clear();
+    by_content_.clear();
     kept_bytes_ = 0;
   }
   unit_ = next;
-  auto done = [&](const Kept& k) { return k.last_unit >= 0 && k.last_unit < unit_; };
-  for (const Kept& k : kept_) {
-    if (done(k)) kept_bytes_ -= k.bytes;
-  }
-  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
-  // What the units before this one read from a kept frame is not needed again: its values go.
-  for (Kept& k : kept_) {
-    auto plan = plans_.find(k.set);
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    auto here = it++;
+    if (here->last_unit >= 0 && here->last_unit < unit_) {
+      Drop(here);
+      continue;
+    }
+    // What the units before this one read from a kept frame is not needed again: its values go.
+    auto plan = plans_.find(here->set);
     if (plan == plans_.end()) continue;
-    for (pb::Slice& slice : *k.frame->bucket->mutable_slices()) {
+    for (pb::Slice& slice : *here->frame->bucket->mutable_slices()) {
       const int32_t id = slice.param_id();
       if (!slice.has_full() || id < 0 || static_cast<size_t>(id) >= plan->second.size() || plan->second[id] >= unit_) {
         continue;
       }
-      const uint64_t freed = std::min<uint64_t>(slice.full().data().size(), k.bytes);
+      const uint64_t freed = std::min<uint64_t>(slice.full().data().size(), here->bytes);
       slice.clear_full();
-      k.bytes -= freed;
+      here->bytes -= freed;
       kept_bytes_ -= freed;
     }
   }
 }
 
 void ReaderCache::SetDone(const TraceSet& set) {
-  auto done = [&](const Kept& k) { return k.set == &set && k.last_unit >= 0 && k.last_unit <= unit_; };
-  for (const Kept& k : kept_) {
-    if (done(k)) kept_bytes_ -= k.bytes;
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    auto here = it++;
+    if (here->set == &set && here->last_unit >= 0 && here->last_unit <= unit_) Drop(here);
   }
-  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
 }
 
 Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f, bool replicas) {
-  const std::pair<int, uint64_t> at{f.rank, f.offset};
-  for (const Kept& k : kept_) {
-    if (k.set == &set && std::find(k.at.begin(), k.at.end(), at) != k.at.end()) return k.frame.get();
-  }
+  const Position at{&set, f.rank, f.offset};
+  if (auto hit = by_position_.find(at); hit != by_position_.end()) return hit->second->frame.get();
   auto reader = Get(set, f.rank);
   if (!reader.ok()) return reader.status();
   const std::string& path = set.ranks()[f.rank].path;
@@ -303,10 +327,13 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
     return Status::Corruption(NameFile(path, st.message()));
   }
   // The same header (its CRC included) and bytes as a frame decoded before: the same record.
-  for (Kept& k : kept_) {
+  const uint64_t content = ContentKey(set, stored);
+  for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
+    Kept& k = *c->second;
     if (k.set == &set && std::memcmp(k.stored.header, stored.header, sizeof stored.header) == 0 &&
         k.stored.bytes == stored.bytes) {
       k.at.push_back(at);
+      by_position_.emplace(at, &k);
       ++deduplicated_;
       return k.frame.get();
     }
@@ -332,17 +359,19 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
   const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);
   if ((later || (replicas && set.world() > 1)) && kept_bytes_ + bytes <= frame_budget_) {
     kept_bytes_ += bytes;
-    Kept k;
+    Kept& k = kept_.emplace_back();
     k.set = &set;
     k.at.push_back(at);
+    k.content = content;
     k.stored.offset = stored.offset;
     std::memcpy(k.stored.header, stored.header, sizeof stored.header);
     k.stored.bytes.swap(stored.bytes);
     k.frame = std::move(scratch_);
     k.last_unit = last;
     k.bytes = bytes;
-    kept_.push_back(std::move(k));
-    return kept_.back().frame.get();
+    by_position_.emplace(at, &k);
+    by_content_.emplace(content, &k);
+    return k.frame.get();
   }
   return scratch_.get();
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -111,17 +112,36 @@ class ReaderCache {
   uint64_t deduplicated() const { return deduplicated_; }  // frames found equal to a kept one by their bytes
 
  private:
+  struct Position {
+    const TraceSet* set = nullptr;
+    int rank = 0;
+    uint64_t offset = 0;
+    bool operator==(const Position& o) const { return set == o.set && rank == o.rank && offset == o.offset; }
+  };
+  struct PositionHash {
+    size_t operator()(const Position& p) const;
+  };
   struct Kept {
     const TraceSet* set = nullptr;
-    std::vector<std::pair<int, uint64_t>> at;  // (rank, offset) of the frames with these bytes
+    std::vector<Position> at;  // the frames with these bytes
+    uint64_t content = 0;      // ContentKey
     TraceReader::StoredFrame stored;
     std::unique_ptr<Frame> frame;
     int last_unit = -1;  // the last unit that reads it (-1: no plan)
     uint64_t bytes = 0;  // stored plus decoded, less the values of units already done (BeginUnit)
   };
+  using KeptList = std::list<Kept>;
+  // A hash of the set and the frame header (CRC and lengths): frames with equal bytes share it.
+  static uint64_t ContentKey(const TraceSet& set, const TraceReader::StoredFrame& stored);
+  void Drop(KeptList::iterator it);
+
   std::map<std::pair<const TraceSet*, int>, std::unique_ptr<TraceReader>> readers_;
   std::map<const TraceSet*, std::vector<int>> plans_;
-  std::vector<Kept> kept_;  // a handful: one unit's frames and those at its cuts
+  // Kept frames, found by position and by content in constant time: small frames (sketches) can make
+  // thousands of them, and a thousand ranks as many positions each.
+  KeptList kept_;
+  std::unordered_map<Position, Kept*, PositionHash> by_position_;
+  std::unordered_multimap<uint64_t, Kept*> by_content_;
   TraceReader::StoredFrame scratch_stored_;
   std::unique_ptr<Frame> scratch_;  // the last frame decoded and not kept
   uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
