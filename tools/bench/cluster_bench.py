@@ -17,7 +17,9 @@ RSS), with the load average read just before:
 
 It checks the answers (the diff's scaled group is 2.000 over exactly the last stage's parameters;
 --self reports divisor dp/2 for them) and prints a Markdown table; sets are deleted after each rank
-count unless --keep. Timings belong in docs/performance.md, never in tests.
+count unless --keep. Exit 2, with one line on stderr, when a rank count does not fit dp x tp x pp
+(dp >= 2; checked before anything runs) or a command exits otherwise than expected (the diff, --self
+and the merge exit 1: they find the planted stage). Timings belong in docs/performance.md, never in tests.
 """
 
 from __future__ import annotations
@@ -62,8 +64,20 @@ def concurrent(cmds: list[list[str]]) -> dict:
     outs = [p.communicate()[1] for p in procs]
     wall = time.monotonic() - t0
     parsed = [parse_time(o) for o in outs]
-    return {"wall": wall, "load": load, "rc": max(p.returncode for p in procs),
+    return {"wall": wall, "load": load, "rc": max(p.returncode for p in procs), "stderr_tail": parsed[-1]["stderr_tail"],
             "cpu": sum(x["cpu"] for x in parsed), "rss_mb": max(x["rss_mb"] for x in parsed)}
+
+
+class RunFailed(Exception):
+    pass
+
+
+def expect(run: dict, codes: set[int], what: str) -> dict:
+    """The run's exit code is one of codes (the diff exits 1 when it finds the planted stage), else RunFailed."""
+    if run["rc"] not in codes:
+        raise RunFailed(f"{what} exited {run['rc']} (expected {'/'.join(map(str, sorted(codes)))})"
+                        f"{': ' + run['stderr_tail'] if run.get('stderr_tail') else ''}")
+    return run
 
 
 def set_bytes(path: str) -> int:
@@ -119,56 +133,17 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    for ranks in [int(r) for r in args.ranks.split(",")]:
-        dp = ranks // (args.tp * args.pp)
-        if dp * args.tp * args.pp != ranks or dp < 2:
-            print(f"skip {ranks}: not dp x {args.tp} x {args.pp} with dp >= 2", file=sys.stderr)
-            continue
-        a, b = os.path.join(args.out, f"A{ranks}"), os.path.join(args.out, f"B{ranks}")
-        lay = ["--llama70b", "--dp", str(dp), "--tp", str(args.tp), "--pp", str(args.pp), "--layers",
-               str(args.layers), "--capture", args.capture, "--threads", "2"]
-        row = {"ranks": ranks, "dp": dp, "tp": args.tp, "pp": args.pp, "capture": args.capture}
-        for d in (a, b):
-            shutil.rmtree(d, ignore_errors=True)
-        # Sets are written with 2 threads on the same cores the measurements use.
-        need_a = not {"diff", "diff1", "shard"} <= skip  # --self reads B alone
-        gen = [timed([synth, b] + lay + ["--planted-stage", str(args.pp - 1)])]
-        if need_a:
-            gen.append(timed([synth, a] + lay))
-        if any(g["rc"] != 0 for g in gen):
-            print(f"gradtrace-synth failed at {ranks} ranks", file=sys.stderr)
+    rank_counts = [int(r) for r in args.ranks.split(",")]
+    for ranks in rank_counts:
+        if ranks % (args.tp * args.pp) or ranks // (args.tp * args.pp) < 2:
+            print(f"cluster_bench: --ranks {ranks} is not dp x {args.tp} x {args.pp} with dp >= 2", file=sys.stderr)
             return 2
-        row["write"] = {"wall": sum(g["wall"] for g in gen) / len(gen), "load": gen[0]["load"]}
-        row["set_mb"] = set_bytes(b) / 1e6
-        runs: dict[str, list[dict]] = {}
-        rep = os.path.join(args.out, "report.json")
-        for _ in range(args.repeat):
-            if "diff" not in skip:
-                runs.setdefault("diff", []).append(timed([diff, a, b, "--json", rep]))
-                row["diff_answer"] = check_diff(json.load(open(rep)), last_stage_names(args.layers, args.pp))
-            if "diff1" not in skip:
-                runs.setdefault("diff_t1", []).append(timed([diff, a, b, "--threads", "1", "--json", rep]))
-            if "self" not in skip:
-                runs.setdefault("self", []).append(timed([diff, "--self", b, "--json", rep]))
-                row["self_answer"] = check_self(json.load(open(rep)), dp)
-            if "shard" not in skip:
-                parts = [os.path.join(args.out, f"part{k}.json") for k in (0, 1)]
-                shard_bin = args.shard_diff or diff
-                sh = concurrent([[shard_bin, a, b, "--shard", f"{k}/2", "--threads", "1", "--json", parts[k]]
-                                 for k in (0, 1)])
-                mg = timed([diff, "--merge"] + parts + ["--json", rep])
-                merged = json.load(open(rep))
-                row["merge_answer"] = check_diff(merged, last_stage_names(args.layers, args.pp))
-                runs.setdefault("shard", []).append(
-                    {"wall": sh["wall"] + mg["wall"], "cpu": sh["cpu"] + mg["cpu"],
-                     "rss_mb": max(sh["rss_mb"], mg["rss_mb"]), "load": sh["load"], "rc": mg["rc"],
-                     "merge_wall": mg["wall"]})
-        row["runs"] = runs
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if not args.keep:
-            shutil.rmtree(a, ignore_errors=True)
-            shutil.rmtree(b, ignore_errors=True)
+    try:
+        for ranks in rank_counts:
+            rows.append(measure(args, ranks, synth, diff, skip))
+    except RunFailed as e:
+        print(f"cluster_bench: {e}", file=sys.stderr)
+        return 2
     md = markdown(rows)
     print(md)
     if args.markdown:
@@ -176,6 +151,57 @@ def main() -> int:
     if args.json_out:
         json.dump(rows, open(args.json_out, "w"), indent=1)
     return 0
+
+
+def measure(args, ranks: int, synth: str, diff: str, skip: set[str]) -> dict:
+    """Writes the pair at `ranks`, runs the measurements not in skip, deletes the pair (unless --keep)."""
+    dp = ranks // (args.tp * args.pp)
+    a, b = os.path.join(args.out, f"A{ranks}"), os.path.join(args.out, f"B{ranks}")
+    lay = ["--llama70b", "--dp", str(dp), "--tp", str(args.tp), "--pp", str(args.pp), "--layers",
+           str(args.layers), "--capture", args.capture, "--threads", "2"]
+    row = {"ranks": ranks, "dp": dp, "tp": args.tp, "pp": args.pp, "capture": args.capture}
+    for d in (a, b):
+        shutil.rmtree(d, ignore_errors=True)
+    # Sets are written with 2 threads on the same cores the measurements use.
+    need_a = not {"diff", "diff1", "shard"} <= skip  # --self reads B alone
+    gen = [timed([synth, b] + lay + ["--planted-stage", str(args.pp - 1)])]
+    if need_a:
+        gen.append(timed([synth, a] + lay))
+    for g in gen:
+        expect(g, {0}, f"gradtrace-synth at {ranks} ranks")
+    row["write"] = {"wall": sum(g["wall"] for g in gen) / len(gen), "load": gen[0]["load"]}
+    row["set_mb"] = set_bytes(b) / 1e6
+    runs: dict[str, list[dict]] = {}
+    rep = os.path.join(args.out, "report.json")
+    for _ in range(args.repeat):
+        if "diff" not in skip:
+            runs.setdefault("diff", []).append(expect(timed([diff, a, b, "--json", rep]), {1}, f"the diff at {ranks} ranks"))
+            row["diff_answer"] = check_diff(json.load(open(rep)), last_stage_names(args.layers, args.pp))
+        if "diff1" not in skip:
+            runs.setdefault("diff_t1", []).append(
+                expect(timed([diff, a, b, "--threads", "1", "--json", rep]), {1}, f"the diff --threads 1 at {ranks} ranks"))
+        if "self" not in skip:
+            runs.setdefault("self", []).append(expect(timed([diff, "--self", b, "--json", rep]), {1}, f"--self B at {ranks} ranks"))
+            row["self_answer"] = check_self(json.load(open(rep)), dp)
+        if "shard" not in skip:
+            parts = [os.path.join(args.out, f"part{k}.json") for k in (0, 1)]
+            shard_bin = args.shard_diff or diff
+            sh = concurrent([[shard_bin, a, b, "--shard", f"{k}/2", "--threads", "1", "--json", parts[k]]
+                             for k in (0, 1)])
+            expect(sh, {0, 1}, f"the --shard processes at {ranks} ranks")
+            mg = expect(timed([diff, "--merge"] + parts + ["--json", rep]), {1}, f"the --merge at {ranks} ranks")
+            merged = json.load(open(rep))
+            row["merge_answer"] = check_diff(merged, last_stage_names(args.layers, args.pp))
+            runs.setdefault("shard", []).append(
+                {"wall": sh["wall"] + mg["wall"], "cpu": sh["cpu"] + mg["cpu"],
+                 "rss_mb": max(sh["rss_mb"], mg["rss_mb"]), "load": sh["load"], "rc": mg["rc"],
+                 "merge_wall": mg["wall"]})
+    row["runs"] = runs
+    print(json.dumps(row), flush=True)
+    if not args.keep:
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+    return row
 
 
 def cell(rs: list[dict] | None) -> str:
