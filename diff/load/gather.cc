@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
+#include "sketch.h"
 #include "slice_codec.h"
 
 namespace gradtrace::diff {
@@ -261,9 +263,8 @@ size_t ReaderCache::PositionHash::operator()(const Position& p) const {
 }
 
 uint64_t ReaderCache::ContentKey(const TraceSet& set, const TraceReader::StoredFrame& stored) {
-  uint64_t h = 1469598103934665603ull ^ reinterpret_cast<uintptr_t>(&set);  // FNV-1a over the header
-  for (uint8_t c : stored.header) h = (h ^ c) * 1099511628211ull;
-  return h;
+  const std::string_view header(reinterpret_cast<const char*>(stored.header), sizeof stored.header);
+  return sketch::Fnv1a64(header, sketch::kFnvOffset ^ reinterpret_cast<uintptr_t>(&set));
 }
 
 void ReaderCache::Drop(KeptList::iterator it) {

@@ -42,13 +42,16 @@ inline void ParallelFor(size_t n, int threads, const std::function<void(size_t i
   for (auto& th : pool) th.join();
 }
 
+// An item's share of the work in SplitBlocks and ParallelForBlocks: a weight below 1 counts as 1.
+inline int64_t ItemWeight(int64_t weight) { return std::max<int64_t>(weight, 1); }
+
 // Cuts items [0, weight.size()) into `blocks` contiguous runs of about equal
-// total weight (a weight below 1 counts as 1), none empty while there are
-// items enough: [begin, end) per block, in order.
+// total weight (ItemWeight), none empty while there are items enough:
+// [begin, end) per block, in order.
 inline std::vector<std::pair<size_t, size_t>> SplitBlocks(const std::vector<int64_t>& weight, int blocks) {
   const size_t n = weight.size();
   int64_t total = 0;
-  for (int64_t w : weight) total += std::max<int64_t>(w, 1);
+  for (int64_t w : weight) total += ItemWeight(w);
   std::vector<std::pair<size_t, size_t>> out;
   size_t i = 0;
   int64_t seen = 0;
@@ -59,7 +62,7 @@ inline std::vector<std::pair<size_t, size_t>> SplitBlocks(const std::vector<int6
     const size_t reserve =
         static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(blocks, static_cast<int64_t>(n)) - 1 - b));
     while (i < n && (b == blocks - 1 || ((i == begin || seen < until) && n - i > reserve))) {
-      seen += std::max<int64_t>(weight[i], 1);
+      seen += ItemWeight(weight[i]);
       ++i;
     }
     out.emplace_back(begin, i);
@@ -86,7 +89,7 @@ inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
   std::vector<Block> blocks;
   for (auto [begin, end] : SplitBlocks(weight, t)) {
     Block b{begin, end, 0};
-    for (size_t i = begin; i < end; ++i) b.left += std::max<int64_t>(weight[i], 1);
+    for (size_t i = begin; i < end; ++i) b.left += ItemWeight(weight[i]);
     blocks.push_back(b);
   }
   std::mutex mu;
@@ -103,7 +106,7 @@ inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
       if (from == nullptr) return false;
       *item = --from->back;
     }
-    from->left -= std::max<int64_t>(weight[*item], 1);
+    from->left -= ItemWeight(weight[*item]);
     return true;
   };
   std::vector<std::thread> pool;
