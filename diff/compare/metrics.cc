@@ -74,16 +74,13 @@ void Moments::Merge(const Moments& o) {
 
 namespace {
 
-constexpr int kLanes = 8;
-double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
-
-// kLanes partial sums as four vectors of two doubles: GCC's vector extension,
+// kSumLanes partial sums as four vectors of two doubles: GCC's vector extension,
 // so the loops are SIMD at the baseline ISA (SSE2) without relying on the
 // auto-vectorizer, which left them scalar at -O2 (24 accumulators spilled).
 // Lane l is element 2k + j of vector k: the sums are those of scalar lanes.
 using V2 = double __attribute__((vector_size(16)));
 using U2 = uint64_t __attribute__((vector_size(16)));
-constexpr int kVecs = kLanes / 2;
+constexpr int kVecs = kSumLanes / 2;
 
 template <typename T>
 inline V2 Load2(const T* p) {
@@ -103,15 +100,15 @@ inline void Spill(const V2* v, double* lanes) {
 
 template <bool kCross, typename A, typename B>
 void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
-  // kLanes interleaved partial sums, element i in lane i % kLanes: independent
+  // kSumLanes interleaved partial sums, element i in lane i % kSumLanes: independent
   // chains in SIMD, in a fixed order, so results do not depend on threads or
   // shards. No per-element branch: non-finite values are counted in a second
   // pass only when they made a sum non-finite.
-  double aa_l[kLanes] = {}, ab_l[kLanes] = {}, bb_l[kLanes] = {};
-  const int64_t full = n - n % kLanes;
+  double aa_l[kSumLanes] = {}, ab_l[kSumLanes] = {}, bb_l[kSumLanes] = {};
+  const int64_t full = n - n % kSumLanes;
   {
     V2 aa[kVecs] = {}, ab[kVecs] = {}, bb[kVecs] = {};
-    for (int64_t i = 0; i < full; i += kLanes) {
+    for (int64_t i = 0; i < full; i += kSumLanes) {
       for (int k = 0; k < kVecs; ++k) {
         const V2 x = Load2(a_in + i + 2 * k), y = Load2(b_in + i + 2 * k);
         aa[k] += x * x;
@@ -135,12 +132,12 @@ void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
     }
   }
   // Second pass: residual against this window's own scale, error and its maximum.
-  double res_l[kLanes] = {}, err_l[kLanes] = {}, max_l[kLanes] = {}, cross_l[kLanes] = {};
+  double res_l[kSumLanes] = {}, err_l[kSumLanes] = {}, max_l[kSumLanes] = {}, cross_l[kSumLanes] = {};
   const double s = aa > 0 ? ab / aa : 0;
   {
     const V2 sv = {s, s};
     V2 res[kVecs] = {}, err[kVecs] = {}, mx[kVecs] = {}, cross[kVecs] = {};
-    for (int64_t i = 0; i < full; i += kLanes) {
+    for (int64_t i = 0; i < full; i += kSumLanes) {
       for (int k = 0; k < kVecs; ++k) {
         const V2 x = Load2(a_in + i + 2 * k), y = Load2(b_in + i + 2 * k);
         const V2 r = y - sv * x, e = y - x;
@@ -165,7 +162,7 @@ void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
   ab_ += ab;
   bb_ += bb;
   err2_ += LaneSum(err_l);
-  max_abs_ = std::max(max_abs_, *std::max_element(max_l, max_l + kLanes));
+  max_abs_ = std::max(max_abs_, *std::max_element(max_l, max_l + kSumLanes));
   n_ += n;
   windows_.push_back({s, aa, LaneSum(res_l), LaneSum(cross_l)});
 }

@@ -40,6 +40,12 @@ struct Metrics {
   bool sums_only = false;  // stats of sums across ranks/micro-steps: only the sums are comparable
 };
 
+// Sums over many elements run in kSumLanes interleaved chains, element i in
+// lane i % kSumLanes, joined by LaneSum in a fixed order: the result does not
+// depend on threads, shards or windows (FullSums, the replica merge in gather.cc).
+inline constexpr int kSumLanes = 8;
+inline double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
 // a and b are n aligned values. Two-pass (s first, then the residual directly),
 // so a residual far below sqrt(double epsilon) is still measured, not cancelled.
 // A and B are double or float (full values of at most 32-bit dtypes are kept

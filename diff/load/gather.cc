@@ -82,16 +82,13 @@ void SideValues::Widen() {
 
 namespace {
 
-constexpr int kLanes = 8;
-double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
-
-// Sum of squares in kLanes interleaved chains (SIMD, fixed order).
+// Sum of squares in kSumLanes interleaved chains (SIMD, fixed order).
 template <typename T>
 double SquaredNorm(const T* x, int64_t n) {
-  double l[kLanes] = {};
-  const int64_t full = n - n % kLanes;
-  for (int64_t i = 0; i < full; i += kLanes) {
-    for (int k = 0; k < kLanes; ++k) l[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  double l[kSumLanes] = {};
+  const int64_t full = n - n % kSumLanes;
+  for (int64_t i = 0; i < full; i += kSumLanes) {
+    for (int k = 0; k < kSumLanes; ++k) l[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
   }
   for (int64_t i = full; i < n; ++i) l[i - full] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return LaneSum(l);
@@ -130,18 +127,18 @@ void MergeComplete(int rank, const std::vector<T>& in, Combine combine, std::vec
     NoteReplica(rank, 0, side->ref_norm2, side);
     return;
   }
-  double d2_l[kLanes] = {}, max_l[kLanes] = {};
+  double d2_l[kSumLanes] = {}, max_l[kSumLanes] = {};
   auto one = [&](int64_t e, int k) {
     const double diff = static_cast<double>(x[e]) - static_cast<double>(d[e]);
     d2_l[k] += diff * diff;
     max_l[k] = std::max(max_l[k], std::fabs(diff));  // NaN never wins, as in MergeDense
   };
-  const int64_t full = n - n % kLanes;
-  for (int64_t e = 0; e < full; e += kLanes) {
-    for (int k = 0; k < kLanes; ++k) one(e + k, k);
+  const int64_t full = n - n % kSumLanes;
+  for (int64_t e = 0; e < full; e += kSumLanes) {
+    for (int k = 0; k < kSumLanes; ++k) one(e + k, k);
   }
   for (int64_t e = full; e < n; ++e) one(e, static_cast<int>(e - full));
-  side->replica_max_abs = std::max(side->replica_max_abs, *std::max_element(max_l, max_l + kLanes));
+  side->replica_max_abs = std::max(side->replica_max_abs, *std::max_element(max_l, max_l + kSumLanes));
   NoteReplica(rank, LaneSum(d2_l), side->ref_norm2, side);
 }
 
