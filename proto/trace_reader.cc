@@ -262,12 +262,10 @@ Status TraceReader::DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& s
   out->type = h.type;
   out->stored_len = h.stored_len;
   out->raw_len = h.raw_len;
-  if (keep_stored && static_cast<format::Codec>(h.codec) == format::Codec::kNone) {
-    std::string copy = stored;  // DecodePayload takes an uncompressed payload's bytes
-    if (Status s = DecodePayload(h, copy, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
-    return Status::Ok();
-  }
-  if (Status s = DecodePayload(h, stored, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
+  std::string copy;  // DecodePayload takes an uncompressed payload's bytes: kept, it decodes a copy
+  std::string* in = &stored;
+  if (keep_stored && static_cast<format::Codec>(h.codec) == format::Codec::kNone) in = &(copy = stored);
+  if (Status s = DecodePayload(h, *in, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
   return Status::Ok();
 }
 
