@@ -38,9 +38,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from adapter_runs import end_process, free_port  # one harness for every runs script
+from adapter_runs import free_port, start_ranks  # one harness for every runs script
 
 VOCAB, HIDDEN, FFN, BATCH, SEQ = 32, 16, 26, 4, 8
 
@@ -209,7 +208,6 @@ def run_rank(rank, args):
     cap.close()
     if world > 1:
         dist.destroy_process_group()
-    end_process()  # torch 2.15's gloo teardown race after collectives in backward: adapter_runs.end_process
 
 
 def main(argv=None):
@@ -225,7 +223,7 @@ def main(argv=None):
     if args.world == 1:
         run_rank(0, args)
     else:
-        mp.spawn(run_rank, args=(args,), nprocs=args.world, join=True)
+        start_ranks(run_rank, (args,), args.world)
 
 
 if __name__ == "__main__":

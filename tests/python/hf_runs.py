@@ -16,7 +16,8 @@ import sys
 import tempfile
 
 import torch
-import torch.multiprocessing as mp
+
+from adapter_runs import start_ranks  # one harness for every runs script
 
 SAMPLES, LENGTH, VOCAB = 4, 8, 32
 
@@ -92,7 +93,7 @@ def main():
     if world == 1:
         target(0, 1, out, port, *extra)
     else:
-        mp.spawn(target, args=(world, out, port, *extra), nprocs=world, join=True)
+        start_ranks(target, (world, out, port, *extra), world)
 
 
 if __name__ == "__main__":

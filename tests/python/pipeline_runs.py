@@ -34,9 +34,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from adapter_runs import free_port
+from adapter_runs import free_port, start_ranks  # one harness for every runs script
 
 VOCAB, HIDDEN, LAYERS, BATCH, SEQ, MICROBATCHES = 24, 16, 4, 8, 4, 4
 
@@ -210,7 +209,7 @@ def main(argv=None):
     if args.kind == "ref":
         return run_ref(args)
     args.port = free_port()
-    mp.spawn(run_rank, args=(args,), nprocs=args.pp * args.dp, join=True)
+    start_ranks(run_rank, (args,), args.pp * args.dp)
 
 
 if __name__ == "__main__":

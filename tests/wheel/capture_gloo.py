@@ -65,7 +65,7 @@ def rank_main(rank, port, reduce, out_dir):
         # Everything is written and closed: skip the interpreter's teardown. The summing hook chains
         # .then() on gloo's future, and torch 2.15.0 releases that Python callback on gloo's thread,
         # which aborts the rank when it happens after the main thread reached teardown ("terminate
-        # called without an active exception"; tests/python/adapter_runs.py end_process). `mean`, the
+        # called without an active exception"; tests/python/adapter_runs.py start_ranks). `mean`, the
         # adapter's default hook, leaves gloo's thread nothing to release and exits normally.
         sys.stderr.flush()
         os._exit(0)
