@@ -63,8 +63,10 @@ def concurrent(cmds: list[list[str]]) -> dict:
                               text=True) for c in cmds]
     outs = [p.communicate()[1] for p in procs]
     wall = time.monotonic() - t0
-    parsed = [parse_time(o) for o in outs]
-    return {"wall": wall, "load": load, "rc": max(p.returncode for p in procs), "stderr_tail": parsed[-1]["stderr_tail"],
+    parsed = [dict(parse_time(o), rc=p.returncode) for p, o in zip(procs, outs)]
+    # The worst process speaks for all, with its own stderr: an exit other than 0 or 1 (a crash, a signal) first.
+    worst = max(parsed, key=lambda x: (x["rc"] not in (0, 1), x["rc"]))
+    return {"wall": wall, "load": load, "rc": worst["rc"], "stderr_tail": worst["stderr_tail"],
             "cpu": sum(x["cpu"] for x in parsed), "rss_mb": max(x["rss_mb"] for x in parsed)}
 
 
