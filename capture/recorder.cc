@@ -20,7 +20,9 @@
 #include "validate.h"
 
 namespace gradtrace::capture {
-namespace {
+// The writer queue's types, named in this namespace (not an anonymous one): Recorder::Impl, a type with
+// linkage, holds them.
+namespace recorder_queue {
 
 // One slice as the training thread hands it over: in full mode a host copy of
 // the elements, encoded later; in sketch and stats mode already encoded (the
@@ -45,6 +47,12 @@ struct Job {
   std::vector<SliceCopy> slices;
   int64_t bytes = 0;
 };
+
+}  // namespace recorder_queue
+using recorder_queue::Job;
+using recorder_queue::SliceCopy;
+
+namespace {
 
 struct TorchPair {
   pb::DType dtype;

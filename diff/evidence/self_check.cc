@@ -80,12 +80,6 @@ bool IdenticalInputs(double sum_sq, double members_sq, double rtol) {
          std::fabs(1 - sum_sq / members_sq) <= rtol * rtol;
 }
 
-std::string Fixed(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f", v);
-  return buf;
-}
-
 // One sentence per divisor rule (semantics/divisor_finding.h); {cite} is `cite` when the finding names the
 // DeepSpeed change behind it.
 struct DivisorSentence {
@@ -151,16 +145,16 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
   if (!p.param_kind.empty() && count != total) which += " (" + p.param_kind + ")";
   std::string ctx = " (group '" + p.group + "'" + (f.with_replicas ? " with its replicas" : "") + " of " +
                     std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() + "', loss '" + c.loss() +
-                    "', which needs " + Fixed(p.expected) + ")";
+                    "', which needs " + FormatFixed(p.expected) + ")";
   g->cause = semantics::CauseName(f.cause);
   g->dimension = f.dimension;
   g->expression = f.expression;
   g->param_kind = p.param_kind;
   if (p.expected > 0) g->predicted = p.expected;
-  std::string s = "effective divisor " + Fixed(d) + (f.expression.empty() ? "" : " = " + f.expression) + " " + which +
-                  ctx + ": " + DivisorWhy(f);
+  std::string s = "effective divisor " + FormatFixed(d) + (f.expression.empty() ? "" : " = " + f.expression) + " " +
+                  which + ctx + ": " + DivisorWhy(f);
   if (p.expected > 0 && !f.right) {
-    s += "; the optimizer sees " + Fixed(f.multiple) + " times the gradient of the mean loss";
+    s += "; the optimizer sees " + FormatFixed(f.multiple) + " times the gradient of the mean loss";
   }
   return s;
 }
@@ -596,8 +590,8 @@ SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const p
       p.verdict = SelfVerdict::kOk;
     }
     if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * std::fabs(p.divisor)) {
-      findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + Fixed(p.declared) +
-                                          " but the effective divisor is " + Fixed(p.divisor)});
+      findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + FormatFixed(p.declared) +
+                                          " but the effective divisor is " + FormatFixed(p.divisor)});
     }
   }
   for (const auto& pr : acc.problems) findings->push_back({"divisor", "'" + p.name + "': " + pr});

@@ -15,12 +15,6 @@ namespace {
 
 using semantics::Reading;
 
-std::string Fixed(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f", v);
-  return buf;
-}
-
 // A side as semantics/'s rules read it.
 semantics::SideFacts Facts(const TraceSide& s) {
   semantics::SideFacts f;
@@ -166,8 +160,8 @@ std::string FindingWords(const semantics::Finding& f, const TraceSide& carrier) 
       {"on", group.empty() ? "" : " on the " + group},
       {"fix", f.fix},
       {"cite", CiteChange(s.cite, f.change)},
-      {"dim_or_factor", f.dimension.empty() ? Fixed(f.factor) : f.dimension},
-      {"divisor", Fixed(f.divisor_once)},
+      {"dim_or_factor", f.dimension.empty() ? FormatFixed(f.factor) : f.dimension},
+      {"divisor", FormatFixed(f.divisor_once)},
       {"these", f.param_kind == "expert" ? "expert" : "these"},
       {"degree", f.dimension == "sp" ? "sequence" : "context"},
       {"hook", carrier.config.comm_hook()},
@@ -306,9 +300,10 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
   k.side = f.side;
   k.predicted = f.predicted;
   k.why = FindingWords(f, f.side == "A" ? a : b);
-  if (f.prediction_differs) k.why += "; the configurations predict B/A = " + Fixed(*f.predicted);
+  if (f.prediction_differs) k.why += "; the configurations predict B/A = " + FormatFixed(*f.predicted);
   if (f.loss_ratio) {
-    k.why += "; the recorded losses agree (B's loss per data-parallel replica is " + Fixed(*f.loss_ratio) + " x A's)";
+    k.why +=
+        "; the recorded losses agree (B's loss per data-parallel replica is " + FormatFixed(*f.loss_ratio) + " x A's)";
   }
   return k;
 }
@@ -322,7 +317,7 @@ std::string ExplainScale(double scale, int count, int total, const std::string& 
   if (!group.empty() && count != total) which += " (" + group + ")";
   Cause k = ExplainCause(scale, param_kind, a, b, ctol);
   std::string s =
-      "B/A = " + Fixed(scale) + (k.expression.empty() ? "" : " = " + k.expression) + " " + which + ": " + k.why;
+      "B/A = " + FormatFixed(scale) + (k.expression.empty() ? "" : " = " + k.expression) + " " + which + ": " + k.why;
   if (cause) *cause = std::move(k);
   return s;
 }

@@ -195,6 +195,8 @@ std::string RenderHtml(const Report& r);
 
 // Shared formatting: "%.4g"-style number, "-" for NaN.
 std::string FormatNumber(double v, int digits = 4);
+// "%.3f": the factors and divisors the explanations quote.
+std::string FormatFixed(double v);
 // "world 4 (dp 2 x sp 2), ZeRO-2, scaling ds-4530, loss local-mean, gas 1, fp32".
 std::string ConfigSummary(const pb::Config& c);
 // Headline: "B is 2.000 x A for all 14 parameters (scaled)" or the self-check equivalent.

@@ -19,6 +19,12 @@ std::string FormatNumber(double v, int digits) {
   return buf;
 }
 
+std::string FormatFixed(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
+}
+
 std::string ConfigSummary(const pb::Config& c) {
   // A degree of 0 is "not recorded" (FORMAT.md 4.1) and reads as 1; the others show only when > 1.
   std::string s = "world " + std::to_string(c.world()) + " (dp " + std::to_string(std::max(1, c.dp())) + " x sp " +

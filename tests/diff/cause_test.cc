@@ -14,7 +14,7 @@ using testing::Config;
 using testing::Synth;
 using testing::SynthSpec;
 
-Report Diff(const std::string& a, const std::string& b) {
+Report CauseDiff(const std::string& a, const std::string& b) {
   auto r = RunDiff(a, b, {});
   EXPECT_TRUE(r.ok()) << r.status().message();
   return r.ok() ? std::move(*r) : Report{};
@@ -45,7 +45,7 @@ TEST(Cause, ExpertGradientsTwiceAtEp2) {
   b.divide_as_expected = false;  // "mean" over the edp group
   b.recorded_scaling = "mean";
   b.run_id = "ep-b";
-  Report r = Diff(Synth("a", a), Synth("b", b));
+  Report r = CauseDiff(Synth("a", a), Synth("b", b));
   EXPECT_EQ(r.verdict, "scaled");
   const Group* g = ScaleGroup(r, 2.0);
   ASSERT_NE(g, nullptr);
@@ -78,7 +78,7 @@ TEST(Cause, ContextParallelLossTimesCp) {
   SynthSpec b = a;
   b.loss_multiplier = 2;  // x cp
   b.run_id = "cp-b";
-  Report r = Diff(Synth("a", a), Synth("b", b));
+  Report r = CauseDiff(Synth("a", a), Synth("b", b));
   EXPECT_EQ(r.verdict, "scaled");
   ASSERT_EQ(r.groups.size(), 1u);
   const Group& g = r.groups.front();
@@ -107,7 +107,7 @@ TEST(Cause, DeepSpeed0126MoeDoubleDivision) {
   SynthSpec b = a;
   b.scaling = "deepspeed@0.12.6";
   b.run_id = "moe-b";
-  Report r = Diff(Synth("a", a), Synth("b", b));
+  Report r = CauseDiff(Synth("a", a), Synth("b", b));
   EXPECT_EQ(r.verdict, "scaled");
   const Group* g = ScaleGroup(r, 0.5);
   ASSERT_NE(g, nullptr);
@@ -128,7 +128,7 @@ TEST(Cause, DeepSpeed0126MoeDoubleDivision) {
 
 // The #5248 case still reads as before, with the recipe to use.
 TEST(Cause, Issue5248UnderDs4530) {
-  Report r = Diff(Synth("a", testing::Reference()), Synth("b", Config(1, 2, 2, "ds-4530", "local-mean")));
+  Report r = CauseDiff(Synth("a", testing::Reference()), Synth("b", Config(1, 2, 2, "ds-4530", "local-mean")));
   EXPECT_EQ(r.verdict, "scaled");
   ASSERT_EQ(r.groups.size(), 1u);
   const Group& g = r.groups.front();
@@ -146,7 +146,7 @@ TEST(Cause, HeadlineIsMostSeriousFinding) {
   SynthSpec b = testing::Reference();
   b.extra_factor = {{"head.weight", 2.0}};
   b.run_id = "one-scaled";
-  Report r = Diff(Synth("a", testing::Reference()), Synth("b", b));
+  Report r = CauseDiff(Synth("a", testing::Reference()), Synth("b", b));
   EXPECT_EQ(r.verdict, "scaled");
   ASSERT_EQ(r.groups.size(), 2u);
   EXPECT_EQ(r.groups.front().count, 1);

@@ -55,7 +55,7 @@ int StageOf(const std::string& name, int layers, int pp) {
   return name == "model.embed_tokens.weight" ? 0 : pp - 1;
 }
 
-double Unit(uint64_t h) { return (sketch::Mix64(h) >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+double UnitInterval(uint64_t h) { return (sketch::Mix64(h) >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
 
 // One slice a rank writes of a parameter: elements [offset, offset + count) and, in sketch mode, the
 // parameter's sketch positions inside it.
@@ -100,12 +100,12 @@ std::vector<Piece> PiecesOf(const pb::ParamInfo& p, int tp, int t, const std::ve
 // Closed-form moments of the reference gradient over one slice (stats mode).
 pb::StatsPayload SliceMoments(uint64_t key, int64_t offset, int64_t count, int64_t step) {
   const uint64_t h = key ^ sketch::Mix64(static_cast<uint64_t>(offset) * 0x9E3779B97F4A7C15ull + step);
-  const double mu = 1e-4 * (Unit(key + 1) - 0.5), sigma = 0.005 * (0.5 + Unit(key + 2));
+  const double mu = 1e-4 * (UnitInterval(key + 1) - 0.5), sigma = 0.005 * (0.5 + UnitInterval(key + 2));
   const double n = static_cast<double>(count);
   pb::StatsPayload s;
   s.set_count(count);
-  s.set_sum(n * mu + 2 * sigma * std::sqrt(n) * (Unit(h) - 0.5));
-  s.set_sum_sq(n * (mu * mu + sigma * sigma) * (0.9 + 0.2 * Unit(h + 1)));
+  s.set_sum(n * mu + 2 * sigma * std::sqrt(n) * (UnitInterval(h) - 0.5));
+  s.set_sum_sq(n * (mu * mu + sigma * sigma) * (0.9 + 0.2 * UnitInterval(h + 1)));
   s.set_abs_max(4.5 * sigma + std::fabs(mu));
   return s;
 }
@@ -122,7 +122,7 @@ pb::StatsPayload Scaled(const pb::StatsPayload& s, double c) {
 std::vector<double> Shares(uint64_t key, int64_t at, int dp) {
   std::vector<double> w(dp);
   double sum = 0;
-  for (int j = 0; j < dp; ++j) sum += w[j] = 0.5 + Unit(key ^ (static_cast<uint64_t>(at) * 131 + 7919ull * j));
+  for (int j = 0; j < dp; ++j) sum += w[j] = 0.5 + UnitInterval(key ^ (static_cast<uint64_t>(at) * 131 + 7919ull * j));
   for (double& x : w) x *= dp / sum;
   return w;
 }

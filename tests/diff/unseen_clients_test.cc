@@ -16,7 +16,7 @@ using testing::Reference;
 using testing::Synth;
 using testing::SynthSpec;
 
-SynthSpec Steps(SynthSpec s, int steps) {
+SynthSpec WithSteps(SynthSpec s, int steps) {
   s.steps = steps;
   return s;
 }
@@ -28,7 +28,7 @@ SynthSpec AllTimes(SynthSpec s, double factor, int64_t from = 0) {
   return s;
 }
 
-Expected<Report> Diff(const std::string& a, const std::string& b, std::optional<int64_t> step = std::nullopt) {
+Expected<Report> DiffAt(const std::string& a, const std::string& b, std::optional<int64_t> step = std::nullopt) {
   DiffOptions o;
   o.step = step;
   return RunDiffSteps(a, b, o);
@@ -36,9 +36,9 @@ Expected<Report> Diff(const std::string& a, const std::string& b, std::optional<
 
 // PowerSGD-like: correct at step 0, wrong from step 1. The default used to compare step 0 only (exit 0).
 TEST(UnseenClients, DefaultComparesEveryStepAndReportsTheFirstThatDiffers) {
-  const std::string a = Synth("ref", Steps(Reference(), 3));
-  const std::string b = Synth("late", AllTimes(Steps(Reference(), 3), 2.0, 1));
-  auto r = Diff(a, b);
+  const std::string a = Synth("ref", WithSteps(Reference(), 3));
+  const std::string b = Synth("late", AllTimes(WithSteps(Reference(), 3), 2.0, 1));
+  auto r = DiffAt(a, b);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(1, r->step);
   EXPECT_EQ("scaled", r->verdict);
@@ -58,17 +58,17 @@ TEST(UnseenClients, DefaultComparesEveryStepAndReportsTheFirstThatDiffers) {
   const std::string text = RenderText(*r, false);
   EXPECT_NE(std::string::npos, text.find("Step 1, the first that differs")) << text;
   // --step 0 still compares that step alone, and it matches.
-  auto s0 = Diff(a, b, 0);
+  auto s0 = DiffAt(a, b, 0);
   ASSERT_TRUE(s0.ok());
   EXPECT_EQ("match", s0->verdict);
   EXPECT_TRUE(s0->steps.empty());
 }
 
 TEST(UnseenClients, AllStepsMatchingReportsTheFirstStep) {
-  const std::string a = Synth("ref", Steps(Reference(), 2));
-  SynthSpec b = Steps(Reference(), 2);
+  const std::string a = Synth("ref", WithSteps(Reference(), 2));
+  SynthSpec b = WithSteps(Reference(), 2);
   b.split_seed = 11;  // another rounding, same gradients
-  auto r = Diff(a, Synth("b", b));
+  auto r = DiffAt(a, Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(0, r->step);
   EXPECT_EQ("match", r->verdict);
@@ -82,7 +82,7 @@ TEST(UnseenClients, ParametersZeroUpToRoundingAreANoteNotAScaleGroup) {
   SynthSpec a = Reference(), b = Reference();
   a.extra_factor["layers.0.attn.qkv.bias"] = 1e-12;
   b.extra_factor["layers.0.attn.qkv.bias"] = 0.858e-12;
-  auto r = Diff(Synth("a", a), Synth("b", b));
+  auto r = DiffAt(Synth("a", a), Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("match", r->verdict);
   ASSERT_EQ(1u, r->groups.size());
@@ -102,7 +102,7 @@ TEST(UnseenClients, GasIsInferredFromTheRecordedMicroSteps) {
   b.gas = 4;
   b.recorded_gas = 1;
   b.loss_multiplier = 4;  // a sum over micro-steps of per-micro-step means, not divided by gas
-  auto r = Diff(Synth("a", Reference()), Synth("b", b));
+  auto r = DiffAt(Synth("a", Reference()), Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_FALSE(r->groups.empty());
   EXPECT_NEAR(4.0, *r->groups[0].scale, 1e-6);
@@ -118,27 +118,27 @@ TEST(UnseenClients, AnotherInitSeedIsADifferentStartNotAMismatch) {
   a.init_seed = 1;
   b.init_seed = 2;
   b.scramble = {"embed.weight", "layers.0.attn.qkv.weight"};  // what another start does to the gradients
-  auto r = Diff(Synth("a", a), Synth("b", b));
+  auto r = DiffAt(Synth("a", a), Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("different-start", r->verdict);
   EXPECT_EQ(3, r->ExitCode());
   EXPECT_EQ(0u, r->summary.find("A and B start from different weights (14 of 14 parameters")) << r->summary;
   // The same gradients from the same start: a mismatch, as before.
   b.init_seed = 1;
-  auto same = Diff(Synth("a2", a), Synth("b2", b));
+  auto same = DiffAt(Synth("a2", a), Synth("b2", b));
   ASSERT_TRUE(same.ok());
   EXPECT_EQ("mismatch", same->verdict);
   EXPECT_EQ(1, same->ExitCode());
 }
 
 TEST(UnseenClients, DifferentDataFromAStepIsNamedWithTheStep) {
-  SynthSpec a = Steps(Reference(), 3), b = Steps(Reference(), 3);
+  SynthSpec a = WithSteps(Reference(), 3), b = WithSteps(Reference(), 3);
   a.data_seed = b.data_seed = 1;
   b.data_seed = 5;
   b.data_seed_from_step = 1;
   b = AllTimes(b, 1.5, 1);  // what other data does to the gradients from then on
   b.dp = 2;                 // split differently: the moments still agree where the data do
-  auto r = Diff(Synth("a", a), Synth("b", b));
+  auto r = DiffAt(Synth("a", a), Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(1, r->step);
   EXPECT_EQ("different-data", r->verdict);
@@ -153,18 +153,18 @@ TEST(UnseenClients, CompressedCommunicationIsJudgedWithItsPrecision) {
   SynthSpec b = testing::Config(2, 1, 0, "mean", "local-mean");
   b.comm_dtype = "bf16";
   b.comm_hook = "bf16_compress_hook";
-  auto r = Diff(a, Synth("bf16", b));
+  auto r = DiffAt(a, Synth("bf16", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("match", r->verdict) << r->summary;
   // Dtypes in words by their one canonical name (proto/dtype.h, issue 21).
   EXPECT_EQ("all 14 parameters match within BF16 rounding (B communicates in BF16 (bf16_compress_hook))", r->summary);
   EXPECT_EQ("BF16", r->tolerance.precision);
   b.record_comm_dtype = false;
-  auto unrecorded = Diff(a, Synth("bf16-unrecorded", b));
+  auto unrecorded = DiffAt(a, Synth("bf16-unrecorded", b));
   ASSERT_TRUE(unrecorded.ok());
   EXPECT_EQ("mismatch", unrecorded->verdict);
   b.record_comm_dtype = true;
-  auto twice = Diff(a, Synth("bf16-2x", AllTimes(b, 2.0)));
+  auto twice = DiffAt(a, Synth("bf16-2x", AllTimes(b, 2.0)));
   ASSERT_TRUE(twice.ok());
   EXPECT_EQ("scaled", twice->verdict);
   ASSERT_FALSE(twice->groups.empty());
@@ -178,7 +178,7 @@ TEST(UnseenClients, AccumulationDtypeSetsThePrecision) {
   b.comm_dtype = "bf16";  // the values carry bf16 rounding...
   b.record_comm_dtype = false;
   b.accum_dtype = "bf16";  // ...which the trace attributes to accumulation
-  auto r = Diff(Synth("ref", Reference()), Synth("accum", b));
+  auto r = DiffAt(Synth("ref", Reference()), Synth("accum", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("match", r->verdict) << r->summary;
   EXPECT_EQ("all 14 parameters match within BF16 rounding (B trains in BF16)", r->summary);
@@ -195,7 +195,7 @@ TEST(UnseenClients, PowerSgdMismatchIsNamedAsLossyCompression) {
   SynthSpec b = testing::Config(2, 1, 0, "mean", "local-mean");
   b.comm_hook = "powerSGD_hook";
   b.scramble = {"layers.0.mlp.fc1.weight"};
-  auto r = Diff(Synth("ref", Reference()), Synth("psgd", b));
+  auto r = DiffAt(Synth("ref", Reference()), Synth("psgd", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("mismatch", r->verdict);
   ASSERT_FALSE(r->groups.empty());
@@ -208,7 +208,7 @@ TEST(UnseenClients, PowerSgdMismatchIsNamedAsLossyCompression) {
 TEST(UnseenClients, NegativeScalesKeepTheTextColumnsApart) {
   SynthSpec b = Reference();
   b.extra_factor["embed.weight"] = -1.234567e-5;
-  auto r = Diff(Synth("ref", Reference()), Synth("neg", b));
+  auto r = DiffAt(Synth("ref", Reference()), Synth("neg", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = RenderText(*r, false);
   const size_t at = text.find("embed.weight");
@@ -221,7 +221,7 @@ TEST(UnseenClients, NegativeScalesKeepTheTextColumnsApart) {
 TEST(UnseenClients, HtmlChartNamesItsParameters) {
   SynthSpec a = Reference(), b = testing::Config(1, 2, 2, "ds-4530", "local-mean");
   a.name_prefix = b.name_prefix = "module.model.";  // names of 25 to 37 bytes: over the 24 a tick shows
-  auto r = Diff(Synth("ref", a), Synth("b", b));
+  auto r = DiffAt(Synth("ref", a), Synth("b", b));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string html = RenderHtml(*r);
   size_t ticks = 0;

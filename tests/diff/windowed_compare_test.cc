@@ -30,7 +30,7 @@ using testing::Synth;
 constexpr int64_t kWindow = 100;
 constexpr double kRel = 1e-12;
 
-Report Diff(const std::string& a, const std::string& b, int64_t window, DiffOptions o = {}) {
+Report WindowedDiff(const std::string& a, const std::string& b, int64_t window, DiffOptions o = {}) {
   o.window_elements = window;
   auto r = RunDiff(a, b, o);
   EXPECT_TRUE(r.ok()) << r.status().message();
@@ -85,7 +85,7 @@ void ExpectSameJson(const json& x, const json& y, const std::string& at) {
 
 // Diffs a against b windowed and whole; returns the windowed report after checking they agree.
 Report ExpectSameAnswers(const std::string& a, const std::string& b, DiffOptions o = {}, int64_t window = kWindow) {
-  Report whole = Diff(a, b, 0, o), windowed = Diff(a, b, window, o);
+  Report whole = WindowedDiff(a, b, 0, o), windowed = WindowedDiff(a, b, window, o);
   EXPECT_EQ(windowed.verdict, whole.verdict);
   EXPECT_EQ(windowed.ExitCode(), whole.ExitCode());
   EXPECT_EQ(windowed.summary, whole.summary);
