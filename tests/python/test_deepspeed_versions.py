@@ -132,6 +132,36 @@ def test_user_script_contract(tmp_path):
     assert row["vs_reference"]["verdict"] == "match"
 
 
+PROBE_SCRIPT = '''
+import json, os, sys
+import deepspeed.comm.torch  # the module script_main patches when the package is deepspeed
+m = sys.modules["deepspeed.comm.torch"]
+json.dump({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__,
+           "build_shm_op": m.build_shm_op.__name__, "built": repr(m.build_shm_op()) if m.build_shm_op.__name__ ==
+           "<lambda>" else "not called"}, open(sys.argv[1], "w"))
+'''
+
+
+@pytest.mark.parametrize("package,patched", [("deepspeed", True), ("torchmetrics", False)])
+def test_script_main_runs_a_script_as_python_does_and_skips_deepspeeds_shm_build(tmp_path, package, patched):
+    """A user script's ranks start as `python -m gradtrace.versions.script_main SCRIPT ARGS`: the script sees the
+    argv, sys.path[0], __name__ and __file__ that `python SCRIPT ARGS` gives it; under a DeepSpeed study its
+    deepspeed.comm.torch has build_shm_op replaced (two minutes of g++ for an inference-only op), else not."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "probe.py"
+    script.write_text(PROBE_SCRIPT)
+    env = deepspeed_env()
+    env["GRADTRACE_PACKAGE"] = package
+    p = subprocess.run([sys.executable, "-m", "gradtrace.versions.script_main", str(script), str(tmp_path / "o.json")],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    seen = json.loads((tmp_path / "o.json").read_text())
+    assert seen["argv"] == [str(script), str(tmp_path / "o.json")]
+    assert seen["path0"] == str(script.parent) and seen["name"] == "__main__" and seen["file"] == str(script)
+    assert seen["build_shm_op"] == ("<lambda>" if patched else "build_shm_op")
+    assert seen["built"] == ("None" if patched else "not called")
+
+
 EMULATED = "0.11.1,0.11.2,0.12.0,0.12.2,0.13.0,0.14.0,0.14.4,0.15.0,0.19.8"  # 0.12.0: not in its table
 
 

@@ -117,13 +117,15 @@ def script_env(out, config_path, layout: Layout, package: str, release: str) -> 
 
 
 def _script(entry, python, config_path, layout, out, f, package, release, timeout):
-    """A user script: one process per rank (ds5248_run.launch: RANK, WORLD_SIZE, MASTER_* on 127.0.0.1)."""
+    """A user script: one process per rank (ds5248_run.launch: RANK, WORLD_SIZE, MASTER_* on 127.0.0.1), each
+    `python -m gradtrace.versions.script_main SCRIPT ARGS` (as `python SCRIPT ARGS`; see script_main)."""
     f.write(f"+ {python} {entry.name} {' '.join(entry.script_args)} (x{layout.world} ranks)\n")
     f.flush()
     extra = script_env(out, config_path, layout, package, release)
     env = child_env(extra)
     args = types.SimpleNamespace(sp=layout.sp, dp=layout.dp, timeout=timeout)
-    return ds5248_run.launch(args, list(entry.script_args), script=entry.name, python=python, log=f,
+    argv = [os.path.abspath(entry.name), *entry.script_args]
+    return ds5248_run.launch(args, argv, module="gradtrace.versions.script_main", python=python, log=f,
                              extra_env={k: env[k] for k in ("PYTHONPATH", "DS_ACCELERATOR", *extra)})
 
 
