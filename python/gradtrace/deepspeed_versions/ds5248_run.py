@@ -117,13 +117,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(args, argv, module=None, world=None, python=None, extra_env=None, log=None):
-    """Start `world` (default sp x dp) copies of `python -m module` (default this module) with `python`
-    (default this interpreter) as ranks on 127.0.0.1, each with RANK/WORLD_SIZE/MASTER_* and `extra_env` set,
-    output to the open file `log` (default: inherited); the worst exit status (124 after args.timeout s)."""
+def launch(args, argv, script=None, world=None, python=None, extra_env=None, log=None, module=None):
+    """Start `world` (default sp x dp) copies of `script` or `python -m module` (default this module) with
+    `python` (default this interpreter) as ranks on 127.0.0.1, each with RANK/WORLD_SIZE/MASTER_* and
+    `extra_env` set, output to the open file `log` (default: inherited); the worst exit status (124 after
+    args.timeout s)."""
     world = args.sp * args.dp if world is None else world
     port = str(free_port())
-    target = ["-m", module or (__name__ if __name__ != "__main__" else "gradtrace.deepspeed_versions.ds5248_run")]
+    if script is not None:
+        target = [os.path.abspath(script)]
+    else:
+        target = ["-m", module or (__name__ if __name__ != "__main__" else "gradtrace.deepspeed_versions.ds5248_run")]
     procs = []
     for r in range(world):
         env = dict(os.environ, **(extra_env or {}))
