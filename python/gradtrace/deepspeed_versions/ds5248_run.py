@@ -186,6 +186,12 @@ def disable_shm_comm_op():
         ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
     except ImportError:
         return
+    skip_shm_build(ds_torch_comm)
+
+
+def skip_shm_build(ds_torch_comm):
+    """disable_shm_comm_op's patch on an imported deepspeed.comm.torch (versions/script_main.py applies it as
+    a user's script imports that module)."""
     if hasattr(ds_torch_comm, "build_shm_op"):
         ds_torch_comm.build_shm_op = lambda: None
 

@@ -6,9 +6,9 @@ patch when the package under study is DeepSpeed:
 DeepSpeed's TorchBackend JIT-compiles its CPU shared-memory comm op when `deepspeed.init_distributed` creates
 it: two minutes of g++ per DeepSpeed install, redone whenever another install built the op into the same
 ~/.cache/torch_extensions (every release environment of a study does). Only inference_all_reduce uses that op;
-training collectives go to torch.distributed (gloo) whether it exists or not. The patch
-(ds5248_run.disable_shm_comm_op, which the ds5248 loop applies too) is made when the script itself imports
-deepspeed.comm.torch, not before: the script keeps its own import order and environment set-up.
+training collectives go to torch.distributed (gloo) whether it exists or not. The patch is the ds5248 loop's
+(ds5248_run.skip_shm_build), made when the script itself imports deepspeed.comm.torch, not before: the script
+keeps its own import order and environment set-up.
 """
 
 import importlib.abc
@@ -34,8 +34,9 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module):
             exec_module(module)
-            if hasattr(module, "build_shm_op"):
-                module.build_shm_op = lambda: None
+            # Imported here, not at start-up: `import gradtrace` loads numpy and the codec before the script.
+            from gradtrace.deepspeed_versions import ds5248_run
+            ds5248_run.skip_shm_build(module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
