@@ -98,7 +98,7 @@ inline void Spill(const V2* v, double* lanes) {
 
 }  // namespace
 
-template <bool kCross, typename A, typename B>
+template <typename A, typename B>
 void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
   // kSumLanes interleaved partial sums, element i in lane i % kSumLanes: independent
   // chains in SIMD, in a fixed order, so results do not depend on threads or
@@ -143,7 +143,7 @@ void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
         const V2 r = y - sv * x, e = y - x;
         res[k] += r * r;
         err[k] += e * e;
-        if constexpr (kCross) cross[k] += x * r;
+        cross[k] += x * r;
         mx[k] = Max(mx[k], Abs(e));
       }
     }
@@ -155,7 +155,7 @@ void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
     const double r = y - s * x, e = y - x;
     res_l[l] += r * r;
     err_l[l] += e * e;
-    if constexpr (kCross) cross_l[l] += x * r;
+    cross_l[l] += x * r;
     max_l[l] = std::max(max_l[l], std::fabs(e));  // NaN never wins, as before
   }
   aa_ += aa;
@@ -168,11 +168,31 @@ void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
 }
 
 template <typename A, typename B>
-void FullSums::Add(const A* a, const B* b, int64_t n) {
-  AddWindow<true>(a, b, n);
+void FullSums::Add(const A* a, const B* b, int64_t n, bool ends) {
+  while (n > 0) {
+    if (pending_ == 0 && (n >= kBlock || ends)) {
+      const int64_t m = std::min(n, kBlock);
+      AddWindow(a, b, m);
+      a += m, b += m, n -= m;
+      continue;
+    }
+    if (pending_a_.empty()) pending_a_.resize(kBlock), pending_b_.resize(kBlock);
+    const int64_t m = std::min(n, kBlock - pending_);
+    std::copy(a, a + m, pending_a_.begin() + pending_);
+    std::copy(b, b + m, pending_b_.begin() + pending_);
+    pending_ += m, a += m, b += m, n -= m;
+    if (pending_ == kBlock || (ends && n == 0)) {
+      AddWindow(pending_a_.data(), pending_b_.data(), pending_);
+      pending_ = 0;
+    }
+  }
 }
 
-Metrics FullSums::Finish(Basis basis) const {
+Metrics FullSums::Finish(Basis basis) {
+  if (pending_ > 0) {
+    AddWindow(pending_a_.data(), pending_b_.data(), pending_);
+    pending_ = 0;
+  }
   Metrics m;
   m.basis = basis;
   m.compared = n_;
@@ -204,7 +224,7 @@ Metrics FullSums::Finish(Basis basis) const {
 template <typename A, typename B>
 Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis) {
   FullSums sums;
-  sums.AddWindow<false>(a, b, n);  // one window: no cross term needed
+  sums.Add(a, b, n, true);
   return sums.Finish(basis);
 }
 
@@ -212,10 +232,10 @@ template Metrics CompareValues(const double*, const double*, int64_t, Basis);
 template Metrics CompareValues(const float*, const float*, int64_t, Basis);
 template Metrics CompareValues(const float*, const double*, int64_t, Basis);
 template Metrics CompareValues(const double*, const float*, int64_t, Basis);
-template void FullSums::Add(const double*, const double*, int64_t);
-template void FullSums::Add(const float*, const float*, int64_t);
-template void FullSums::Add(const float*, const double*, int64_t);
-template void FullSums::Add(const double*, const float*, int64_t);
+template void FullSums::Add(const double*, const double*, int64_t, bool);
+template void FullSums::Add(const float*, const float*, int64_t, bool);
+template void FullSums::Add(const float*, const double*, int64_t, bool);
+template void FullSums::Add(const double*, const float*, int64_t, bool);
 
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
   Metrics m;

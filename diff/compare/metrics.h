@@ -53,31 +53,35 @@ inline double LaneSum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) 
 template <typename A, typename B>
 Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis);
 
-// CompareValues over a parameter given one window of elements at a time, in
-// any order (issue 24 item 2: memory bounded by the window, not the parameter).
-// Each window is summed as CompareValues sums all: a.a, a.b, b.b first, then,
-// against the window's own scale s_w, R_w = ||b - s_w a||^2 and
-// C_w = <a, b - s_w a>. At the end, for the scale s of the whole,
+// CompareValues over a parameter given its elements in order, in pieces of
+// any size (issue 24: memory bounded by a window or a frame, not the
+// parameter). Elements are summed in blocks of kBlock counted from the
+// parameter's first element, whatever the pieces: every path (whole, windowed,
+// streamed from frames) and CompareValues itself sum the same blocks, so their
+// results are equal bit for bit. Each block is summed as one pass of a.a, a.b,
+// b.b and, against the block's own scale s_w, R_w = ||b - s_w a||^2 and
+// C_w = <a, b - s_w a>, from cache (a block of two sides fits in L2). At the
+// end, for the scale s of the whole,
 //   ||b - s a||^2 = sum_w R_w - 2 (s - s_w) C_w + (s - s_w)^2 a_w.a_w,
 // exact for any s_w; as s_w minimises R_w, C_w is rounding and the other two
-// terms are positive, so nothing cancels and the residual stays as exact as
-// the two-pass one, without a second pass over the data. One window gives
-// CompareValues' results bit for bit; several differ from them by rounding
-// only: sums by summation order (1e-12 relative in windowed_compare_test.cc),
-// and the residual as each rounds b - s a against its own scale (up to about
-// 4u / residual relative, u = 2^-53: 1e-10 at a residual of 4e-8; an exact
-// multiple gives 0 in both).
+// terms are positive, so nothing cancels and the residual stays as exact as a
+// two-pass one over the whole parameter, without a second pass over the data
+// (which would read it again from memory). A parameter of one block is summed
+// exactly as the two-pass method; more blocks differ from that by rounding
+// only (sums by summation order, the residual by about 4u / residual relative,
+// u = 2^-53: 1e-10 at a residual of 4e-8; an exact multiple gives 0 in both).
 class FullSums {
  public:
+  static constexpr int64_t kBlock = int64_t{1} << 14;
+  // The next n elements of both sides. `ends`: they are the parameter's last
+  // (a partial block is then summed as it is, not copied to wait for more).
   template <typename A, typename B>
-  void Add(const A* a, const B* b, int64_t n);
-  Metrics Finish(Basis basis) const;
+  void Add(const A* a, const B* b, int64_t n, bool ends = false);
+  Metrics Finish(Basis basis);
 
  private:
-  template <bool kCross, typename A, typename B>
-  void AddWindow(const A* a, const B* b, int64_t n);
   template <typename A, typename B>
-  friend Metrics CompareValues(const A* a, const B* b, int64_t n, Basis basis);
+  void AddWindow(const A* a, const B* b, int64_t n);
 
   struct Window {
     double scale, aa, res2, cross;
@@ -85,6 +89,9 @@ class FullSums {
   double aa_ = 0, ab_ = 0, bb_ = 0, err2_ = 0, max_abs_ = 0;
   int64_t n_ = 0, nonfinite_a_ = 0, nonfinite_b_ = 0;
   std::vector<Window> windows_;
+  // A block given in several pieces, widened to double (exact) until it is whole.
+  std::vector<double> pending_a_, pending_b_;
+  int64_t pending_ = 0;
 };
 Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only);
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 namespace gradtrace::diff {
@@ -125,6 +126,46 @@ TEST(Metrics, AbsoluteFloorPassesRoundingNoiseOnly) {
   Metrics st = m;
   st.basis = Basis::kStats;
   EXPECT_EQ(Classify(st, 1e-4, 3e-8), Verdict::kMismatch);
+}
+
+// Every path gives FullSums its elements in other pieces (whole, windows,
+// slices of frames): the results must not depend on them, bit for bit, and
+// several blocks must stay as accurate as one two-pass sum (long double here).
+TEST(Metrics, FullSumsIsTheSameWhateverThePieces) {
+  const int64_t n = 3 * FullSums::kBlock + 123;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> g(0.0f, 1e-3f);
+  std::vector<float> a(n), b(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = g(rng), b[i] = 4.0f * a[i] + 1e-9f * g(rng);
+  const Metrics whole = CompareValues(a.data(), b.data(), n, Basis::kFull);
+  std::vector<double> b64(b.begin(), b.end());
+  for (int64_t piece : {int64_t{1}, int64_t{100}, FullSums::kBlock - 1, FullSums::kBlock, 5 * FullSums::kBlock}) {
+    FullSums sums;
+    for (int64_t lo = 0; lo < n; lo += piece) {
+      const int64_t m = std::min(piece, n - lo);
+      sums.Add(a.data() + lo, b64.data() + lo, m, lo + m == n && piece % 2 == 1);
+    }
+    const Metrics m = sums.Finish(Basis::kFull);
+    EXPECT_EQ(m.scale, whole.scale) << piece;
+    EXPECT_EQ(m.residual, whole.residual) << piece;
+    EXPECT_EQ(m.cosine, whole.cosine) << piece;
+    EXPECT_EQ(m.rel_error, whole.rel_error) << piece;
+    EXPECT_EQ(m.max_abs_error, whole.max_abs_error) << piece;
+    EXPECT_EQ(m.compared, n) << piece;
+  }
+  long double aa = 0, ab = 0, bb = 0;
+  for (int64_t i = 0; i < n; ++i)
+    aa += (long double)a[i] * a[i], ab += (long double)a[i] * b[i], bb += (long double)b[i] * b[i];
+  const long double s = ab / aa;
+  long double r2 = 0;
+  for (int64_t i = 0; i < n; ++i) r2 += (b[i] - s * a[i]) * (b[i] - s * a[i]);
+  const double residual = static_cast<double>(std::sqrt(r2 / bb));
+  EXPECT_NEAR(whole.scale, static_cast<double>(s), 1e-15);
+  // b = 4a but where fp32 rounding kept the planted noise: a residual far below sqrt(double epsilon), which a
+  // one-pass formula (bb - 2 s ab + s^2 aa) would cancel to nothing.
+  EXPECT_GT(residual, 1e-12);
+  EXPECT_LT(residual, 1e-9);
+  EXPECT_NEAR(whole.residual, residual, 1e-6 * residual);
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 // Each case diffs the same two sets twice, with a tiny window (kWindow, not a
 // divisor of the parameters' 1024, 768 and 256 elements, so windows end inside
 // slices and frames) and with windows off, and requires the same verdicts,
-// exit code and report; numbers may differ by rounding only: within kRel
-// relative, residuals within ResidualTolerance (metrics.h FullSums).
+// exit code and report, numbers included bit for bit: both paths give
+// FullSums the same blocks (metrics.h), whatever the windows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,7 +28,6 @@ using testing::Reference;
 using testing::Synth;
 
 constexpr int64_t kWindow = 100;
-constexpr double kRel = 1e-12;
 
 Report WindowedDiff(const std::string& a, const std::string& b, int64_t window, DiffOptions o = {}) {
   o.window_elements = window;
@@ -37,28 +36,12 @@ Report WindowedDiff(const std::string& a, const std::string& b, int64_t window, 
   return r.ok() ? std::move(*r) : Report{};
 }
 
-// Within `rel` relative.
-bool Close(double x, double y, double rel) {
-  if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && std::isnan(y);
-  return x == y || std::fabs(x - y) <= rel * std::max(std::fabs(x), std::fabs(y));
-}
-
-// How far two correct residuals may differ, relative: kRel, plus each path's own rounding of b - s a. An element
-// of b - s a (about residual x |b| in size) is rounded by up to u |b| (u = 2^-53), so a residual computed against
-// a window's scale and one against the whole's differ by up to 4u / residual relative (1e-10 at the 4e-8 residuals
-// of these sets' fp32 rounding); an exact multiple gives 0 on both.
-double ResidualTolerance(double x, double y) {
-  const double u = std::ldexp(1.0, -53), r = std::min(std::fabs(x), std::fabs(y));
-  return kRel + (r > 0 ? 4 * u / r : 0);
-}
-
-// Numbers within kRel (residuals: ResidualTolerance), everything else exactly; `params` matched by name (their
-// order follows the residuals).
+// Numbers bit for bit (NaN equal to NaN), everything else exactly; `params` matched by name (their order follows
+// the residuals).
 void ExpectSameJson(const json& x, const json& y, const std::string& at) {
   if (x.is_number() && y.is_number()) {
     const double a = x.get<double>(), b = y.get<double>();
-    const bool residual = at.size() >= 9 && at.compare(at.size() - 9, 9, ".residual") == 0;
-    EXPECT_TRUE(Close(a, b, residual ? ResidualTolerance(a, b) : kRel)) << at << ": " << x << " vs " << y;
+    EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << at << ": " << x << " vs " << y;
     return;
   }
   ASSERT_EQ(x.type(), y.type()) << at;
