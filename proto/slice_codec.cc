@@ -170,19 +170,26 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
 
 namespace {
 
-// out[i] += element i, for n elements W bytes wide, stored plain or
-// byte-shuffled. Shuffled input is reassembled straight from its W byte
+// out[i] += element i (kAdd), or out[i] = element i, for n elements W bytes
+// wide, stored plain or byte-shuffled. Shuffled input is reassembled straight from its W byte
 // planes (plane k holds byte k of every element), with no transposition
 // buffer: the loop vectorizes.
 // Elements [first, first + count) of the n stored go to out[0, count).
-template <size_t W, typename Bits, typename ToDouble, typename T>
+template <bool kAdd, size_t W, typename Bits, typename ToDouble, typename T>
 void AddElements(const uint8_t* data, size_t n, size_t first, size_t count, bool shuffled, ToDouble to_double, T* out) {
+  const auto put = [out](size_t i, T v) {
+    if constexpr (kAdd) {
+      out[i] += v;
+    } else {
+      out[i] = v;
+    }
+  };
   if (!shuffled) {
     data += first * W;
     for (size_t i = 0; i < count; ++i) {
       Bits bits;
       std::memcpy(&bits, data + i * W, W);
-      out[i] += static_cast<T>(to_double(bits));
+      put(i, static_cast<T>(to_double(bits)));
     }
     return;
   }
@@ -191,12 +198,12 @@ void AddElements(const uint8_t* data, size_t n, size_t first, size_t count, bool
   for (size_t i = 0; i < count; ++i) {
     Bits bits = 0;
     for (size_t k = 0; k < W; ++k) bits |= static_cast<Bits>(plane[k][i]) << (8 * k);
-    out[i] += static_cast<T>(to_double(bits));
+    put(i, static_cast<T>(to_double(bits)));
   }
 }
 
 // Elements of a dtype without a fast path above, each widened by the dtype table's ElementToDouble.
-template <typename T>
+template <bool kAdd, typename T>
 void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_t count, bool shuffled, T* out) {
   const auto widen = [dtype](auto bits) {
     uint8_t e[sizeof bits];
@@ -205,24 +212,22 @@ void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_
   };
   switch (DTypeSize(dtype)) {
     case 1:
-      AddElements<1, uint8_t>(p, n, first, count, shuffled, widen, out);
+      AddElements<kAdd, 1, uint8_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 2:
-      AddElements<2, uint16_t>(p, n, first, count, shuffled, widen, out);
+      AddElements<kAdd, 2, uint16_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 4:
-      AddElements<4, uint32_t>(p, n, first, count, shuffled, widen, out);
+      AddElements<kAdd, 4, uint32_t>(p, n, first, count, shuffled, widen, out);
       break;
     default:
-      AddElements<8, uint64_t>(p, n, first, count, shuffled, widen, out);
+      AddElements<kAdd, 8, uint64_t>(p, n, first, count, shuffled, widen, out);
       break;
   }
 }
 
-}  // namespace
-
-template <typename T>
-Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
+template <bool kAdd, typename T>
+Status FullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
   Expected<size_t> width = FullSliceWidth(slice);
   if (!width.ok()) return width.status();
@@ -236,22 +241,34 @@ Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T
   const bool sh = slice.full().shuffled();
   switch (slice.dtype()) {
     case pb::FP32:
-      AddElements<4, uint32_t>(
+      AddElements<kAdd, 4, uint32_t>(
           p, n, f, c, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); }, out);
       break;
     case pb::FP64:
-      AddElements<8, uint64_t>(
+      AddElements<kAdd, 8, uint64_t>(
           p, n, f, c, sh, [](uint64_t b) { return std::bit_cast<double>(b); }, out);
       break;
     case pb::BF16:
-      AddElements<2, uint16_t>(
+      AddElements<kAdd, 2, uint16_t>(
           p, n, f, c, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
       break;
     default:  // FP16 and any other row of the dtype table: its exact widening is ElementToDouble
-      AddWidened(slice.dtype(), p, n, f, c, sh, out);
+      AddWidened<kAdd>(slice.dtype(), p, n, f, c, sh, out);
       break;
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+template <typename T>
+Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
+  return FullValueRange<true>(slice, first, count, out);
+}
+
+template <typename T>
+Status CopyFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
+  return FullValueRange<false>(slice, first, count, out);
 }
 
 template <typename T>
@@ -263,6 +280,8 @@ template Status AddFullValues<double>(const pb::Slice& slice, double* out);
 template Status AddFullValues<float>(const pb::Slice& slice, float* out);
 template Status AddFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
 template Status AddFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
+template Status CopyFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
+template Status CopyFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
 
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {
   Expected<std::string> bytes = DecodeFullBytes(slice);

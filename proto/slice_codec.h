@@ -64,6 +64,10 @@ Status AddFullValues(const pb::Slice& slice, T* out);
 // InvalidArgument when the range is not inside the slice.
 template <typename T>
 Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
+// The same, writing the values (out[i] = element) instead of adding them: no
+// zeroed buffer needed.
+template <typename T>
+Status CopyFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 

@@ -10,6 +10,7 @@
 
 #include "compare/align.h"
 #include "compare/side_compare.h"
+#include "compare/stream_compare.h"
 #include "compare/tolerance.h"
 #include "compare/windowed_compare.h"
 #include "compare/work_units.h"
@@ -108,9 +109,19 @@ Status WholeFallback(const Sources& s, size_t pair, ReaderCache* readers, std::v
   return CompareWhole(s, {pair}, readers, out);
 }
 
-// One unit: its parameters larger than `window` one at a time in windows, the others gathered whole together.
-Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCache* readers,
+// One unit: streamed from the frames where the layout allows (stream: null never), else its parameters larger than
+// `window` one at a time in windows, the others gathered whole together.
+Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCache* readers, StreamCache* stream,
                    std::vector<Compared>* out) {
+  if (stream != nullptr && s.combine == Combine::kReplicas) {
+    std::vector<StreamedParam> r;
+    if (CompareStreamed(s.x, s.y, s.frames_x, s.frames_y, s.al, unit.pairs, readers, stream, &r)) {
+      for (size_t k = 0; k < r.size(); ++k) (*out)[unit.pairs[k]] = MakeRecord(r[k].metrics, "", r[k].a, r[k].b);
+      ++stream->streamed_units;
+      return Status::Ok();
+    }
+    ++stream->fallbacks;
+  }
   std::vector<size_t> whole;
   for (size_t i : unit.pairs) {
     const ParamPair& p = s.al.params[i];
@@ -138,6 +149,7 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
   std::vector<Unit> units = MakeUnits(al, sources.frames_x, sources.frames_y, options.unit_elements);
   int threads = ResolveThreads(options.threads);
   std::vector<ReaderCache> caches(threads);
+  std::vector<StreamCache> streams(threads);
   out->assign(al.params.size(), Compared());
   std::mutex mu;
   Status first_error;
@@ -160,13 +172,19 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
     cache.Plan(x, unit_x);
     cache.Plan(y, unit_y);
   }
+  for (StreamCache& cache : streams) {
+    cache.Plan(x, unit_x);
+    cache.Plan(y, unit_y);
+  }
   ParallelForBlocks(weight, threads, [&](size_t u, int worker) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error.ok()) return;
     }
     caches[worker].BeginUnit(u);
-    Status st = CompareUnit(sources, units[u], options.window_elements, &caches[worker], out);
+    streams[worker].BeginUnit(u);
+    Status st = CompareUnit(sources, units[u], options.window_elements, &caches[worker],
+                            options.stream ? &streams[worker] : nullptr, out);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = st;

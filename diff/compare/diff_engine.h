@@ -35,6 +35,9 @@ struct DiffOptions {
   // kept in double: sums over ranks, fp64), windowed_compare.h, so memory is bounded by the window and the frames
   // in flight, not by the parameter (0: every parameter whole).
   int64_t window_elements = int64_t{1} << 22;
+  // Units in the usual FINAL/POST layout are compared straight from the frames (stream_compare.h); false: every
+  // unit is reassembled (the same numbers bit for bit; tests compare the paths).
+  bool stream = true;
   Shard shard;  // --shard K/N: compare only this share of the aligned parameters
   // Each side's per-rank x per-bucket view (TraceSide.bucket_view): a full --self pass over each side, so only
   // when the HTML report will draw it (--html; shard 0 of a sharded diff, which carries it to the merge).

@@ -31,6 +31,7 @@ constexpr int64_t kWindow = 100;
 
 Report WindowedDiff(const std::string& a, const std::string& b, int64_t window, DiffOptions o = {}) {
   o.window_elements = window;
+  o.stream = false;  // the reassembling paths, windowed or whole (stream_compare_test.cc compares the streamed one)
   auto r = RunDiff(a, b, o);
   EXPECT_TRUE(r.ok()) << r.status().message();
   return r.ok() ? std::move(*r) : Report{};

@@ -1,0 +1,184 @@
+// Issue 24 item 1: units in the FINAL/POST layout are compared straight from
+// the frames (stream_compare.h). Each case checks which layouts the walk takes
+// (CompareStreamed on one unit of every parameter) and that a diff gives the
+// same report, bit for bit, streamed or reassembled (DiffOptions.stream), as
+// FullSums' blocks promise; what the walk leaves (partitions, replicas that
+// disagree, corrupt frames) goes to reassembly with the same answers and errors.
+#include "compare/stream_compare.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "compare/diff_engine.h"
+#include "synth_big.h"
+#include "synth_trace.h"
+#include "test_dirs.h"
+
+namespace gradtrace::diff {
+namespace {
+namespace fs = std::filesystem;
+using testing::Config;
+using testing::Reference;
+using testing::Synth;
+
+// CompareStreamed on one unit holding every comparable parameter of the two sets at `phase`.
+bool Streams(const std::string& a, const std::string& b, pb::Phase phase, std::vector<StreamedParam>* out,
+             Alignment* al) {
+  auto x = TraceSet::Load(a), y = TraceSet::Load(b);
+  EXPECT_TRUE(x.ok() && y.ok());
+  if (!x.ok() || !y.ok()) return false;
+  auto aligned = AlignSets(*x, *y, {}, phase, std::nullopt);
+  EXPECT_TRUE(aligned.ok()) << aligned.status().message();
+  if (!aligned.ok()) return false;
+  *al = *aligned;
+  std::vector<size_t> pairs;
+  for (size_t i = 0; i < al->params.size(); ++i) {
+    if (al->params[i].problem.empty()) pairs.push_back(i);
+  }
+  const Selection sel{al->step, phase};
+  ReaderCache readers;
+  StreamCache cache;
+  return CompareStreamed(*x, *y, SelectFrames(*x, sel), SelectFrames(*y, sel), *al, pairs, &readers, &cache, out);
+}
+
+bool Streams(const std::string& a, const std::string& b, pb::Phase phase = pb::FINAL) {
+  std::vector<StreamedParam> out;
+  Alignment al;
+  return Streams(a, b, phase, &out, &al);
+}
+
+// The JSON report of a diff, streamed or not (and with other options).
+std::string Diff(const std::string& a, const std::string& b, bool stream, DiffOptions o = {}) {
+  o.stream = stream;
+  auto r = RunDiff(a, b, o);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? RenderJson(*r) : "";
+}
+
+void ExpectSameReports(const std::string& a, const std::string& b, DiffOptions o = {}) {
+  const std::string streamed = Diff(a, b, true, o);
+  EXPECT_FALSE(streamed.empty());
+  EXPECT_EQ(streamed, Diff(a, b, false, o));
+}
+
+// One rank against three replicas, every frame the same bytes on each rank: streamed, with the whole path's
+// report; the replicas are counted as the replica merge counts them.
+TEST(StreamCompare, ReplicasThatAgreeAreStreamed) {
+  const std::string a = Synth("stream-ref", Reference());
+  testing::SynthSpec spec = Config(3, 1, 0, "mean", "local-mean");
+  spec.extra_factor["layers.0.mlp.fc1.weight"] = 4;
+  const std::string b = Synth("stream-dp3", spec);
+  std::vector<StreamedParam> out;
+  Alignment al;
+  ASSERT_TRUE(Streams(a, b, pb::FINAL, &out, &al));
+  ASSERT_FALSE(out.empty());
+  for (const StreamedParam& p : out) {
+    EXPECT_EQ(p.a.ranks, 1);
+    EXPECT_EQ(p.b.ranks, 3);
+    EXPECT_EQ(p.b.replica_rank, 0);
+    EXPECT_EQ(p.b.replica_rel(), 0);
+    EXPECT_EQ(p.b.covered, p.b.numel);
+  }
+  ExpectSameReports(a, b);
+  auto r = RunDiff(a, b, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->verdict, "scaled") << r->summary;
+  for (const ParamResult& p : r->params) {
+    EXPECT_NEAR(p.metrics.scale, p.name == "layers.0.mlp.fc1.weight" ? 4.0 : 1.0, 1e-6) << p.name;  // fp32 sums
+  }
+}
+
+// A parameter of three million elements cut across frames (and so across the walk's blocks), two replicas per side:
+// streamed; the scale is exact and all three paths (streamed, whole, windowed) give the same report.
+TEST(StreamCompare, AParameterAcrossFramesIsStreamedBlockByBlock) {
+  testing::BigParamSpec spec;
+  spec.numel = 3'000'000;
+  spec.dp = 2;
+  const std::string a = testing::FreshDir("stream-big-a");
+  ASSERT_TRUE(testing::WriteBigParamSet(a, spec).ok());
+  spec.factor = 2;
+  spec.run_id = "big-param-x2";
+  const std::string b = testing::FreshDir("stream-big-b");
+  ASSERT_TRUE(testing::WriteBigParamSet(b, spec).ok());
+  std::vector<StreamedParam> out;
+  Alignment al;
+  ASSERT_TRUE(Streams(a, b, pb::FINAL, &out, &al));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].metrics.scale, 2.0);
+  EXPECT_EQ(out[0].metrics.residual, 0.0);
+  EXPECT_EQ(out[0].metrics.compared, 3'000'000);
+  DiffOptions windows;
+  windows.window_elements = 1 << 20;
+  const std::string streamed = Diff(a, b, true);
+  EXPECT_EQ(streamed, Diff(a, b, false));
+  EXPECT_EQ(streamed, Diff(a, b, false, windows));
+  DiffOptions one_thread;
+  one_thread.threads = 1;
+  EXPECT_EQ(streamed, Diff(a, b, true, one_thread));
+}
+
+// Layouts the walk leaves to reassembly, with the same reports: ZeRO-2 partitions (POST), pre-reduce sums, sketch
+// and stats capture.
+TEST(StreamCompare, OtherLayoutsAreReassembledWithTheSameAnswers) {
+  const std::string ref = Synth("stream-ref", Reference());
+  const std::string zero2 = Synth("stream-zero2", Config(3, 1, 2, "mean", "local-mean"));
+  EXPECT_FALSE(Streams(zero2, Synth("stream-zero2-dp4", Config(4, 1, 2, "mean", "local-mean")), pb::POST_REDUCE));
+  DiffOptions post;
+  post.phase = pb::POST_REDUCE;
+  ExpectSameReports(zero2, Synth("stream-zero2-dp4", Config(4, 1, 2, "mean", "local-mean")), post);
+  DiffOptions pre;
+  pre.phase = pb::PRE_REDUCE;
+  ExpectSameReports(ref, Synth("stream-sp2", Config(2, 2, 0, "ds-4530", "local-mean")), pre);
+  for (const std::string capture : {"sketch:64", "stats"}) {
+    testing::SynthSpec spec = Reference();
+    spec.capture = capture;
+    const std::string other = Synth("stream-" + capture.substr(0, 5), spec);
+    EXPECT_FALSE(Streams(ref, other)) << capture;
+    ExpectSameReports(ref, other);
+  }
+}
+
+// A replica whose FINAL differs is not the first rank's bytes: the unit is reassembled and the disagreement found.
+TEST(StreamCompare, ReplicasThatDisagreeAreReassembledAndReported) {
+  const std::string a = Synth("stream-ref", Reference());
+  testing::SynthSpec spec = Config(3, 1, 0, "mean", "local-mean");
+  spec.disagree_rank = 2;
+  const std::string b = Synth("stream-disagree", spec);
+  EXPECT_FALSE(Streams(a, b));
+  ExpectSameReports(a, b);
+  auto r = RunDiff(a, b, {});
+  ASSERT_TRUE(r.ok());
+  bool found = false;
+  for (const Finding& f : r->findings) found |= f.kind == "replica" && f.message.find("rank 2") != std::string::npos;
+  EXPECT_TRUE(found) << r->summary;
+}
+
+// A corrupt frame (one byte of the first rank's last FINAL frame): the walk gives up, reassembly reports it in its
+// words, naming the file, as a diff without streaming does.
+TEST(StreamCompare, ACorruptFrameIsReportedByReassembly) {
+  const std::string a = Synth("stream-ref", Reference());
+  const std::string b = Synth("stream-corrupt", Config(2, 1, 0, "mean", "local-mean"));
+  std::string path0;
+  uint64_t at = 0;
+  {
+    auto set = TraceSet::Load(b);
+    ASSERT_TRUE(set.ok()) << set.status().message();
+    const auto frames = SelectFrames(*set, {0, pb::FINAL});
+    path0 = set->ranks()[0].path;
+    at = frames[0].back()->offset + format::kFrameHeaderSize + 10;
+  }
+  ASSERT_TRUE(testing::FlipByte(path0, at).ok());
+  EXPECT_FALSE(Streams(a, b));
+  DiffOptions o;
+  auto streamed = RunDiff(a, b, o);
+  o.stream = false;
+  auto whole = RunDiff(a, b, o);
+  ASSERT_FALSE(streamed.ok());
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(streamed.status().message(), whole.status().message());
+  EXPECT_NE(streamed.status().message().find(path0), std::string::npos) << streamed.status().message();
+}
+
+}  // namespace
+}  // namespace gradtrace::diff
