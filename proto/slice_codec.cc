@@ -139,12 +139,11 @@ pb::Slice MakeSlice(const pb::ParamInfo& param, int64_t offset, int64_t count, p
 
 namespace {
 
-// The element width of a full slice whose payload holds exactly `count` elements.
-Expected<size_t> FullSliceWidth(const pb::Slice& slice) {
+// The element width of a full slice whose payload (`data`) holds exactly `count` elements.
+Expected<size_t> FullSliceWidth(const pb::Slice& slice, std::string_view data) {
   if (!slice.has_full()) return Status::InvalidArgument("slice has no full payload");
   const size_t w = DTypeSize(slice.dtype());
   if (w == 0) return Status::Corruption("slice has unknown dtype " + std::to_string(slice.dtype()));
-  const std::string& data = slice.full().data();
   const int64_t count = slice.count();
   if (count < 0 || static_cast<uint64_t>(count) > data.size() / w || data.size() != static_cast<size_t>(count) * w) {
     return Status::Corruption("full slice payload size mismatch (expected " + std::to_string(count) + " x " +
@@ -156,7 +155,7 @@ Expected<size_t> FullSliceWidth(const pb::Slice& slice) {
 }  // namespace
 
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
-  Expected<size_t> width = FullSliceWidth(slice);
+  Expected<size_t> width = FullSliceWidth(slice, slice.full().data());
   if (!width.ok()) return width.status();
   const size_t w = *width;
   const std::string& data = slice.full().data();
@@ -227,16 +226,16 @@ void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_
 }
 
 template <bool kAdd, typename T>
-Status FullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
+Status FullValueRange(const pb::Slice& slice, std::string_view data, int64_t first, int64_t count, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
-  Expected<size_t> width = FullSliceWidth(slice);
+  Expected<size_t> width = FullSliceWidth(slice, data);
   if (!width.ok()) return width.status();
   if (first < 0 || count < 0 || first > slice.count() || count > slice.count() - first) {
     return Status::InvalidArgument("elements [" + std::to_string(first) + ", +" + std::to_string(count) +
                                    ") outside a slice of " + std::to_string(slice.count()));
   }
   if (sizeof(T) < 8 && slice.dtype() == pb::FP64) return Status::InvalidArgument("fp64 slice into float values");
-  const auto* p = reinterpret_cast<const uint8_t*>(slice.full().data().data());
+  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
   const auto n = static_cast<size_t>(slice.count()), f = static_cast<size_t>(first), c = static_cast<size_t>(count);
   const bool sh = slice.full().shuffled();
   switch (slice.dtype()) {
@@ -263,12 +262,12 @@ Status FullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* o
 
 template <typename T>
 Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
-  return FullValueRange<true>(slice, first, count, out);
+  return FullValueRange<true>(slice, slice.full().data(), first, count, out);
 }
 
 template <typename T>
-Status CopyFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out) {
-  return FullValueRange<false>(slice, first, count, out);
+Status CopyFullValueRange(const pb::Slice& slice, std::string_view data, int64_t first, int64_t count, T* out) {
+  return FullValueRange<false>(slice, data, first, count, out);
 }
 
 template <typename T>
@@ -280,8 +279,8 @@ template Status AddFullValues<double>(const pb::Slice& slice, double* out);
 template Status AddFullValues<float>(const pb::Slice& slice, float* out);
 template Status AddFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
 template Status AddFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
-template Status CopyFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
-template Status CopyFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
+template Status CopyFullValueRange<double>(const pb::Slice&, std::string_view, int64_t, int64_t, double*);
+template Status CopyFullValueRange<float>(const pb::Slice&, std::string_view, int64_t, int64_t, float*);
 
 Expected<std::vector<double>> DecodeFullValues(const pb::Slice& slice) {
   Expected<std::string> bytes = DecodeFullBytes(slice);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtype.h"
@@ -64,10 +65,10 @@ Status AddFullValues(const pb::Slice& slice, T* out);
 // InvalidArgument when the range is not inside the slice.
 template <typename T>
 Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
-// The same, writing the values (out[i] = element) instead of adding them: no
-// zeroed buffer needed.
+// The same, writing the values (out[i] = element) instead of adding them (no
+// zeroed buffer needed), from the slice's bytes held in `data` (record_view.h).
 template <typename T>
-Status CopyFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
+Status CopyFullValueRange(const pb::Slice& slice, std::string_view data, int64_t first, int64_t count, T* out);
 // Raw little-endian element bytes of a full slice (unshuffled).
 Expected<std::string> DecodeFullBytes(const pb::Slice& slice);
 

@@ -95,6 +95,19 @@ Status CheckFrame(const uint8_t* hb, const frame_io::FrameHeader& h, const std::
 // size must agree with raw_len, so the output buffer (raw_len <=
 // kMaxFramePayload) is the only allocation and decompression cannot write
 // past it.
+// Sizes a reused frame buffer to n bytes. Growing, it is allocated afresh at n rounded up to 256 KiB, not at
+// twice its old capacity as std::string grows: frames of one writer differ by a few bytes, and doubling made
+// every reused buffer twice a frame (page faults on memory never used).
+void SizeBuffer(std::string* buffer, size_t n) {
+  if (n > buffer->capacity()) {
+    constexpr size_t kGrain = size_t{1} << 18;
+    std::string fresh;
+    fresh.reserve((n + kGrain - 1) / kGrain * kGrain);
+    buffer->swap(fresh);
+  }
+  buffer->resize(n);
+}
+
 Status DecompressZstd(const std::string& stored, uint32_t raw_len, ZSTD_DCtx* ctx, std::string* payload) {
   if (IsSkippableZstdFrame(stored)) return Status::Corruption("payload is a zstd skippable frame, not data");
   const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
@@ -104,7 +117,7 @@ Status DecompressZstd(const std::string& stored, uint32_t raw_len, ZSTD_DCtx* ct
   if (ZSTD_findFrameCompressedSize(stored.data(), stored.size()) != stored.size()) {
     return Status::Corruption("payload is not exactly one zstd frame");
   }
-  payload->resize(raw_len);
+  SizeBuffer(payload, raw_len);
   const size_t n = ZSTD_decompressDCtx(ctx, payload->data(), payload->size(), stored.data(), stored.size());
   if (ZSTD_isError(n)) return Status::Corruption(std::string("zstd: ") + ZSTD_getErrorName(n));
   if (n != raw_len) {
@@ -247,7 +260,7 @@ Status TraceReader::ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, 
   if (left < h.stored_len) {
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
   }
-  stored->resize(h.stored_len);
+  SizeBuffer(stored, h.stored_len);
   if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored->data(), stored->size())) {
     return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
   }
@@ -258,14 +271,20 @@ Status TraceReader::ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, 
 Status TraceReader::DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored,
                               RawFrame* out) {
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
-  if (Status s = CheckFrame(hb, h, stored, newer_minor_); !s.ok()) return At(Where(offset), s);
   out->type = h.type;
   out->stored_len = h.stored_len;
   out->raw_len = h.raw_len;
+  return DecodeBytes(offset, hb, stored, keep_stored, &out->payload);
+}
+
+Status TraceReader::DecodeBytes(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored,
+                                std::string* payload) {
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  if (Status s = CheckFrame(hb, h, stored, newer_minor_); !s.ok()) return At(Where(offset), s);
   std::string copy;  // DecodePayload takes an uncompressed payload's bytes: kept, it decodes a copy
   std::string* in = &stored;
   if (keep_stored && static_cast<format::Codec>(h.codec) == format::Codec::kNone) in = &(copy = stored);
-  if (Status s = DecodePayload(h, *in, Dctx(zstd_ctx_), &out->payload); !s.ok()) return At(Where(offset), s);
+  if (Status s = DecodePayload(h, *in, Dctx(zstd_ctx_), payload); !s.ok()) return At(Where(offset), s);
   return Status::Ok();
 }
 
@@ -475,6 +494,31 @@ Status TraceReader::DecodeStored(StoredFrame& stored, Frame* frame) {
   thread_local RawFrame raw;  // per thread, as ReadRaw's buffer
   GT_RETURN_IF_ERROR(DecodeRaw(stored.offset, stored.header, stored.bytes, true, &raw));
   return ParseRaw(stored.offset, raw, frame);
+}
+
+Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) {
+  const uint64_t offset = stored.offset;
+  GT_RETURN_IF_ERROR(DecodeBytes(offset, stored.header, stored.bytes, true, &out->payload_));
+  if (frame_io::FrameHeader::Decode(stored.header).type != kBucketRecord) {
+    return Status::InvalidArgument(Where(offset) + "not a bucket record frame");
+  }
+  const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
+  out->record_.Clear();
+  // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
+  // shape SplitFullData takes, the payload is parsed whole: protobuf's results and messages.
+  const bool split = SplitFullData(out->payload_, &out->skeleton_, &out->data_) &&
+                     ParseBounded(out->skeleton_, limits, &out->record_).ok() &&
+                     out->data_.size() == static_cast<size_t>(out->record_.slices_size());
+  if (!split) {
+    out->record_.Clear();
+    if (Status s = ParseBounded(out->payload_, limits, &out->record_); !s.ok()) return At(Where(offset), s);
+    out->data_.assign(static_cast<size_t>(out->record_.slices_size()), std::string_view());
+    for (int i = 0; i < out->record_.slices_size(); ++i) out->data_[i] = out->record_.slices(i).full().data();
+  }
+  if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
+    return Status::Corruption(Where(offset) + s.message());
+  }
+  return Status::Ok();
 }
 
 Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }

@@ -12,6 +12,7 @@
 
 #include "format.h"
 #include "gradtrace.pb.h"
+#include "record_view.h"
 #include "status.h"
 
 namespace gradtrace {
@@ -107,6 +108,10 @@ class TraceReader {
   };
   Status ReadStoredAt(uint64_t offset, StoredFrame* out);
   Status DecodeStored(StoredFrame& stored, Frame* frame);
+  // DecodeStored for a bucket record frame, its full slices' bytes viewed in
+  // the decompressed payload instead of copied (record_view.h); the same
+  // checks, and InvalidArgument for a frame of another type.
+  Status DecodeStoredView(StoredFrame& stored, RecordView* out);
 
   // Compressed and uncompressed payload bytes of all frames read so far.
   uint64_t stored_bytes() const { return stored_bytes_; }
@@ -127,6 +132,7 @@ class TraceReader {
   // (keep_stored: an uncompressed payload is copied out of `stored`, not taken).
   Status ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, std::string* stored, uint64_t* next);
   Status DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, RawFrame* out);
+  Status DecodeBytes(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, std::string* payload);
   Status ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
   Status CheckDataOffset(uint64_t offset) const;

@@ -40,7 +40,7 @@ std::string SliceWhere(int i, const pb::Slice& s) {
          std::to_string(s.offset()) + ", +" + std::to_string(s.count()) + "))";
 }
 
-Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s) {
+Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s, size_t full_bytes) {
   auto bad = [&](const std::string& what) { return Status::Corruption(SliceWhere(i, s) + ": " + what); };
   if (s.param_id() < 0 || s.param_id() >= run.params_size()) {
     return bad("unknown param id (run has " + std::to_string(run.params_size()) + " params)");
@@ -53,8 +53,8 @@ Status CheckSlice(const pb::RunInfo& run, int i, const pb::Slice& s) {
   if (w == 0) return bad("unknown dtype " + std::to_string(s.dtype()));
   switch (s.payload_case()) {
     case pb::Slice::kFull:
-      if (s.full().data().size() / w != static_cast<uint64_t>(s.count()) || s.full().data().size() % w != 0) {
-        return bad("full payload holds " + std::to_string(s.full().data().size()) + " bytes, expected " +
+      if (full_bytes / w != static_cast<uint64_t>(s.count()) || full_bytes % w != 0) {
+        return bad("full payload holds " + std::to_string(full_bytes) + " bytes, expected " +
                    std::to_string(s.count()) + " x " + std::to_string(w));
       }
       return Status::Ok();
@@ -194,8 +194,17 @@ Status ValidateRunInfo(const pb::RunInfo& run) {
   return CheckRanks(run);
 }
 
-Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record) {
-  for (int i = 0; i < record.slices_size(); ++i) GT_RETURN_IF_ERROR(CheckSlice(run, i, record.slices(i)));
+Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record,
+                            const std::vector<std::string_view>* full_data) {
+  if (full_data != nullptr && full_data->size() != static_cast<size_t>(record.slices_size())) {
+    return Status::InvalidArgument("full data for " + std::to_string(full_data->size()) + " of " +
+                                   std::to_string(record.slices_size()) + " slices");
+  }
+  for (int i = 0; i < record.slices_size(); ++i) {
+    const pb::Slice& s = record.slices(i);
+    const size_t bytes = full_data != nullptr ? (*full_data)[static_cast<size_t>(i)].size() : s.full().data().size();
+    GT_RETURN_IF_ERROR(CheckSlice(run, i, s, bytes));
+  }
   if (record.chunk_count() < 0 || record.chunk() < 0 ||
       (record.chunk_count() > 0 && record.chunk() >= record.chunk_count())) {
     return Status::Corruption("chunk " + std::to_string(record.chunk()) + " of " +

@@ -4,6 +4,9 @@
 // offset; the reader prefixes them.
 #pragma once
 
+#include <string_view>
+#include <vector>
+
 #include "gradtrace.pb.h"
 #include "status.h"
 
@@ -20,6 +23,8 @@ Status ValidateRunInfo(const pb::RunInfo& run);
 // full: count * DTypeSize bytes; sketch: as many values as positions,
 // positions strictly ascending inside the range; stats: count + nonfinite ==
 // slice count.
-Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record);
+// `full_data`: the full slices' bytes are these (record_view.h), not the record's.
+Status ValidateBucketRecord(const pb::RunInfo& run, const pb::BucketRecord& record,
+                            const std::vector<std::string_view>* full_data = nullptr);
 
 }  // namespace gradtrace

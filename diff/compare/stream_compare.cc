@@ -89,7 +89,7 @@ class Cursor {
         slice_ = 0;
         used_ = 0;
       }
-      const auto& slices = slot_->frame.bucket->slices();
+      const auto& slices = slot_->view.record().slices();
       for (; slice_ < static_cast<size_t>(slices.size()); ++slice_, used_ = 0) {
         const pb::Slice& s = slices[static_cast<int>(slice_)];
         if (!std::binary_search(plan_.ids.begin(), plan_.ids.end(), s.param_id())) continue;
@@ -105,6 +105,7 @@ class Cursor {
     }
   }
   int64_t used() const { return used_; }  // elements of the slice under the cursor already taken
+  std::string_view data() const { return slot_->view.data(static_cast<int>(slice_)); }  // its bytes
   void Take(int64_t n) { used_ += n; }
 
  private:
@@ -114,10 +115,19 @@ class Cursor {
     const FrameRef& f = *plan_.lists[0][frame_];
     const int rank = plan_.holders[0];
     auto [slot, decoded] = cache_->Lookup(side_, *plan_.set, rank, f);
+    // The first holder's stored bytes, read into the worker's buffer: needed to decode the frame, or to check a copy
+    // not checked before. Slots keep only the decoded frame (half the memory, and so half the page faults).
+    TraceReader::StoredFrame& stored = cache_->stored();
+    bool have_stored = false;
+    auto read_stored = [&] {
+      auto reader = readers_->Get(*plan_.set, rank);
+      have_stored = reader.ok() && (*reader)->ReadStoredAt(f.offset, &stored).ok();
+      return have_stored;
+    };
     if (!decoded) {
       auto reader = readers_->Get(*plan_.set, rank);
-      if (!reader.ok() || !(*reader)->ReadStoredAt(f.offset, &slot->stored).ok() ||
-          !(*reader)->DecodeStored(slot->stored, &slot->frame).ok() || !slot->frame.bucket) {
+      slot->decoded = read_stored() && (*reader)->DecodeStoredView(stored, &slot->view).ok();
+      if (!slot->decoded) {
         slot->set = nullptr;
         slot->last_unit = -1;
         return false;
@@ -127,9 +137,10 @@ class Cursor {
     for (size_t h = 1; h < plan_.holders.size(); ++h) {
       const std::pair<int, uint64_t> copy{plan_.holders[h], plan_.lists[h][frame_]->offset};
       if (std::find(slot->same.begin(), slot->same.end(), copy) != slot->same.end()) continue;
+      if (!have_stored && !read_stored()) return false;
       auto reader = readers_->Get(*plan_.set, copy.first);
-      TraceReader::StoredFrame& other = cache_->scratch();
-      if (!reader.ok() || !(*reader)->ReadStoredAt(copy.second, &other).ok() || !SameStored(slot->stored, other)) {
+      TraceReader::StoredFrame& other = cache_->other();
+      if (!reader.ok() || !(*reader)->ReadStoredAt(copy.second, &other).ok() || !SameStored(stored, other)) {
         return false;
       }
       slot->same.push_back(copy);
@@ -156,7 +167,7 @@ bool Fill(Cursor* c, int32_t id, int64_t numel, int64_t lo, int64_t n, T* buf) {
     if (!c->Peek(&s) || s == nullptr || s->param_id() != id) return false;
     if (s->offset() < 0 || s->count() > numel - s->offset() || s->offset() + c->used() != lo + done) return false;
     const int64_t take = std::min(n - done, s->count() - c->used());
-    if (!CopyFullValueRange(*s, c->used(), take, buf + done).ok()) return false;
+    if (!CopyFullValueRange(*s, c->data(), c->used(), take, buf + done).ok()) return false;
     c->Take(take);
     done += take;
   }
@@ -220,19 +231,20 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
   uint64_t kept = 0;
   for (auto& slot : slots_[side]) {
     const bool live = slot->last_unit >= unit_;
-    if (live && slot->set == &set && slot->rank == rank && slot->offset == f.offset && slot->frame.bucket) {
+    if (live && slot->set == &set && slot->rank == rank && slot->offset == f.offset && slot->decoded) {
       return {slot.get(), true};
     }
     if (!live && free == nullptr) free = slot.get();
-    if (live) kept += slot->stored.bytes.size() + slot->frame.raw_len;
+    if (live) kept += slot->view.raw_len();
   }
   if (free == nullptr) free = slots_[side].emplace_back(std::make_unique<Slot>()).get();
   const int last = LastUnit(set, f);
-  const uint64_t bytes = f.raw_bytes * 2;  // stored and decoded, at most about
+  const uint64_t bytes = f.raw_bytes;
   free->set = &set;
   free->rank = rank;
   free->offset = f.offset;
   free->same.clear();
+  free->decoded = false;
   // Kept for a later unit within the budget; otherwise free again once the cursor is past it.
   free->last_unit = last > unit_ && kept + bytes <= budget_ ? last : unit_;
   return {free, false};

@@ -47,8 +47,8 @@ class StreamCache {
     int rank = -1;
     uint64_t offset = 0;
     int last_unit = -1;  // the last unit that reads it; below the current unit: free
-    TraceReader::StoredFrame stored;
-    Frame frame;
+    bool decoded = false;
+    RecordView view;                             // full slices' bytes viewed, not copied
     std::vector<std::pair<int, uint64_t>> same;  // (rank, offset) of copies found byte-identical
   };
   // Which unit reads each of `set`'s parameters (by param id; -1: none), as ReaderCache::Plan.
@@ -60,8 +60,9 @@ class StreamCache {
   std::pair<Slot*, bool> Lookup(int side, const TraceSet& set, int rank, const FrameRef& f);
   // The cursor is past the slot's frame: free unless a later unit reads it.
   void Leave(Slot* slot) const;
-  TraceReader::StoredFrame& scratch() { return scratch_; }
-  uint64_t streamed_units = 0, fallbacks = 0;  // for tests and benchmarks
+  TraceReader::StoredFrame& stored() { return stored_; }  // the first holder's bytes of the frame being loaded
+  TraceReader::StoredFrame& other() { return other_; }    // another rank's copy, being checked
+  uint64_t streamed_units = 0, fallbacks = 0;             // for tests and benchmarks
 
  private:
   int LastUnit(const TraceSet& set, const FrameRef& f) const;
@@ -69,7 +70,7 @@ class StreamCache {
   std::map<const TraceSet*, std::vector<int>> plans_;
   int unit_ = 0;
   uint64_t budget_;
-  TraceReader::StoredFrame scratch_;  // another rank's copy, being checked
+  TraceReader::StoredFrame stored_, other_;
 };
 
 // What the streamed walk measured for one pair.

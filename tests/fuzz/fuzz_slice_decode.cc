@@ -2,13 +2,17 @@
 // parsed with the limits and validated as the reader does. A record that
 // passes must decode: full slices to exactly `count` elements and back to the
 // same bytes, sketch slices against the parameter's sketch positions; and
-// splitting it into chunks and merging them must give it back.
+// splitting it into chunks and merging them must give it back. Whatever it
+// is, the streamed diff's view of it (record_view.h), when taken, must be the
+// record protobuf parses: the skeleton parses exactly when the payload does,
+// and with the viewed bytes put back it is the same record.
 #include <cstddef>
 #include <cstdint>
 
 #include "chunking.h"
 #include "fuzz_common.h"
 #include "parse_limits.h"
+#include "record_view.h"
 #include "slice_codec.h"
 #include "validate.h"
 
@@ -46,12 +50,30 @@ void CheckSlice(const pb::RunInfo& run, const pb::Slice& s) {
   }
 }
 
+void CheckRecordView(const std::string& payload) {
+  std::string skeleton;
+  std::vector<std::string_view> data;
+  if (!SplitFullData(payload, &skeleton, &data)) return;
+  pb::BucketRecord whole, split;
+  const bool whole_ok = whole.ParseFromString(payload), split_ok = split.ParseFromString(skeleton);
+  if (whole_ok != split_ok) fuzz::Fail("the record view's skeleton parses where the payload does not, or the reverse");
+  if (!whole_ok) return;
+  if (data.size() != static_cast<size_t>(whole.slices_size())) fuzz::Fail("the record view has another slice count");
+  for (int i = 0; i < split.slices_size(); ++i) {
+    if (!split.slices(i).has_full()) continue;
+    if (!split.slices(i).full().data().empty()) fuzz::Fail("the record view's skeleton kept a slice's bytes");
+    split.mutable_slices(i)->mutable_full()->set_data(std::string(data[static_cast<size_t>(i)]));
+  }
+  if (split.SerializeAsString() != whole.SerializeAsString()) fuzz::Fail("the record view is another record");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const pb::RunInfo* run = new pb::RunInfo(fuzz::FuzzRun());
   pb::BucketRecord rec;
   const std::string payload(reinterpret_cast<const char*>(data), size);
+  CheckRecordView(payload);
   if (Status s = ParseBounded(payload, ParseLimitsFor(format::FrameType::kBucketRecord), &rec); !s.ok()) {
     fuzz::CheckOneLine(s);
     return 0;

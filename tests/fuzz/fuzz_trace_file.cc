@@ -3,7 +3,8 @@
 // frame by offset), then runs VerifyFile; then the same with every frame's
 // checksum fixed, so that mutations reach the payloads. Beyond the sanitizers
 // it checks that every error is one line naming the file and an offset, and
-// that a record the reader returns decodes.
+// that a record the reader returns decodes, and decodes the same viewed
+// (DecodeStoredView, record_view.h: the streamed diff's decode).
 #include <cstddef>
 #include <cstdint>
 
@@ -28,6 +29,21 @@ void CheckRecord(const pb::RunInfo& run, const pb::BucketRecord& rec) {
   }
 }
 
+void CheckView(TraceReader& r, const Frame& f) {
+  TraceReader::StoredFrame stored;
+  if (Status s = r.ReadStoredAt(f.offset, &stored); !s.ok())
+    fuzz::Fail("a returned frame does not read: " + s.message());
+  RecordView view;
+  if (Status s = r.DecodeStoredView(stored, &view); !s.ok()) {
+    fuzz::Fail("a returned record does not decode viewed: " + s.message());
+  }
+  if (view.record().slices_size() != f.bucket->slices_size()) fuzz::Fail("the viewed record has another slice count");
+  for (int i = 0; i < f.bucket->slices_size(); ++i) {
+    const pb::Slice& s = f.bucket->slices(i);
+    if (s.has_full() && view.data(i) != s.full().data()) fuzz::Fail("a viewed slice holds other bytes");
+  }
+}
+
 void ReadAndVerify(fuzz::MemFile* file) {
   for (bool use_index : {true, false}) {
     Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index});
@@ -41,7 +57,10 @@ void ReadAndVerify(fuzz::MemFile* file) {
     while (r.Next(&f)) {
       if (f.offset < last) fuzz::Fail("frames returned out of order");
       last = f.offset;
-      if (f.bucket) CheckRecord(r.run_info(), *f.bucket);
+      if (f.bucket) {
+        CheckRecord(r.run_info(), *f.bucket);
+        CheckView(r, f);
+      }
     }
     fuzz::CheckErrorLine(r.status(), file->path());
     fuzz::CheckErrorLine(r.index_status(), file->path());
