@@ -246,7 +246,7 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
   free->same.clear();
   free->decoded = false;
   // Kept for a later unit within the budget; otherwise free again once the cursor is past it.
-  free->last_unit = last > unit_ && kept + bytes <= budget_ ? last : unit_;
+  free->last_unit = last > unit_ && kept + bytes <= budget_ / 2 ? last : unit_;
   return {free, false};
 }
 

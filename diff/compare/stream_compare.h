@@ -33,10 +33,11 @@
 namespace gradtrace::diff {
 
 // One worker's state: the frames each side decoded, kept while a later unit
-// reads them (within a byte budget), with the ranks whose copy of each was
-// found byte for byte the same. Units cut frames between parameters and a
-// worker takes neighbouring units in a row, so a frame at a cut is decoded
-// once (as ReaderCache keeps frames for the reassembling paths).
+// reads them (decoded bytes within a budget per worker, half per side), with
+// the ranks whose copy of each was found byte for byte the same. Units cut
+// frames between parameters and a worker takes neighbouring units in a row,
+// so a frame at a cut is decoded once, as ReaderCache keeps frames for the
+// reassembling paths.
 class StreamCache {
  public:
   static constexpr uint64_t kDefaultBudget = uint64_t{48} << 20;

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cmath>
+#include <map>
 
 namespace gradtrace::diff {
 
@@ -70,7 +71,17 @@ Json ConfigToJson(const pb::Config& c) {
   opts.always_print_primitive_fields = true;
   opts.always_print_enums_as_ints = false;
   if (!google::protobuf::util::MessageToJsonString(c, &text, opts).ok()) return Json::object();
-  return Json::parse(text);
+  Json j = Json::parse(text);
+  // A map prints in the order protobuf's Map iterates, which is seeded per process (two runs of one diff wrote
+  // `extra` in two orders): sorted by key, the report is the same bytes every run.
+  if (auto extra = j.find("extra"); extra != j.end() && extra->is_object()) {
+    std::map<std::string, Json> sorted;
+    for (auto it = extra->begin(); it != extra->end(); ++it) sorted.emplace(it.key(), it.value());
+    Json ordered = Json::object();
+    for (auto& [key, value] : sorted) ordered[key] = std::move(value);
+    *extra = std::move(ordered);
+  }
+  return j;
 }
 
 Status ConfigFromJson(const Json& j, pb::Config* c) {

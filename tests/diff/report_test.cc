@@ -12,6 +12,7 @@
 #include "compare/diff_engine.h"
 #include "evidence/self_check.h"
 #include "report/atomic_file.h"
+#include "report/json_io.h"
 #include "test_dirs.h"
 
 namespace gradtrace::diff {
@@ -242,6 +243,20 @@ TEST(AtomicFile, RegularFileIsReplacedWhole) {
   std::fclose(f);
   EXPECT_EQ("second\n", std::string(buf, n));
   std::remove(path.c_str());
+}
+
+// Config.extra is a protobuf map, which iterates in an order seeded per process: the report's JSON lists it
+// sorted by key, so one diff writes the same bytes every run (two runs of one diff wrote two orders before).
+TEST(Report, ConfigExtraIsSortedByKey) {
+  pb::Config c;
+  for (const char* key : {"zeta", "final", "alpha", "zero_reduce_scatter", "m", "b", "y", "c"}) {
+    (*c.mutable_extra())[key] = std::string("v-") + key;
+  }
+  const Json j = ConfigToJson(c);
+  std::vector<std::string> keys;
+  for (auto it = j.at("extra").begin(); it != j.at("extra").end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"alpha", "b", "c", "final", "m", "y", "zero_reduce_scatter", "zeta"}));
+  EXPECT_EQ(j.at("extra").at("final"), "v-final");
 }
 
 }  // namespace
