@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -448,12 +449,26 @@ void DescribeSides(const TraceSet& a, const TraceSet& b, const Alignment& al, co
   // 1 % N, where the merge takes it from (merge.cc): repeated in every shard it was most of a shard's fixed cost
   // (docs/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
   const bool split = !summed && options.shard.n > 1;
-  if (!split || options.shard.k == 0) {
-    c->a.reductions = CollectReductionEvidence(a, al.step, options.threads, summed ? &accumulating_a : nullptr);
+  const bool want_a = !split || options.shard.k == 0,
+             want_b = !split || options.shard.k == EvidenceShardB(options.shard.n);
+  // Each side's evidence is a sample of a few frames, mostly one thread's work: with two threads or more, A's
+  // and B's are measured at once (their results do not depend on threads).
+  const int threads = ResolveThreads(options.threads);
+  const bool both = want_a && want_b && threads > 1;
+  std::thread side_a;
+  auto measure_a = [&](int t) {
+    c->a.reductions = CollectReductionEvidence(a, al.step, t, summed ? &accumulating_a : nullptr);
+  };
+  if (both) {
+    side_a = std::thread(measure_a, threads / 2);
+  } else if (want_a) {
+    measure_a(options.threads);
   }
-  if (!split || options.shard.k == EvidenceShardB(options.shard.n)) {
-    c->b.reductions = CollectReductionEvidence(b, al.step, options.threads, summed ? &accumulating_b : nullptr);
+  if (want_b) {
+    c->b.reductions = CollectReductionEvidence(b, al.step, both ? threads - threads / 2 : options.threads,
+                                               summed ? &accumulating_b : nullptr);
   }
+  if (side_a.joinable()) side_a.join();
   if (options.bucket_view) {
     c->a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
     c->b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
