@@ -139,6 +139,20 @@ TEST(StreamCompare, OtherLayoutsAreReassembledWithTheSameAnswers) {
   }
 }
 
+// A side cut short (rank 1's file truncated in the middle): what it lacks is missing data, the same notes streamed
+// or not.
+TEST(StreamCompare, ATruncatedSideGivesTheSameCoverageNotes) {
+  const std::string a = Synth("stream-ref", Reference());
+  const std::string b = Synth("stream-cut", Config(2, 1, 0, "mean", "local-mean"));
+  const fs::path rank1 = fs::path(b) / "rank-00001.gtrace";
+  ASSERT_TRUE(testing::TruncateFile(rank1.string(), fs::file_size(rank1) / 2).ok());
+  ExpectSameReports(a, b);
+  auto r = RunDiff(a, b, {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(r->a.truncated);
+  EXPECT_TRUE(r->b.truncated);
+}
+
 // A replica whose FINAL differs is not the first rank's bytes: the unit is reassembled and the disagreement found.
 TEST(StreamCompare, ReplicasThatDisagreeAreReassembledAndReported) {
   const std::string a = Synth("stream-ref", Reference());
