@@ -92,15 +92,7 @@ TEST(StreamCompare, ReplicasThatAgreeAreStreamed) {
 // A parameter of three million elements cut across frames (and so across the walk's blocks), two replicas per side:
 // streamed; the scale is exact and all three paths (streamed, whole, windowed) give the same report.
 TEST(StreamCompare, AParameterAcrossFramesIsStreamedBlockByBlock) {
-  testing::BigParamSpec spec;
-  spec.numel = 3'000'000;
-  spec.dp = 2;
-  const std::string a = testing::FreshDir("stream-big-a");
-  ASSERT_TRUE(testing::WriteBigParamSet(a, spec).ok());
-  spec.factor = 2;
-  spec.run_id = "big-param-x2";
-  const std::string b = testing::FreshDir("stream-big-b");
-  ASSERT_TRUE(testing::WriteBigParamSet(b, spec).ok());
+  const auto [a, b] = testing::BigParamPair("stream-big", 3'000'000, 2);
   std::vector<StreamedParam> out;
   Alignment al;
   ASSERT_TRUE(Streams(a, b, pb::FINAL, &out, &al));

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 
+#include "synth_big.h"
 #include "synth_trace.h"
 
 namespace gradtrace::testing {
@@ -55,6 +57,20 @@ inline SynthSpec Config(int dp, int sp, int zero, const std::string& scaling, co
   s.scaling = scaling;
   s.loss = loss;
   return s;
+}
+
+// Two sets of one big fp32 parameter (synth_big.h) in fresh directories `name`-a and `name`-b, B = 2 x A:
+// `numel` elements in chunks cut mid-slice across frames, `dp` replicas per side.
+inline std::pair<std::string, std::string> BigParamPair(const std::string& name, int64_t numel, int dp) {
+  BigParamSpec spec;
+  spec.numel = numel;
+  spec.dp = dp;
+  std::pair<std::string, std::string> dirs{FreshDir(name + "-a"), FreshDir(name + "-b")};
+  EXPECT_TRUE(WriteBigParamSet(dirs.first, spec).ok());
+  spec.factor = 2;
+  spec.run_id = "big-param-x2";
+  EXPECT_TRUE(WriteBigParamSet(dirs.second, spec).ok());
+  return dirs;
 }
 
 }  // namespace gradtrace::testing

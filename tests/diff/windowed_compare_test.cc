@@ -176,14 +176,7 @@ TEST(WindowedCompare, ScaledAndMismatchedParametersAsWhole) {
 
 // Real chunking: records cut into frames mid-slice (synth_big.h), windows ending inside frames, dp replicas.
 TEST(WindowedCompare, ChunkedReplicasAsWhole) {
-  testing::BigParamSpec spec;
-  spec.numel = 3'000'000;
-  spec.dp = 2;
-  const std::string a = testing::FreshDir("a");
-  ASSERT_TRUE(testing::WriteBigParamSet(a, spec).ok());
-  spec.factor = 2;
-  const std::string b = testing::FreshDir("b");
-  ASSERT_TRUE(testing::WriteBigParamSet(b, spec).ok());
+  const auto [a, b] = testing::BigParamPair("chunked", 3'000'000, 2);
   Report r = ExpectSameAnswers(a, b, {}, 777'777);
   EXPECT_EQ(r.params[0].verdict, Verdict::kScaled);
   EXPECT_EQ(r.params[0].metrics.scale, 2.0);
