@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "compare/block_sums_kernel.h"
+
 namespace gradtrace::diff {
 
 const char* VerdictName(Verdict v) {
@@ -74,97 +76,32 @@ void Moments::Merge(const Moments& o) {
 
 namespace {
 
-// kSumLanes partial sums as four vectors of two doubles: GCC's vector extension,
-// so the loops are SIMD at the baseline ISA (SSE2) without relying on the
-// auto-vectorizer, which left them scalar at -O2 (24 accumulators spilled).
-// Lane l is element 2k + j of vector k: the sums are those of scalar lanes.
-using V2 = double __attribute__((vector_size(16)));
-using U2 = uint64_t __attribute__((vector_size(16)));
-constexpr int kVecs = kSumLanes / 2;
-
-template <typename T>
-inline V2 Load2(const T* p) {
-  return V2{static_cast<double>(p[0]), static_cast<double>(p[1])};
+#if GRADTRACE_BLOCK_SUMS_AVX2
+bool CpuHasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
 }
-inline V2 Abs(V2 v) {
-  const U2 mask = {~(uint64_t{1} << 63), ~(uint64_t{1} << 63)};
-  return reinterpret_cast<V2>(reinterpret_cast<U2>(v) & mask);
-}
-// max(m, v) as std::max(m, v) per lane: v only where m < v, so NaN never wins.
-inline V2 Max(V2 m, V2 v) { return m < v ? v : m; }
-inline void Spill(const V2* v, double* lanes) {
-  for (int k = 0; k < kVecs; ++k) lanes[2 * k] = v[k][0], lanes[2 * k + 1] = v[k][1];
-}
+#endif
 
 }  // namespace
 
 template <typename A, typename B>
-void FullSums::AddWindow(const A* a_in, const B* b_in, int64_t n) {
-  // kSumLanes interleaved partial sums, element i in lane i % kSumLanes: independent
-  // chains in SIMD, in a fixed order, so results do not depend on threads or
-  // shards. No per-element branch: non-finite values are counted in a second
-  // pass only when they made a sum non-finite.
-  double aa_l[kSumLanes] = {}, ab_l[kSumLanes] = {}, bb_l[kSumLanes] = {};
-  const int64_t full = n - n % kSumLanes;
-  {
-    V2 aa[kVecs] = {}, ab[kVecs] = {}, bb[kVecs] = {};
-    for (int64_t i = 0; i < full; i += kSumLanes) {
-      for (int k = 0; k < kVecs; ++k) {
-        const V2 x = Load2(a_in + i + 2 * k), y = Load2(b_in + i + 2 * k);
-        aa[k] += x * x;
-        ab[k] += x * y;
-        bb[k] += y * y;
-      }
-    }
-    Spill(aa, aa_l), Spill(ab, ab_l), Spill(bb, bb_l);
-  }
-  for (int64_t i = full; i < n; ++i) {
-    const double x = a_in[i], y = b_in[i];
-    aa_l[i - full] += x * x;
-    ab_l[i - full] += x * y;
-    bb_l[i - full] += y * y;
-  }
-  const double aa = LaneSum(aa_l), ab = LaneSum(ab_l), bb = LaneSum(bb_l);
-  if (!std::isfinite(aa) || !std::isfinite(bb)) {
-    for (int64_t i = 0; i < n; ++i) {
-      nonfinite_a_ += !std::isfinite(static_cast<double>(a_in[i]));
-      nonfinite_b_ += !std::isfinite(static_cast<double>(b_in[i]));
-    }
-  }
-  // Second pass: residual against this window's own scale, error and its maximum.
-  double res_l[kSumLanes] = {}, err_l[kSumLanes] = {}, max_l[kSumLanes] = {}, cross_l[kSumLanes] = {};
-  const double s = aa > 0 ? ab / aa : 0;
-  {
-    const V2 sv = {s, s};
-    V2 res[kVecs] = {}, err[kVecs] = {}, mx[kVecs] = {}, cross[kVecs] = {};
-    for (int64_t i = 0; i < full; i += kSumLanes) {
-      for (int k = 0; k < kVecs; ++k) {
-        const V2 x = Load2(a_in + i + 2 * k), y = Load2(b_in + i + 2 * k);
-        const V2 r = y - sv * x, e = y - x;
-        res[k] += r * r;
-        err[k] += e * e;
-        cross[k] += x * r;
-        mx[k] = Max(mx[k], Abs(e));
-      }
-    }
-    Spill(res, res_l), Spill(err, err_l), Spill(mx, max_l), Spill(cross, cross_l);
-  }
-  for (int64_t i = full; i < n; ++i) {
-    const int l = static_cast<int>(i - full);
-    const double x = a_in[i], y = b_in[i];
-    const double r = y - s * x, e = y - x;
-    res_l[l] += r * r;
-    err_l[l] += e * e;
-    cross_l[l] += x * r;
-    max_l[l] = std::max(max_l[l], std::fabs(e));  // NaN never wins, as before
-  }
-  aa_ += aa;
-  ab_ += ab;
-  bb_ += bb;
-  err2_ += LaneSum(err_l);
-  max_abs_ = std::max(max_abs_, *std::max_element(max_l, max_l + kSumLanes));
+void FullSums::AddWindow(const A* a, const B* b, int64_t n) {
+  // The same bits either way (block_sums_kernel.h): AVX2 where the CPU has it.
+#if GRADTRACE_BLOCK_SUMS_AVX2
+  const BlockSums w = CpuHasAvx2() ? SumBlockAvx2(a, b, n) : SumBlock<2>(a, b, n);
+#else
+  const BlockSums w = SumBlock<2>(a, b, n);
+#endif
+  nonfinite_a_ += w.nonfinite_a;
+  nonfinite_b_ += w.nonfinite_b;
+  aa_ += w.aa;
+  ab_ += w.ab;
+  bb_ += w.bb;
+  err2_ += w.err2;
+  max_abs_ = std::max(max_abs_, w.max_abs);
   n_ += n;
-  windows_.push_back({s, aa, LaneSum(res_l), LaneSum(cross_l)});
+  windows_.push_back({w.scale, w.aa, w.res2, w.cross});
 }
 
 template <typename A, typename B>

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
+
+#include "compare/block_sums_kernel.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -166,6 +170,45 @@ TEST(Metrics, FullSumsIsTheSameWhateverThePieces) {
   EXPECT_GT(residual, 1e-12);
   EXPECT_LT(residual, 1e-9);
   EXPECT_NEAR(whole.residual, residual, 1e-6 * residual);
+}
+
+// The AVX2 build of a block (block_sums_avx2.cc, vectors of 4 doubles) gives the baseline's bits (vectors of 2),
+// non-finite values and the tail past the last 8 elements included.
+TEST(Metrics, BlockSumsAreTheSameBitsWithAvx2) {
+#if GRADTRACE_BLOCK_SUMS_AVX2
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> g(0.0, 1.0);
+  for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{8}, int64_t{1001}, FullSums::kBlock}) {
+    std::vector<float> a(n), b(n);
+    std::vector<double> a64(n), b64(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = static_cast<float>(g(rng) * 1e-3), b[i] = static_cast<float>(3 * a[i] + g(rng) * 1e-7);
+      a64[i] = g(rng), b64[i] = -a64[i] * 0.5 + g(rng) * 1e-9;
+    }
+    if (n > 100) a[50] = std::numeric_limits<float>::quiet_NaN(), b64[99] = std::numeric_limits<double>::infinity();
+    auto same = [&](const BlockSums& x, const BlockSums& y) {
+      for (auto [p, q] : {std::pair{x.aa, y.aa},
+                          {x.ab, y.ab},
+                          {x.bb, y.bb},
+                          {x.scale, y.scale},
+                          {x.res2, y.res2},
+                          {x.cross, y.cross},
+                          {x.err2, y.err2},
+                          {x.max_abs, y.max_abs}}) {
+        EXPECT_TRUE(std::memcmp(&p, &q, sizeof p) == 0) << n << ": " << p << " vs " << q;
+      }
+      EXPECT_EQ(x.nonfinite_a, y.nonfinite_a);
+      EXPECT_EQ(x.nonfinite_b, y.nonfinite_b);
+    };
+    same(SumBlock<2>(a.data(), b.data(), n), SumBlockAvx2(a.data(), b.data(), n));
+    same(SumBlock<2>(a64.data(), b64.data(), n), SumBlockAvx2(a64.data(), b64.data(), n));
+    same(SumBlock<2>(a.data(), b64.data(), n), SumBlockAvx2(a.data(), b64.data(), n));
+    same(SumBlock<2>(a64.data(), b.data(), n), SumBlockAvx2(a64.data(), b.data(), n));
+  }
+#else
+  GTEST_SKIP() << "built without the AVX2 block";
+#endif
 }
 
 }  // namespace
