@@ -1,8 +1,10 @@
 // The streamed comparison (issue 24 item 1): a unit of parameters compared
-// straight from the decoded frames of both sides, walked in step, one frame
-// per side in memory, values unshuffled a block at a time into buffers that
-// stay in cache and summed there (metrics.h FullSums), with no reassembly of
-// whole parameters, no zeroed buffers and no fresh memory per unit.
+// straight from the decoded frames of both sides (their slices' bytes viewed,
+// not copied: record_view.h), walked in step, one frame per side at a time
+// (plus the frames a later unit reads, StreamCache), values unshuffled a block
+// at a time into buffers that stay in cache and summed there (metrics.h
+// FullSums), with no reassembly of whole parameters, no zeroed buffers and no
+// fresh memory per unit.
 //
 // It takes the usual FINAL and POST layout and leaves everything else to the
 // reassembling paths (gather.h, window_gather.h), which give the same numbers
