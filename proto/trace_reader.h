@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -105,6 +106,10 @@ class TraceReader {
     uint64_t offset = 0;
     uint8_t header[format::kFrameHeaderSize] = {};
     std::string bytes;  // stored_len bytes, as in the file
+    // The same header (its CRC included) and bytes: the same record, whichever file holds it.
+    bool SameBytes(const StoredFrame& o) const {
+      return std::memcmp(header, o.header, sizeof header) == 0 && bytes == o.bytes;
+    }
   };
   Status ReadStoredAt(uint64_t offset, StoredFrame* out);
   Status DecodeStored(StoredFrame& stored, Frame* frame);

@@ -118,10 +118,8 @@ Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCac
     std::vector<StreamedParam> r;
     if (CompareStreamed(s.x, s.y, s.frames_x, s.frames_y, s.al, unit.pairs, readers, stream, &r)) {
       for (size_t k = 0; k < r.size(); ++k) (*out)[unit.pairs[k]] = MakeRecord(r[k].metrics, "", r[k].a, r[k].b);
-      ++stream->streamed_units;
       return Status::Ok();
     }
-    ++stream->fallbacks;
   }
   std::vector<size_t> whole;
   for (size_t i : unit.pairs) {

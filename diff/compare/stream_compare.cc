@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <unordered_map>
 
 #include "slice_codec.h"
@@ -63,10 +62,6 @@ bool MakePlan(const TraceSet& set, const Frames& frames, std::vector<int32_t> id
   return true;
 }
 
-bool SameStored(const TraceReader::StoredFrame& a, const TraceReader::StoredFrame& b) {
-  return std::memcmp(a.header, b.header, sizeof a.header) == 0 && a.bytes == b.bytes;
-}
-
 // Walks one side's full slices of the unit's parameters, in file order, one
 // decoded frame at a time.
 class Cursor {
@@ -114,18 +109,15 @@ class Cursor {
   bool Load() {
     const FrameRef& f = *plan_.lists[0][frame_];
     const int rank = plan_.holders[0];
+    auto reader = readers_->Get(*plan_.set, rank);
+    if (!reader.ok()) return false;
     auto [slot, decoded] = cache_->Lookup(side_, *plan_.set, rank, f);
     // The first holder's stored bytes, read into the worker's buffer: needed to decode the frame, or to check a copy
     // not checked before. Slots keep only the decoded frame (half the memory, and so half the page faults).
     TraceReader::StoredFrame& stored = cache_->stored();
     bool have_stored = false;
-    auto read_stored = [&] {
-      auto reader = readers_->Get(*plan_.set, rank);
-      have_stored = reader.ok() && (*reader)->ReadStoredAt(f.offset, &stored).ok();
-      return have_stored;
-    };
+    auto read_stored = [&] { return have_stored = (*reader)->ReadStoredAt(f.offset, &stored).ok(); };
     if (!decoded) {
-      auto reader = readers_->Get(*plan_.set, rank);
       slot->decoded = read_stored() && (*reader)->DecodeStoredView(stored, &slot->view).ok();
       if (!slot->decoded) {
         slot->set = nullptr;
@@ -138,9 +130,9 @@ class Cursor {
       const std::pair<int, uint64_t> copy{plan_.holders[h], plan_.lists[h][frame_]->offset};
       if (std::find(slot->same.begin(), slot->same.end(), copy) != slot->same.end()) continue;
       if (!have_stored && !read_stored()) return false;
-      auto reader = readers_->Get(*plan_.set, copy.first);
+      auto copy_reader = readers_->Get(*plan_.set, copy.first);
       TraceReader::StoredFrame& other = cache_->other();
-      if (!reader.ok() || !(*reader)->ReadStoredAt(copy.second, &other).ok() || !SameStored(stored, other)) {
+      if (!copy_reader.ok() || !(*copy_reader)->ReadStoredAt(copy.second, &other).ok() || !stored.SameBytes(other)) {
         return false;
       }
       slot->same.push_back(copy);
@@ -202,16 +194,6 @@ struct Buffers {
 
 }  // namespace
 
-int StreamCache::LastUnit(const TraceSet& set, const FrameRef& f) const {
-  int last = -1;
-  if (auto plan = plans_.find(&set); plan != plans_.end()) {
-    for (int32_t id : f.param_ids) {
-      if (id >= 0 && static_cast<size_t>(id) < plan->second.size()) last = std::max(last, plan->second[id]);
-    }
-  }
-  return last;
-}
-
 void StreamCache::BeginUnit(size_t unit) {
   const int next = static_cast<int>(unit);
   if (next < unit_) {  // units out of order (taken from another thread's block): what was kept may be read no more
@@ -238,7 +220,8 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
     if (live) kept += slot->view.raw_len();
   }
   if (free == nullptr) free = slots_[side].emplace_back(std::make_unique<Slot>()).get();
-  const int last = LastUnit(set, f);
+  const auto plan = plans_.find(&set);
+  const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
   const uint64_t bytes = f.raw_bytes;
   free->set = &set;
   free->rank = rank;

@@ -65,10 +65,8 @@ class StreamCache {
   void Leave(Slot* slot) const;
   TraceReader::StoredFrame& stored() { return stored_; }  // the first holder's bytes of the frame being loaded
   TraceReader::StoredFrame& other() { return other_; }    // another rank's copy, being checked
-  uint64_t streamed_units = 0, fallbacks = 0;             // for tests and benchmarks
 
  private:
-  int LastUnit(const TraceSet& set, const FrameRef& f) const;
   std::vector<std::unique_ptr<Slot>> slots_[2];
   std::map<const TraceSet*, std::vector<int>> plans_;
   int unit_ = 0;

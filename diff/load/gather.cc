@@ -238,6 +238,14 @@ void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideVa
   }
 }
 
+int LastUnitOf(const std::vector<int>& unit_of_param, const FrameRef& f) {
+  int last = -1;
+  for (int32_t id : f.param_ids) {
+    if (id >= 0 && static_cast<size_t>(id) < unit_of_param.size()) last = std::max(last, unit_of_param[id]);
+  }
+  return last;
+}
+
 Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
   auto key = std::make_pair(&set, rank);
   auto it = readers_.find(key);
@@ -328,8 +336,7 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
   const uint64_t content = ContentKey(set, stored);
   for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
     Kept& k = *c->second;
-    if (k.set == &set && std::memcmp(k.stored.header, stored.header, sizeof stored.header) == 0 &&
-        k.stored.bytes == stored.bytes) {
+    if (k.set == &set && k.stored.SameBytes(stored)) {
       k.at.push_back(at);
       by_position_.emplace(at, &k);
       ++deduplicated_;
@@ -343,12 +350,8 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
   if (!scratch_->bucket) {
     return Status::Corruption(path + ": frame at offset " + std::to_string(f.offset) + " is no longer a bucket record");
   }
-  int last = -1;
-  if (auto plan = plans_.find(&set); plan != plans_.end()) {
-    for (int32_t id : f.param_ids) {
-      if (id >= 0 && static_cast<size_t>(id) < plan->second.size()) last = std::max(last, plan->second[id]);
-    }
-  }
+  const auto plan = plans_.find(&set);
+  const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
   const uint64_t bytes = uint64_t{scratch_->raw_len} + stored.bytes.size();

@@ -81,6 +81,10 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v);
 // judges replica_* against its rtol).
 void MergeRank(int rank, int first_rank, SideValues&& rank_values, Combine combine, SideValues* side);
 
+// The last unit that reads frame `f` (-1: none), from which unit reads each parameter (by param id; -1: none),
+// as ReaderCache::Plan and StreamCache::Plan are given it.
+int LastUnitOf(const std::vector<int>& unit_of_param, const FrameRef& f);
+
 // Per-thread open readers, one per (set, rank), opened on first use, and the
 // decoded frames worth keeping, within a byte budget:
 // - Replicas: ranks that hold the same gradient (FINAL, POST) write
