@@ -170,12 +170,12 @@ Expected<std::string> DecodeFullBytes(const pb::Slice& slice) {
 namespace {
 
 // out[i] += element i (kAdd), or out[i] = element i, for n elements W bytes
-// wide, stored plain or byte-shuffled. Shuffled input is reassembled straight from its W byte
-// planes (plane k holds byte k of every element), with no transposition
-// buffer: the loop vectorizes.
+// wide, stored plain or byte-shuffled. Shuffled input is reassembled straight
+// from its W byte planes (plane k holds byte k of every element), with no
+// transposition buffer: the loop vectorizes.
 // Elements [first, first + count) of the n stored go to out[0, count).
 template <bool kAdd, size_t W, typename Bits, typename ToDouble, typename T>
-void AddElements(const uint8_t* data, size_t n, size_t first, size_t count, bool shuffled, ToDouble to_double, T* out) {
+void PutElements(const uint8_t* data, size_t n, size_t first, size_t count, bool shuffled, ToDouble to_double, T* out) {
   const auto put = [out](size_t i, T v) {
     if constexpr (kAdd) {
       out[i] += v;
@@ -203,7 +203,7 @@ void AddElements(const uint8_t* data, size_t n, size_t first, size_t count, bool
 
 // Elements of a dtype without a fast path above, each widened by the dtype table's ElementToDouble.
 template <bool kAdd, typename T>
-void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_t count, bool shuffled, T* out) {
+void PutWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_t count, bool shuffled, T* out) {
   const auto widen = [dtype](auto bits) {
     uint8_t e[sizeof bits];
     std::memcpy(e, &bits, sizeof bits);  // little-endian, as stored
@@ -211,16 +211,16 @@ void AddWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_
   };
   switch (DTypeSize(dtype)) {
     case 1:
-      AddElements<kAdd, 1, uint8_t>(p, n, first, count, shuffled, widen, out);
+      PutElements<kAdd, 1, uint8_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 2:
-      AddElements<kAdd, 2, uint16_t>(p, n, first, count, shuffled, widen, out);
+      PutElements<kAdd, 2, uint16_t>(p, n, first, count, shuffled, widen, out);
       break;
     case 4:
-      AddElements<kAdd, 4, uint32_t>(p, n, first, count, shuffled, widen, out);
+      PutElements<kAdd, 4, uint32_t>(p, n, first, count, shuffled, widen, out);
       break;
     default:
-      AddElements<kAdd, 8, uint64_t>(p, n, first, count, shuffled, widen, out);
+      PutElements<kAdd, 8, uint64_t>(p, n, first, count, shuffled, widen, out);
       break;
   }
 }
@@ -240,19 +240,19 @@ Status FullValueRange(const pb::Slice& slice, std::string_view data, int64_t fir
   const bool sh = slice.full().shuffled();
   switch (slice.dtype()) {
     case pb::FP32:
-      AddElements<kAdd, 4, uint32_t>(
+      PutElements<kAdd, 4, uint32_t>(
           p, n, f, c, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); }, out);
       break;
     case pb::FP64:
-      AddElements<kAdd, 8, uint64_t>(
+      PutElements<kAdd, 8, uint64_t>(
           p, n, f, c, sh, [](uint64_t b) { return std::bit_cast<double>(b); }, out);
       break;
     case pb::BF16:
-      AddElements<kAdd, 2, uint16_t>(
+      PutElements<kAdd, 2, uint16_t>(
           p, n, f, c, sh, [](uint16_t b) { return static_cast<double>(std::bit_cast<float>(uint32_t{b} << 16)); }, out);
       break;
     default:  // FP16 and any other row of the dtype table: its exact widening is ElementToDouble
-      AddWidened<kAdd>(slice.dtype(), p, n, f, c, sh, out);
+      PutWidened<kAdd>(slice.dtype(), p, n, f, c, sh, out);
       break;
   }
   return Status::Ok();

@@ -91,10 +91,6 @@ Status CheckFrame(const uint8_t* hb, const frame_io::FrameHeader& h, const std::
   return Status::Ok();
 }
 
-// Decompresses a zstd payload into *payload. The zstd frame's own content
-// size must agree with raw_len, so the output buffer (raw_len <=
-// kMaxFramePayload) is the only allocation and decompression cannot write
-// past it.
 // Sizes a reused frame buffer to n bytes. Growing, it is allocated afresh at n rounded up to 256 KiB, not at
 // twice its old capacity as std::string grows: frames of one writer differ by a few bytes, and doubling made
 // every reused buffer twice a frame (page faults on memory never used).
@@ -108,6 +104,10 @@ void SizeBuffer(std::string* buffer, size_t n) {
   buffer->resize(n);
 }
 
+// Decompresses a zstd payload into *payload. The zstd frame's own content
+// size must agree with raw_len, so the output buffer (raw_len <=
+// kMaxFramePayload) is the only allocation and decompression cannot write
+// past it.
 Status DecompressZstd(const std::string& stored, uint32_t raw_len, ZSTD_DCtx* ctx, std::string* payload) {
   if (IsSkippableZstdFrame(stored)) return Status::Corruption("payload is a zstd skippable frame, not data");
   const unsigned long long content = ZSTD_getFrameContentSize(stored.data(), stored.size());
