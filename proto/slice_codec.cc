@@ -275,8 +275,15 @@ Status AddFullValues(const pb::Slice& slice, T* out) {
   return AddFullValueRange(slice, 0, slice.count(), out);
 }
 
+template <typename T>
+Status AddFullValues(const pb::Slice& slice, std::string_view data, T* out) {
+  return FullValueRange<true>(slice, data, 0, slice.count(), out);
+}
+
 template Status AddFullValues<double>(const pb::Slice& slice, double* out);
 template Status AddFullValues<float>(const pb::Slice& slice, float* out);
+template Status AddFullValues<double>(const pb::Slice& slice, std::string_view data, double* out);
+template Status AddFullValues<float>(const pb::Slice& slice, std::string_view data, float* out);
 template Status AddFullValueRange<double>(const pb::Slice& slice, int64_t first, int64_t count, double* out);
 template Status AddFullValueRange<float>(const pb::Slice& slice, int64_t first, int64_t count, float* out);
 template Status CopyFullValueRange<double>(const pb::Slice&, std::string_view, int64_t, int64_t, double*);

@@ -65,6 +65,9 @@ Status AddFullValues(const pb::Slice& slice, T* out);
 // InvalidArgument when the range is not inside the slice.
 template <typename T>
 Status AddFullValueRange(const pb::Slice& slice, int64_t first, int64_t count, T* out);
+// AddFullValues from the slice's bytes held in `data` (record_view.h), not in the slice.
+template <typename T>
+Status AddFullValues(const pb::Slice& slice, std::string_view data, T* out);
 // The same, writing the values (out[i] = element) instead of adding them (no
 // zeroed buffer needed), from the slice's bytes held in `data` (record_view.h).
 template <typename T>

@@ -13,8 +13,13 @@
 #include "trace_reader.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+// ZSTD_d_stableOutBuffer (ReadView) is in zstd's experimental section, stable since 1.4.4.
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -502,6 +507,10 @@ Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) {
   if (frame_io::FrameHeader::Decode(stored.header).type != kBucketRecord) {
     return Status::InvalidArgument(Where(offset) + "not a bucket record frame");
   }
+  return ParseView(offset, out);
+}
+
+Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
   out->record_.Clear();
   // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
@@ -519,6 +528,78 @@ Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) {
     return Status::Corruption(Where(offset) + s.message());
   }
   return Status::Ok();
+}
+
+Status TraceReader::ReadView(uint64_t offset, RecordView* out, StoredFrame* keep) {
+  GT_RETURN_IF_ERROR(CheckDataOffset(offset));
+  if (ReadViewPieces(offset, out, keep)) return ParseView(offset, out);
+  thread_local StoredFrame scratch;
+  StoredFrame& stored = keep != nullptr ? *keep : scratch;
+  GT_RETURN_IF_ERROR(ReadStoredAt(offset, &stored));
+  return DecodeStoredView(stored, out);
+}
+
+bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep) {
+  // A piece well inside L2, a few zstd blocks (128 KiB each) long.
+  constexpr size_t kPiece = size_t{192} << 10;
+  const int fd = fileno(file_);
+  uint8_t hb[format::kFrameHeaderSize];
+  if (end_of_frames_ - offset < sizeof hb ||
+      pread(fd, hb, sizeof hb, static_cast<off_t>(base_ + offset)) != static_cast<ssize_t>(sizeof hb)) {
+    return false;
+  }
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  // Only what the writer makes of a bucket record: everything else is the two-step way's to judge.
+  if (!CheckDeclaredSizes(h).ok() || end_of_frames_ - offset - sizeof hb < h.stored_len || h.type != kBucketRecord ||
+      h.reserved != 0 || static_cast<format::Codec>(h.codec) != format::Codec::kZstd || h.stored_len < 4) {
+    return false;
+  }
+  if (keep != nullptr) {
+    keep->offset = offset;
+    std::memcpy(keep->header, hb, sizeof hb);
+    SizeBuffer(&keep->bytes, h.stored_len);
+  }
+  SizeBuffer(&out->payload_, h.raw_len);
+  ZSTD_DCtx* ctx = Dctx(zstd_ctx_);
+  ZSTD_DCtx_reset(ctx, ZSTD_reset_session_only);
+  // zstd writes straight into the payload (no window buffer of its own, no copy out of it).
+  // A zstd refusing it decodes through its window instead: the same bytes, one copy more.
+  ZSTD_DCtx_setParameter(ctx, ZSTD_d_stableOutBuffer, 1);
+  struct Restore {  // the one-shot path (DecompressZstd) shares the context
+    ZSTD_DCtx* ctx;
+    ~Restore() { ZSTD_DCtx_reset(ctx, ZSTD_reset_session_and_parameters); }
+  } restore{ctx};
+  thread_local std::string piece;
+  SizeBuffer(&piece, kPiece);
+  uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
+                               format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
+  ZSTD_outBuffer to{out->payload_.data(), out->payload_.size(), 0};
+  bool frame_done = false;
+  for (uint64_t at = 0; at < h.stored_len;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, h.stored_len - at));
+    const off_t where = static_cast<off_t>(base_ + offset + sizeof hb + at);
+    if (pread(fd, piece.data(), n, where) != static_cast<ssize_t>(n)) return false;
+    if (at == 0) {
+      // DecompressZstd's checks before decompressing: a data frame whose content size is raw_len.
+      if (IsSkippableZstdFrame(piece) ||
+          ZSTD_getFrameContentSize(piece.data(), n) != static_cast<unsigned long long>(h.raw_len)) {
+        return false;
+      }
+    }
+    crc = crc32c::Extend(crc, piece.data(), n);
+    if (keep != nullptr) std::memcpy(keep->bytes.data() + at, piece.data(), n);
+    ZSTD_inBuffer from{piece.data(), n, 0};
+    while (from.pos < from.size) {
+      if (frame_done) return false;  // bytes after the frame: not exactly one zstd frame
+      const size_t in_before = from.pos, out_before = to.pos;
+      const size_t r = ZSTD_decompressStream(ctx, &to, &from);
+      if (ZSTD_isError(r)) return false;
+      frame_done = r == 0;
+      if (!frame_done && from.pos == in_before && to.pos == out_before) return false;  // no progress: output full
+    }
+    at += n;
+  }
+  return frame_done && to.pos == to.size && crc32c::Mask(crc) == h.masked_crc;
 }
 
 Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }

@@ -117,6 +117,14 @@ class TraceReader {
   // the decompressed payload instead of copied (record_view.h); the same
   // checks, and InvalidArgument for a frame of another type.
   Status DecodeStoredView(StoredFrame& stored, RecordView* out);
+  // ReadStoredAt and DecodeStoredView in one pass over the stored bytes (issue
+  // 24): they are read a piece at a time into a small buffer that stays in
+  // cache, each piece added to the CRC and handed to zstd before the next is
+  // read, so the payload is the only frame-sized buffer. `keep`, when given,
+  // gets the stored bytes as ReadStoredAt would (to compare copies with).
+  // A frame it cannot take that way (not zstd, any check failing, a short
+  // read) goes through the two calls, whose results and messages it returns.
+  Status ReadView(uint64_t offset, RecordView* out, StoredFrame* keep = nullptr);
 
   // Compressed and uncompressed payload bytes of all frames read so far.
   uint64_t stored_bytes() const { return stored_bytes_; }
@@ -139,6 +147,10 @@ class TraceReader {
   Status DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, RawFrame* out);
   Status DecodeBytes(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, std::string* payload);
   Status ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame);
+  // ReadView's pass; false: take the two-step way (nothing is reported from here).
+  bool ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep);
+  // DecodeStoredView's steps after decompression: the record's skeleton parsed, its bytes viewed, validated.
+  Status ParseView(uint64_t offset, RecordView* out);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
   Status CheckDataOffset(uint64_t offset) const;
   // Open's steps: the file (or archive window), the file header, the RunInfo frame.

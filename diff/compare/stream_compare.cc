@@ -118,7 +118,10 @@ class Cursor {
     bool have_stored = false;
     auto read_stored = [&] { return have_stored = (*reader)->ReadStoredAt(f.offset, &stored).ok(); };
     if (!decoded) {
-      slot->decoded = read_stored() && (*reader)->DecodeStoredView(stored, &slot->view).ok();
+      // Read and decoded in one pass; the stored bytes kept only when there are copies to compare with them.
+      const bool copies = plan_.holders.size() > 1;
+      slot->decoded = (*reader)->ReadView(f.offset, &slot->view, copies ? &stored : nullptr).ok();
+      have_stored = copies && slot->decoded;
       if (!slot->decoded) {
         slot->set = nullptr;
         slot->last_unit = -1;

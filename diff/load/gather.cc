@@ -11,6 +11,10 @@
 namespace gradtrace::diff {
 
 Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
+  return AddSlice(slice, slice.full().data(), numel, v);
+}
+
+Status AddSlice(const pb::Slice& slice, std::string_view data, int64_t numel, SideValues* v) {
   v->numel = numel;
   if (slice.offset() < 0 || slice.count() < 0 || slice.offset() > numel || slice.count() > numel - slice.offset()) {
     return Status::Corruption("slice [" + std::to_string(slice.offset()) + ", +" + std::to_string(slice.count()) +
@@ -24,7 +28,7 @@ Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v) {
         v->filled.assign(numel, 0);
       }
       GT_RETURN_IF_ERROR(
-          v->WithDense([&](auto& dense) { return AddFullValues(slice, dense.data() + slice.offset()); }));
+          v->WithDense([&](auto& dense) { return AddFullValues(slice, data, dense.data() + slice.offset()); }));
       if (slice.count() == 0) return Status::Ok();  // a zero-element parameter has no buffer to mark
       uint8_t* filled = v->filled.data() + slice.offset();
       if (std::memchr(filled, 1, slice.count()) == nullptr) {
@@ -295,23 +299,7 @@ void ReaderCache::BeginUnit(size_t unit) {
   unit_ = next;
   for (auto it = kept_.begin(); it != kept_.end();) {
     auto here = it++;
-    if (here->last_unit >= 0 && here->last_unit < unit_) {
-      Drop(here);
-      continue;
-    }
-    // What the units before this one read from a kept frame is not needed again: its values go.
-    auto plan = plans_.find(here->set);
-    if (plan == plans_.end()) continue;
-    for (pb::Slice& slice : *here->frame->bucket->mutable_slices()) {
-      const int32_t id = slice.param_id();
-      if (!slice.has_full() || id < 0 || static_cast<size_t>(id) >= plan->second.size() || plan->second[id] >= unit_) {
-        continue;
-      }
-      const uint64_t freed = std::min<uint64_t>(slice.full().data().size(), here->bytes);
-      slice.clear_full();
-      here->bytes -= freed;
-      kept_bytes_ -= freed;
-    }
+    if (here->last_unit >= 0 && here->last_unit < unit_) Drop(here);
   }
 }
 
@@ -322,39 +310,43 @@ void ReaderCache::SetDone(const TraceSet& set) {
   }
 }
 
-Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f, bool replicas) {
+Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& f, bool replicas) {
   const Position at{&set, f.rank, f.offset};
   if (auto hit = by_position_.find(at); hit != by_position_.end()) return hit->second->frame.get();
   auto reader = Get(set, f.rank);
   if (!reader.ok()) return reader.status();
   const std::string& path = set.ranks()[f.rank].path;
+  if (!scratch_) scratch_ = std::make_unique<RecordView>();
   TraceReader::StoredFrame& stored = scratch_stored_;
-  if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
-    return Status::Corruption(NameFile(path, st.message()));
-  }
-  // The same header (its CRC included) and bytes as a frame decoded before: the same record.
-  const uint64_t content = ContentKey(set, stored);
-  for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
-    Kept& k = *c->second;
-    if (k.set == &set && k.stored.SameBytes(stored)) {
-      k.at.push_back(at);
-      by_position_.emplace(at, &k);
-      ++deduplicated_;
-      return k.frame.get();
+  stored.bytes.clear();
+  // Only replicas have copies to find by their bytes; any other frame is read and decoded in one pass.
+  const bool copies = replicas && set.world() > 1;
+  uint64_t content = 0;
+  if (copies) {
+    if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
+      return Status::Corruption(NameFile(path, st.message()));
+    }
+    // The same header (its CRC included) and bytes as a frame decoded before: the same record.
+    content = ContentKey(set, stored);
+    for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
+      Kept& k = *c->second;
+      if (k.set == &set && k.stored.SameBytes(stored)) {
+        k.at.push_back(at);
+        by_position_.emplace(at, &k);
+        ++deduplicated_;
+        return k.frame.get();
+      }
     }
   }
-  if (!scratch_) scratch_ = std::make_unique<Frame>();
-  Status st = (*reader)->DecodeStored(stored, scratch_.get());
+  Status st =
+      copies ? (*reader)->DecodeStoredView(stored, scratch_.get()) : (*reader)->ReadView(f.offset, scratch_.get());
   ++decoded_;
   if (!st.ok()) return Status::Corruption(NameFile(path, st.message()));
-  if (!scratch_->bucket) {
-    return Status::Corruption(path + ": frame at offset " + std::to_string(f.offset) + " is no longer a bucket record");
-  }
   const auto plan = plans_.find(&set);
   const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
-  const uint64_t bytes = uint64_t{scratch_->raw_len} + stored.bytes.size();
+  const uint64_t bytes = uint64_t{scratch_->raw_len()} + stored.bytes.size();
   // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
   // decoded into the same buffers again (fresh ones cost page faults).
   const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);
@@ -371,7 +363,7 @@ Expected<const Frame*> ReaderCache::Bucket(const TraceSet& set, const FrameRef& 
     k.last_unit = last;
     k.bytes = bytes;
     by_position_.emplace(at, &k);
-    by_content_.emplace(content, &k);
+    if (copies) by_content_.emplace(content, &k);
     return k.frame.get();
   }
   return scratch_.get();
@@ -404,10 +396,12 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
       if (!wanted) continue;
       auto frame = readers->Bucket(set, *f, combine == Combine::kReplicas);
       if (!frame.ok()) return frame.status();
-      for (const pb::Slice& s : (*frame)->bucket->slices()) {
+      const auto& slices = (*frame)->record().slices();
+      for (int i = 0; i < slices.size(); ++i) {
+        const pb::Slice& s = slices[i];
         auto it = slot.find(s.param_id());
         if (it == slot.end()) continue;
-        Status added = AddSlice(s, table[s.param_id()].numel(), &mine[it->second]);
+        Status added = AddSlice(s, (*frame)->data(i), table[s.param_id()].numel(), &mine[it->second]);
         if (!added.ok()) {
           return Status::Corruption(set.ranks()[rank].path + ": frame at offset " + std::to_string(f->offset) +
                                     ", parameter '" + table[s.param_id()].name() + "': " + added.message());

@@ -23,6 +23,7 @@
 #include "compare/metrics.h"
 #include "gradtrace.pb.h"
 #include "load/trace_set.h"
+#include "record_view.h"
 #include "trace_reader.h"
 
 namespace gradtrace::diff {
@@ -75,6 +76,8 @@ enum class Combine { kReplicas, kSum };
 // Decodes the slices of `slice` into `v` (allocating what its mode needs).
 // `add`: accumulate onto existing values (micro-steps); otherwise overwrite.
 Status AddSlice(const pb::Slice& slice, int64_t numel, SideValues* v);
+// The same for a slice whose full bytes are held in `data` (a RecordView's), not in the slice.
+Status AddSlice(const pb::Slice& slice, std::string_view data, int64_t numel, SideValues* v);
 
 // Merges one rank's values into the side's: kSum adds; kReplicas fills
 // elements not yet seen and compares the rest (tolerance-free: the caller
@@ -103,15 +106,15 @@ class ReaderCache {
   // Which unit reads each of `set`'s parameters (by param id; -1: none).
   void Plan(const TraceSet& set, std::vector<int> unit_of_param);
   // Unit `unit` starts: frames no unit from `unit` on reads are dropped (all
-  // frames of a set without a plan are kept while the budget allows), and the
-  // values of earlier units are dropped from the others.
+  // frames of a set without a plan are kept while the budget allows).
   void BeginUnit(size_t unit);
   // This unit is done with `set`: its frames that no later unit reads go.
   void SetDone(const TraceSet& set);
   // The bucket record frame `f` of `set`, kept or decoded; errors name the
-  // file. `replicas`: other ranks may hold byte-identical copies (FINAL,
-  // POST), so it is kept for them. Valid until the next call or BeginUnit.
-  Expected<const Frame*> Bucket(const TraceSet& set, const FrameRef& f, bool replicas);
+  // file; its full slices' bytes are viewed (record_view.h). `replicas`: other
+  // ranks may hold byte-identical copies (FINAL, POST), so it is kept for them.
+  // Valid until the next call or BeginUnit.
+  Expected<const RecordView*> Bucket(const TraceSet& set, const FrameRef& f, bool replicas);
   uint64_t decoded() const { return decoded_; }            // frames decompressed and parsed
   uint64_t deduplicated() const { return deduplicated_; }  // frames found equal to a kept one by their bytes
 
@@ -127,12 +130,12 @@ class ReaderCache {
   };
   struct Kept {
     const TraceSet* set = nullptr;
-    std::vector<Position> at;  // the frames with these bytes
-    uint64_t content = 0;      // ContentKey
-    TraceReader::StoredFrame stored;
-    std::unique_ptr<Frame> frame;
+    std::vector<Position> at;         // the frames with these bytes
+    uint64_t content = 0;             // ContentKey
+    TraceReader::StoredFrame stored;  // empty for a frame read in one pass (no copies to compare with it)
+    std::unique_ptr<RecordView> frame;
     int last_unit = -1;  // the last unit that reads it (-1: no plan)
-    uint64_t bytes = 0;  // stored plus decoded, less the values of units already done (BeginUnit)
+    uint64_t bytes = 0;  // stored plus decoded
   };
   using KeptList = std::list<Kept>;
   // A hash of the set and the frame header (CRC and lengths): frames with equal bytes share it.
@@ -147,7 +150,7 @@ class ReaderCache {
   std::unordered_map<Position, Kept*, PositionHash> by_position_;
   std::unordered_multimap<uint64_t, Kept*> by_content_;
   TraceReader::StoredFrame scratch_stored_;
-  std::unique_ptr<Frame> scratch_;  // the last frame decoded and not kept
+  std::unique_ptr<RecordView> scratch_;  // the last frame decoded and not kept
   uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
   int unit_ = 0;
 };

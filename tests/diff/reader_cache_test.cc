@@ -10,6 +10,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "dtype.h"
 #include "load/gather.h"
 #include "load/thread_pool.h"
 #include "test_dirs.h"
@@ -107,8 +108,8 @@ TEST(ReaderCache, ACorruptReplicaIsDecodedAndReported) {
   EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
 }
 
-// A frame holding parameters of units 0 and 1 is decoded in unit 0 and served from the cache in unit 1, less
-// unit 0's values; a unit after the last that reads it finds it gone.
+// A frame holding parameters of units 0 and 1 is decoded in unit 0 and served from the cache in unit 1, its
+// bytes viewed (both parameters' there); a unit after the last that reads it finds it gone.
 TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   auto set = TraceSet::Load(Synth("one", testing::Reference()));
   ASSERT_TRUE(set.ok()) << set.status().message();
@@ -127,20 +128,27 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   cache.BeginUnit(0);
   auto first = cache.Bucket(*set, *f, true);
   ASSERT_TRUE(first.ok()) << first.status().message();
-  auto has_full = [](const Frame* frame, int32_t id) {
-    for (const pb::Slice& s : frame->bucket->slices()) {
-      if (s.param_id() == id && s.has_full()) return true;
+  // The bytes of parameter `id`'s full slice in the frame (0 when it has none).
+  auto full_bytes = [&](const RecordView* frame, int32_t id) -> size_t {
+    const auto& slices = frame->record().slices();
+    for (int i = 0; i < slices.size(); ++i) {
+      if (slices[i].param_id() == id && slices[i].has_full()) return frame->data(i).size();
     }
-    return false;
+    return 0;
   };
-  EXPECT_TRUE(has_full(*first, early));
+  const size_t bytes_of = static_cast<size_t>(DTypeSize(set->run().params(late).dtype()));
+  EXPECT_GT(full_bytes(*first, early), 0u);
   cache.SetDone(*set);  // unit 0 is done with the set: the frame stays, unit 1 reads it
   cache.BeginUnit(1);
   auto second = cache.Bucket(*set, *f, true);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(cache.decoded(), 1u);
-  EXPECT_FALSE(has_full(*second, early));  // unit 0's values were dropped
-  EXPECT_TRUE(has_full(*second, late));
+  EXPECT_EQ(*second, *first);
+  int64_t late_count = 0;
+  for (const pb::Slice& s : (*second)->record().slices()) {
+    if (s.param_id() == late) late_count += s.count();
+  }
+  EXPECT_EQ(full_bytes(*second, late), static_cast<size_t>(late_count) * bytes_of);
   cache.BeginUnit(2);
   ASSERT_TRUE(cache.Bucket(*set, *f, true).ok());
   EXPECT_EQ(cache.decoded(), 2u);

@@ -4,7 +4,9 @@
 // checksum fixed, so that mutations reach the payloads. Beyond the sanitizers
 // it checks that every error is one line naming the file and an offset, and
 // that a record the reader returns decodes, and decodes the same viewed
-// (DecodeStoredView, record_view.h: the streamed diff's decode).
+// (DecodeStoredView, record_view.h: the streamed diff's decode), and that
+// ReadView (its one-pass read) answers at every frame and indexed offset
+// exactly what the two-step read answers.
 #include <cstddef>
 #include <cstdint>
 
@@ -44,6 +46,25 @@ void CheckView(TraceReader& r, const Frame& f) {
   }
 }
 
+// ReadView at `offset` against ReadStoredAt + DecodeStoredView: the same status, words included, and the same
+// record and bytes.
+void CheckReadView(TraceReader& r, uint64_t offset) {
+  TraceReader::StoredFrame stored, kept;
+  RecordView two, one;
+  Status expected = r.ReadStoredAt(offset, &stored);
+  if (expected.ok()) expected = r.DecodeStoredView(stored, &two);
+  const Status got = r.ReadView(offset, &one, &kept);
+  if (got.code() != expected.code() || got.message() != expected.message()) {
+    fuzz::Fail("ReadView answers '" + got.message() + "', the two-step read '" + expected.message() + "'");
+  }
+  if (!got.ok()) return;
+  if (one.record().SerializeAsString() != two.record().SerializeAsString()) fuzz::Fail("ReadView: another record");
+  for (int i = 0; i < one.record().slices_size(); ++i) {
+    if (one.data(i) != two.data(i)) fuzz::Fail("ReadView: a slice holds other bytes");
+  }
+  if (!kept.SameBytes(stored)) fuzz::Fail("ReadView kept other stored bytes");
+}
+
 void ReadAndVerify(fuzz::MemFile* file) {
   for (bool use_index : {true, false}) {
     Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index});
@@ -61,6 +82,7 @@ void ReadAndVerify(fuzz::MemFile* file) {
         CheckRecord(r.run_info(), *f.bucket);
         CheckView(r, f);
       }
+      CheckReadView(r, f.offset);
     }
     fuzz::CheckErrorLine(r.status(), file->path());
     fuzz::CheckErrorLine(r.index_status(), file->path());
@@ -68,6 +90,7 @@ void ReadAndVerify(fuzz::MemFile* file) {
       for (const pb::IndexEntry& e : r.index().entries()) {
         Status s = r.ReadAt(e.offset(), &f);
         fuzz::CheckErrorLine(s, file->path());
+        CheckReadView(r, e.offset());
         if (s.ok() && f.bucket) CheckRecord(r.run_info(), *f.bucket);
       }
     }

@@ -156,5 +156,102 @@ TEST(RecordView, DecodeStoredViewMatchesDecodeStored) {
   EXPECT_EQ(viewed.message(), whole.message());
 }
 
+// ReadView against ReadStoredAt + DecodeStoredView at `offset`: the same status (code and words) and, read, the same
+// record, bytes and (kept) stored frame; without `keep` too.
+void ExpectReadViewAsTwoSteps(TraceReader& r, uint64_t offset, const std::string& what) {
+  SCOPED_TRACE(what + ", offset " + std::to_string(offset));
+  TraceReader::StoredFrame stored;
+  RecordView two;
+  Status expected = r.ReadStoredAt(offset, &stored);
+  if (expected.ok()) expected = r.DecodeStoredView(stored, &two);
+  for (bool keep : {true, false}) {
+    TraceReader::StoredFrame kept;
+    RecordView one;
+    const Status got = r.ReadView(offset, &one, keep ? &kept : nullptr);
+    ASSERT_EQ(got.code(), expected.code()) << got.message() << " | " << expected.message();
+    EXPECT_EQ(got.message(), expected.message());
+    if (!got.ok()) continue;
+    EXPECT_EQ(one.record().SerializeAsString(), two.record().SerializeAsString());
+    ASSERT_EQ(one.record().slices_size(), two.record().slices_size());
+    for (int i = 0; i < one.record().slices_size(); ++i) EXPECT_EQ(one.data(i), two.data(i)) << i;
+    EXPECT_EQ(one.raw_len(), two.raw_len());
+    if (keep) {
+      EXPECT_TRUE(kept.SameBytes(stored));
+      EXPECT_EQ(kept.offset, offset);
+    }
+  }
+}
+
+// Every frame of the file at `path` (frames at `offsets`), both ways; a file that no longer opens is skipped.
+void ExpectEveryFrameAsTwoSteps(const std::string& path, const std::vector<uint64_t>& offsets,
+                                const std::string& what) {
+  auto r = TraceReader::Open(path);
+  if (!r.ok()) return;
+  for (uint64_t off : offsets) ExpectReadViewAsTwoSteps(**r, off, what);
+}
+
+// A run whose third parameter (1 MiB of fp32) makes a frame of several of ReadView's pieces.
+pb::RunInfo RunWithABigParam() {
+  pb::RunInfo run = testing::SmallRun();
+  *run.add_params() = testing::Param(2, "big.weight", {256, 1024});
+  return run;
+}
+
+// ReadView reads a frame in pieces, the CRC and zstd fed as they come; on whatever bytes it meets it must answer
+// what the two-step read answers: written frames (one piece and several), an uncompressed frame, a bit flipped at
+// every header byte, at and around every piece boundary and elsewhere, and a file cut inside the big frame.
+TEST(RecordView, ReadViewAnswersAsTheTwoStepRead) {
+  testing::TempDir dir;
+  const std::string path = dir.File("rank-00000.gtrace");
+  const pb::RunInfo run = RunWithABigParam();
+  {
+    auto w = TraceWriter::Open(path, run);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->WriteBucket(MixedRecord(run)).ok());
+    pb::BucketRecord big = testing::Bucket(run, 0, 2, pb::FINAL);
+    const pb::ParamInfo& p = run.params(2);
+    *big.add_slices() = MakeSlice(p, 0, p.numel(), pb::FP32, testing::Floats(p.numel(), 5).data(), CaptureMode{});
+    ASSERT_TRUE((*w)->WriteBucket(big).ok());
+    ASSERT_TRUE((*w)->WriteStep(testing::Step(0)).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  const std::string bytes = testing::ReadBytes(path);
+  const std::vector<uint64_t> ends = testing::FrameEnds(bytes);
+  ASSERT_GE(ends.size(), 4u);
+  const std::vector<uint64_t> offsets(ends.begin(), ends.begin() + 3);  // the two records and the step
+  const uint64_t big_at = offsets[1], big_end = ends[2];
+  ASSERT_GT(big_end - big_at, uint64_t{600} << 10);  // several pieces of 192 KiB
+  ExpectEveryFrameAsTwoSteps(path, offsets, "as written");
+
+  std::vector<uint64_t> flips;
+  for (uint64_t i = 0; i < format::kFrameHeaderSize; ++i) flips.push_back(big_at + i);
+  const uint64_t payload_at = big_at + format::kFrameHeaderSize;
+  for (uint64_t piece = 0; payload_at + piece < big_end; piece += uint64_t{192} << 10) {
+    for (int d : {-1, 0, 1}) {
+      const uint64_t at = payload_at + piece + static_cast<uint64_t>(d);
+      if (at > payload_at && at < big_end) flips.push_back(at);
+    }
+  }
+  for (uint64_t at = payload_at + 7; at < big_end; at += 40009) flips.push_back(at);
+  flips.push_back(big_end - 1);
+  for (uint64_t at : flips) {
+    std::string damaged = bytes;
+    damaged[at] = static_cast<char>(damaged[at] ^ 0x10);
+    testing::WriteBytes(path, damaged);
+    ExpectEveryFrameAsTwoSteps(path, offsets, "bit flipped at " + std::to_string(at));
+  }
+  for (uint64_t cut : {payload_at + 100, payload_at + (uint64_t{192} << 10), big_end - 1}) {
+    testing::WriteBytes(path, bytes.substr(0, cut));
+    ExpectEveryFrameAsTwoSteps(path, offsets, "cut at " + std::to_string(cut));
+  }
+
+  // A bucket record stored uncompressed (codec 0): not ReadView's own pass, the same answer.
+  const std::string plain = dir.File("plain.gtrace");
+  const std::string prefix = testing::CraftedPrefix();
+  testing::WriteBytes(plain, prefix + testing::PlainFrame(format::FrameType::kBucketRecord,
+                                                          MixedRecord(testing::SmallRun()).SerializeAsString()));
+  ExpectEveryFrameAsTwoSteps(plain, {prefix.size()}, "uncompressed");
+}
+
 }  // namespace
 }  // namespace gradtrace
