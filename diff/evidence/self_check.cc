@@ -520,7 +520,11 @@ Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, c
                                                           Report* report) {
   std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
   const int threads = ResolveThreads(options.threads);
-  std::vector<ReaderCache> caches(threads);
+  // A sample reads each frame once (one member's POST, no replicas to find by their bytes): nothing is worth
+  // keeping, and each frame kept was a fresh buffer (page faults) where the last one's would do.
+  std::vector<ReaderCache> caches;
+  caches.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) caches.emplace_back(options.sample ? 0 : ReaderCache::kDefaultFrameBudget);
   std::vector<ReductionResult> results(work.size());
   const ReductionPass pass{set, step, accumulating, report->tolerance.rtol, ClusterTolerance(report->tolerance.rtol)};
   std::mutex mu;

@@ -201,6 +201,37 @@ TEST(SliceCodec, FullValueRangeIsThatPartOfTheWhole) {
   }
 }
 
+// Shuffled fp32 into floats goes 16 elements at a time (SSE2 unpacks) and the rest one by one: every range of a
+// slice of the special values and random ones, copied and added, must hold the very bits of the stored elements
+// (NaN payloads included) -- against the unshuffled bytes, not the decoder.
+TEST(SliceCodec, Fp32RangesIntoFloatsAreTheStoredBits) {
+  const std::string special = SpecialBytes(pb::FP32);
+  std::string bytes;
+  while (bytes.size() < 4 * 61) bytes += special;
+  const std::vector<float> random = testing::Floats(40, 3);
+  bytes.append(reinterpret_cast<const char*>(random.data()), random.size() * 4);
+  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
+  const pb::Slice s = MakeSlice(ParamOf(n, pb::FP32), 0, n, pb::FP32, bytes.data(), CaptureMode{});
+  ASSERT_TRUE(s.full().shuffled());
+  auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+  for (int64_t first = 0; first < 20; ++first) {
+    for (int64_t count = 0; first + count <= n; count += (count < 40 ? 1 : 7)) {
+      std::vector<float> copy(static_cast<size_t>(count), 5.0f);
+      ASSERT_TRUE(CopyFullValueRange(s, s.full().data(), first, count, copy.data()).ok());
+      std::vector<float> added(static_cast<size_t>(count), 0.5f);
+      ASSERT_TRUE(AddFullValueRange(s, first, count, added.data()).ok());
+      for (int64_t i = 0; i < count; ++i) {
+        uint32_t want;
+        std::memcpy(&want, bytes.data() + 4 * (first + i), 4);
+        ASSERT_EQ(bits(copy[i]), want) << first << " +" << count << " element " << i;
+        const float sum = std::bit_cast<float>(want) + 0.5f;
+        ASSERT_TRUE(bits(added[i]) == bits(sum) || (std::isnan(sum) && std::isnan(added[i])))
+            << first << " +" << count << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(SliceCodec, ParseCaptureMode) {
   auto full = ParseCaptureMode("full");
   ASSERT_TRUE(full.ok());
