@@ -508,8 +508,24 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   const Alignment& al = *aligned;
   if (options.rtol) noise = nullptr;  // --rtol overrides the measured tolerance
 
-  Comparison c;
-  DescribeSides(a, b, al, options, &c);
+  Comparison c, sides;
+  // What the judge needs of each side (DescribeSides: its reductions' evidence is a sample of a few frames) is
+  // measured while the gradients are compared, in a thread of its own: measured first, in two threads (A's, B's),
+  // it left a core idle for part of its time. The comparison does not read it; its results do not depend on threads.
+  std::thread describe;
+  struct JoinAtExit {
+    std::thread& t;
+    ~JoinAtExit() {
+      if (t.joinable()) t.join();
+    }
+  } join_describe{describe};
+  if (ResolveThreads(options.threads) > 1) {
+    DiffOptions one = options;
+    one.threads = 1;
+    describe = std::thread([&a, &b, &al, one, &sides] { DescribeSides(a, b, al, one, &sides); });
+  } else {
+    DescribeSides(a, b, al, options, &sides);
+  }
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.rtol = options.rtol;
@@ -530,6 +546,11 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared));
   std::unordered_map<std::string, double> noise_by_name;
   if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, *rules, options, part, &noise_by_name));
+  if (describe.joinable()) describe.join();
+  c.a = std::move(sides.a);
+  c.b = std::move(sides.b);
+  c.notes = std::move(sides.notes);
+  c.truncations = std::move(sides.truncations);
 
   for (size_t j = 0; j < mine.size(); ++j) {
     ComparedParam p = MakeCompared(mine[j], part.params[j], compared[j], a, b);
