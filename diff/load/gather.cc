@@ -319,8 +319,9 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   if (!scratch_) scratch_ = std::make_unique<RecordView>();
   TraceReader::StoredFrame& stored = scratch_stored_;
   stored.bytes.clear();
-  // Only replicas have copies to find by their bytes; any other frame is read and decoded in one pass.
-  const bool copies = replicas && set.world() > 1;
+  // Only replicas have copies to find by their bytes (and only a cache that keeps frames finds them); any other
+  // frame is read and decoded in one pass.
+  const bool copies = replicas && set.world() > 1 && frame_budget_ > 0;
   uint64_t content = 0;
   if (copies) {
     if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
