@@ -276,12 +276,11 @@ int main(int argc, char** argv) {
   // the heap for the next one instead of unmapping it, so each frame does not
   // pay for fresh page faults (they cost more than zstd). 32 MiB is the most
   // glibc takes for M_MMAP_THRESHOLD (it refused 256 MiB, keeping its default).
-  // One arena: buffers the evidence's threads free are what the comparison's
-  // threads take next (per-thread arenas faulted in both: 12.2 k -> 9.6 k
-  // faults on a 1-rank 23M diff).
+  // Not one arena for all threads (M_ARENA_MAX 1): 2.7x the wall time on the
+  // 64-rank sketch sets, whose threads allocate per position
+  // (docs/performance.md).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  mallopt(M_ARENA_MAX, 1);
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};
   CommandLine cl;
   AddOptions(app, &cl);
