@@ -10,6 +10,9 @@
 //     (parse_limits.h), so memory stays bounded while parsing, not after;
 //     then the parse itself;
 //  7. the record's contents (validate.h).
+// ReadView reads a bucket record in one pass (CRC and decompression as the
+// pieces arrive) and accepts only a frame that passes every check; anything
+// else it hands to the two-step read, so errors come in the order above.
 #include "trace_reader.h"
 
 #include <sys/mman.h>
@@ -569,7 +572,6 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
     std::memcpy(keep->header, hb, sizeof hb);
     SizeBuffer(&keep->bytes, h.stored_len);
   }
-  SizeBuffer(&out->payload_, h.raw_len);
   ZSTD_DCtx* ctx = Dctx(zstd_ctx_);
   ZSTD_DCtx_reset(ctx, ZSTD_reset_session_only);
   // zstd writes straight into the payload (no window buffer of its own, no copy out of it).
@@ -583,7 +585,7 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
   SizeBuffer(&piece, kPiece);
   uint32_t crc = crc32c::Value(hb + frame_io::kCrcCoveredHeaderOffset,
                                format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
-  ZSTD_outBuffer to{out->payload_.data(), out->payload_.size(), 0};
+  ZSTD_outBuffer to{nullptr, 0, 0};
   bool frame_done = false;
   for (uint64_t at = 0; at < h.stored_len;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, h.stored_len - at));
@@ -595,6 +597,8 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
           ZSTD_getFrameContentSize(piece.data(), n) != static_cast<unsigned long long>(h.raw_len)) {
         return false;
       }
+      SizeBuffer(&out->payload_, h.raw_len);  // only now: its pages are mapped at once (SizeBuffer)
+      to = {out->payload_.data(), out->payload_.size(), 0};
     }
     crc = crc32c::Extend(crc, piece.data(), n);
     if (keep != nullptr) std::memcpy(keep->bytes.data() + at, piece.data(), n);
