@@ -5,6 +5,7 @@
 // -ffast-math and without relying on the auto-vectorizer.
 #include "moments.h"
 
+#include "cpu_features.h"
 #include "moments_kernel.h"
 
 namespace gradtrace {
@@ -13,12 +14,6 @@ namespace gradtrace {
 // moments_avx2.cc: the same kernel with 32-byte vectors. Only called when the CPU has AVX2.
 Moments BlockMomentsAvx2(pb::DType dtype, const uint8_t* p, int64_t count, bool* handled);
 
-namespace {
-bool CpuHasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-}  // namespace
 #endif
 
 bool MomentsKernelIsAvx2() {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "compare/block_sums_kernel.h"
+#include "cpu_features.h"
 
 namespace gradtrace::diff {
 
@@ -73,17 +74,6 @@ void Moments::Merge(const Moments& o) {
   abs_max = std::max(abs_max, o.abs_max);
   nonfinite += o.nonfinite;
 }
-
-namespace {
-
-#if GRADTRACE_BLOCK_SUMS_AVX2
-bool CpuHasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-#endif
-
-}  // namespace
 
 template <typename A, typename B>
 void FullSums::AddWindow(const A* a, const B* b, int64_t n) {
