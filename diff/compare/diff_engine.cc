@@ -512,6 +512,7 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   // What the judge needs of each side (DescribeSides: its reductions' evidence is a sample of a few frames) is
   // measured while the gradients are compared, in a thread of its own: measured first, in two threads (A's, B's),
   // it left a core idle for part of its time. The comparison does not read it; its results do not depend on threads.
+  // Bucket views are a pass over every PRE and POST frame: with them it is measured first, on every thread.
   std::thread describe;
   struct JoinAtExit {
     std::thread& t;
@@ -519,7 +520,7 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
       if (t.joinable()) t.join();
     }
   } join_describe{describe};
-  if (ResolveThreads(options.threads) > 1) {
+  if (ResolveThreads(options.threads) > 1 && !options.bucket_view) {
     DiffOptions one = options;
     one.threads = 1;
     describe = std::thread([&a, &b, &al, one, &sides] { DescribeSides(a, b, al, one, &sides); });

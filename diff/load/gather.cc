@@ -318,7 +318,6 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   const std::string& path = set.ranks()[f.rank].path;
   if (!scratch_) scratch_ = std::make_unique<RecordView>();
   TraceReader::StoredFrame& stored = scratch_stored_;
-  stored.bytes.clear();
   // Only replicas have copies to find by their bytes (and only a cache that keeps frames finds them); any other
   // frame is read and decoded in one pass.
   const bool copies = replicas && set.world() > 1 && frame_budget_ > 0;
@@ -347,7 +346,7 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
-  const uint64_t bytes = uint64_t{scratch_->raw_len()} + stored.bytes.size();
+  const uint64_t bytes = uint64_t{scratch_->raw_len()} + (copies ? stored.bytes.size() : 0);
   // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
   // decoded into the same buffers again (fresh ones cost page faults).
   const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);
@@ -356,15 +355,17 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     Kept& k = kept_.emplace_back();
     k.set = &set;
     k.at.push_back(at);
-    k.content = content;
-    k.stored.offset = stored.offset;
-    std::memcpy(k.stored.header, stored.header, sizeof stored.header);
-    k.stored.bytes.swap(stored.bytes);
     k.frame = std::move(scratch_);
     k.last_unit = last;
     k.bytes = bytes;
     by_position_.emplace(at, &k);
-    if (copies) by_content_.emplace(content, &k);
+    if (copies) {  // found by its bytes too
+      k.content = content;
+      k.stored.offset = stored.offset;
+      std::memcpy(k.stored.header, stored.header, sizeof stored.header);
+      k.stored.bytes.swap(stored.bytes);
+      by_content_.emplace(content, &k);
+    }
     return k.frame.get();
   }
   return scratch_.get();

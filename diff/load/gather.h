@@ -130,9 +130,11 @@ class ReaderCache {
   };
   struct Kept {
     const TraceSet* set = nullptr;
-    std::vector<Position> at;         // the frames with these bytes
-    uint64_t content = 0;             // ContentKey
-    TraceReader::StoredFrame stored;  // empty for a frame read in one pass (no copies to compare with it)
+    std::vector<Position> at;  // the frames with these bytes
+    // ContentKey and the stored frame, by which copies are found: only for a replica's frame (Bucket's
+    // `copies`); a frame read in one pass has neither.
+    uint64_t content = 0;
+    TraceReader::StoredFrame stored;
     std::unique_ptr<RecordView> frame;
     int last_unit = -1;  // the last unit that reads it (-1: no plan)
     uint64_t bytes = 0;  // stored plus decoded
