@@ -12,8 +12,8 @@ importlib.metadata see what a pip install leaves. Console scripts (torchrun, isy
 with their shebang pointed at DST's python. A distribution DST already has in another version
 (the venv's own setuptools) is uninstalled first, as pip's install would replace it.
 
-Exits 3, having changed nothing, where links cannot work (another filesystem, a required
-distribution missing from the source): the caller installs from the wheelhouse instead.
+Exits 3, having changed nothing, where links cannot work (another filesystem, a link refused, a
+required distribution missing from the source): the caller installs from the wheelhouse instead.
 """
 
 import importlib.metadata as md
@@ -69,6 +69,18 @@ def main(argv):
         return 3
     if os.stat(src_site).st_dev != os.stat(dst_site).st_dev:
         print(f"link_torch: {src_site} and {dst_site} are on different filesystems", file=sys.stderr)
+        return 3
+    # One link tried first (a filesystem without hard links, or a policy refusing them: EPERM, EMLINK), so a
+    # refusal changes nothing in DST.
+    probe_src = Path(dists["torch"].locate_file(next(f for f in dists["torch"].files if str(f).endswith(".py"))))
+    probe = dst_site / ".link_torch_probe"
+    try:
+        if probe.exists():
+            probe.unlink()
+        os.link(probe_src, probe)
+        probe.unlink()
+    except OSError as e:
+        print(f"link_torch: cannot hard-link {probe_src} into {dst_site}: {e.strerror}", file=sys.stderr)
         return 3
 
     have = installed(dst_site)
