@@ -5,6 +5,8 @@
 #include <cmath>
 #include <map>
 
+#include "text_escape.h"
+
 namespace gradtrace::diff {
 
 std::string DumpJson(const Json& j) { return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n"; }
@@ -87,7 +89,9 @@ Json ConfigToJson(const pb::Config& c) {
 Status ConfigFromJson(const Json& j, pb::Config* c) {
   if (!j.is_object()) return Status::InvalidArgument("config is not an object");
   auto st = google::protobuf::util::JsonStringToMessage(j.dump(-1, ' ', false, Json::error_handler_t::replace), c);
-  if (!st.ok()) return Status::InvalidArgument("config: " + std::string(st.message()));
+  // protobuf's message quotes the file's field names and values as they are (a newline in a key broke the
+  // one-line error, fuzz_partial_report at 3dcc308): escaped.
+  if (!st.ok()) return Status::InvalidArgument("config: " + TerminalSafe(std::string(st.message())));
   return Status();
 }
 

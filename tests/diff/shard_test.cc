@@ -414,6 +414,16 @@ TEST_F(MergeErrors, MalformedFilesAreOneLineNamingTheFile) {
   path = Edited([](json& j) { j = json::array(); });
   ExpectError({parts_[0], parts_[1], path},
               path + ": not a gradtrace-diff partial report: top level: expected an object");
+  // A config key with a line break in it: protobuf's message quotes it (fuzz_partial_report found it at 3dcc308).
+  path = Edited([](json& j) { j["config_b"]["back\nd"] = 1; });
+  {
+    auto m = MergeParts({parts_[0], parts_[1], path});
+    ASSERT_FALSE(m.ok());
+    const std::string& message = m.status().message();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message.rfind(path + ": not a gradtrace-diff partial report: config_b: config: ", 0), 0u) << message;
+    EXPECT_NE(message.find("back\\x0ad"), std::string::npos) << message;
+  }
 
   // A full report is not a part.
   auto single = DiffSets(a_, b_, {});
