@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "device_slice.h"
 #include "host_slice.h"
@@ -48,8 +50,32 @@ struct Job {
   int64_t bytes = 0;
 };
 
+// A bucket's values last written in full, and their frames: what its later phases are compared with.
+struct KeptValues {
+  std::vector<SliceCopy> slices;
+  std::vector<WrittenFrame> frames;
+  int64_t bytes = 0;
+};
+using BucketKey = std::tuple<int64_t, int32_t, int32_t>;  // step, micro step, bucket id
+
+// The same slices, element for element and byte for byte.
+bool SameValues(const std::vector<SliceCopy>& a, const std::vector<SliceCopy>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const SliceCopy& x = a[i];
+    const SliceCopy& y = b[i];
+    if (x.param_id != y.param_id || x.offset != y.offset || x.count != y.count || x.dtype != y.dtype ||
+        x.nbytes != y.nbytes || !x.bytes || !y.bytes || std::memcmp(x.bytes.get(), y.bytes.get(), x.nbytes) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace recorder_queue
+using recorder_queue::BucketKey;
 using recorder_queue::Job;
+using recorder_queue::KeptValues;
 using recorder_queue::SliceCopy;
 
 namespace {
@@ -120,6 +146,11 @@ struct Recorder::Impl {
   Status error;  // first write error (kAbort: surfaced to the producer)
   Stats stats;
   std::vector<std::thread> threads;
+  // values_by_reference: what each bucket's later phases are compared with, oldest first out beyond
+  // max_queue_bytes. Touched only by the thread whose turn it is to write (next_write), one at a time.
+  std::map<BucketKey, KeptValues> kept;
+  std::deque<BucketKey> kept_order;
+  int64_t kept_bytes = 0;
 
   void Fail(const Status& st) {  // mu held
     if (!error.ok()) return;
@@ -137,7 +168,7 @@ struct Recorder::Impl {
     }
   }
 
-  void Encode(Job& job, pb::BucketRecord* rec) const {
+  void Encode(Job& job, pb::BucketRecord* rec, bool with_slices = true) const {
     rec->set_step(job.meta.step);
     rec->set_micro_step(job.meta.micro_step);
     rec->set_bucket_id(job.meta.bucket_id);
@@ -147,6 +178,7 @@ struct Recorder::Impl {
     rec->set_partition_offset(job.meta.partition_offset);
     rec->set_partition_count(job.meta.partition_count);
     rec->set_divisor(job.meta.divisor);
+    if (!with_slices) return;
     for (SliceCopy& s : job.slices) {
       if (s.encoded) {
         *rec->add_slices() = std::move(*s.encoded);
@@ -181,13 +213,20 @@ struct Recorder::Impl {
         job = std::move(queue.front());
         queue.pop_front();
       }
-      // Encoding (byte-shuffle in full mode) runs unlocked and in parallel.
+      // Compared with the bucket's values kept from an earlier phase (at its turn, when those are written) and
+      // kept itself: full mode with references.
+      const bool compared = !job.step && options.values_by_reference && options.mode.kind == CaptureMode::Kind::kFull;
+      // Encoding (byte-shuffle in full mode) runs unlocked and in parallel; a record that may be written as a
+      // reference only at its turn, and only if it is not.
+      const bool maybe_reference = compared && job.meta.phase != pb::PRE_REDUCE;
       const double t0 = ThreadCpuSeconds();
       pb::BucketRecord rec;
-      if (!job.step) Encode(job, &rec);
-      const double t1 = ThreadCpuSeconds();
+      if (!job.step && !maybe_reference) Encode(job, &rec);
+      double encode_seconds = ThreadCpuSeconds() - t0;
       std::unique_lock<std::mutex> lock(mu);
-      for (SliceCopy& c : job.slices) Recycle(std::move(c));
+      if (!compared) {
+        for (SliceCopy& c : job.slices) Recycle(std::move(c));
+      }
       order_cv.wait(lock, [&] { return next_write == job.seq; });
       // Our turn: no other thread touches the writer until next_write moves,
       // so compress and write unlocked; the producer must not wait on `mu`
@@ -196,23 +235,86 @@ struct Recorder::Impl {
       lock.unlock();
       const double t2 = ThreadCpuSeconds();
       Status st;
-      if (write) st = job.step ? writer->WriteStep(*job.step) : writer->WriteBucket(rec);
+      bool by_reference = false;
+      if (write && job.step) {
+        st = writer->WriteStep(*job.step);
+      } else if (write && compared) {
+        st = WriteComparing(job, maybe_reference, &rec, &by_reference, &encode_seconds);
+      } else if (write) {
+        st = writer->WriteBucket(rec);
+      }
       const double t3 = ThreadCpuSeconds();
       lock.lock();
+      if (compared) {  // what WriteComparing did not keep
+        for (SliceCopy& c : job.slices) Recycle(std::move(c));
+      }
       if (write) {
         if (st.ok()) {
           ++stats.frames;
+          if (by_reference) ++stats.reference_records;
         } else {
           Fail(st);
         }
       }
-      stats.encode_cpu_seconds += t1 - t0;
-      stats.write_cpu_seconds += t3 - t2;
+      stats.encode_cpu_seconds += encode_seconds;
+      stats.write_cpu_seconds += t3 - t2 - (maybe_reference ? encode_seconds : 0);
       ++next_write;
       queued_bytes -= job.bytes;
       order_cv.notify_all();
       space_cv.notify_all();
     }
+  }
+
+  // A bucket job's record at its turn: as a reference to the frames of the bucket's values kept from an earlier
+  // phase when its own are byte for byte the same, else in full (encoded here when `maybe_reference` left it to
+  // this turn), its values then kept for the bucket's later phases. Copies it keeps leave job.slices empty.
+  Status WriteComparing(Job& job, bool maybe_reference, pb::BucketRecord* rec, bool* by_reference,
+                        double* encode_seconds) {
+    const BucketKey key{job.meta.step, job.meta.micro_step, job.meta.bucket_id};
+    // Kept values of earlier steps can match nothing later (steps only grow).
+    while (!kept_order.empty() && std::get<0>(kept_order.front()) < job.meta.step) Forget(kept_order.front());
+    auto it = kept.find(key);
+    if (maybe_reference && it != kept.end() && SameValues(it->second.slices, job.slices)) {
+      *by_reference = true;
+      pb::BucketRecord meta;
+      Encode(job, &meta, /*with_slices=*/false);
+      const Status st = writer->WriteBucketValuesOf(meta, it->second.frames);
+      if (job.meta.phase == pb::FINAL) Forget(key);  // no later phase
+      return st;
+    }
+    if (maybe_reference) {
+      const double t = ThreadCpuSeconds();
+      Encode(job, rec);
+      *encode_seconds += ThreadCpuSeconds() - t;
+    }
+    std::vector<WrittenFrame> frames;
+    const Status st = writer->WriteBucket(*rec, &frames);
+    if (it != kept.end()) Forget(key);
+    const bool referable =
+        std::all_of(frames.begin(), frames.end(), [](const WrittenFrame& f) { return f.referable(); });
+    if (st.ok() && job.meta.phase != pb::FINAL && referable && job.bytes <= options.max_queue_bytes) {
+      while (!kept_order.empty() && kept_bytes + job.bytes > options.max_queue_bytes) Forget(kept_order.front());
+      KeptValues& k = kept[key];
+      k.slices = std::move(job.slices);
+      job.slices.clear();
+      k.frames = std::move(frames);
+      k.bytes = job.bytes;
+      kept_bytes += k.bytes;
+      kept_order.push_back(key);
+    }
+    return st;
+  }
+
+  void Forget(BucketKey key) {  // the writer's turn
+    auto it = kept.find(key);
+    if (it == kept.end()) return;
+    kept_bytes -= it->second.bytes;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (SliceCopy& c : it->second.slices) Recycle(std::move(c));
+    }
+    kept.erase(it);
+    kept_order.erase(std::find(kept_order.begin(), kept_order.end(), key));
   }
 
   void Recycle(SliceCopy&& c) {  // mu held

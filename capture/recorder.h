@@ -39,8 +39,16 @@ struct RecorderOptions {
   int writer_threads = 1;
   int64_t max_queue_bytes = 256ll << 20;
   OnCaptureError on_error = OnCaptureError::kDisable;
-  bool overwrite = false;           // replace a finished trace at `path` (WriterOptions::overwrite); never a live one
-  int zstd_level = 1;               // docs/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
+  bool overwrite = false;  // replace a finished trace at `path` (WriterOptions::overwrite); never a live one
+  int zstd_level = 1;      // docs/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
+  // Full mode: a POST_REDUCE or FINAL record whose slices are byte for byte
+  // those last written in full for the same step, micro step and bucket is
+  // written as a reference to their frames (format 1.6, FORMAT.md 4.3), so it
+  // costs a comparison instead of a compression and its bytes (on one rank,
+  // POST and FINAL hold PRE's values). The copies kept to compare with count
+  // against max_queue_bytes once more. false: every record holds its values,
+  // for readers older than 1.6.
+  bool values_by_reference = true;
   bool device_path_on_cpu = false;  // tests: take the device path (device_slice.h) for CPU tensors too
 };
 
@@ -87,6 +95,7 @@ class Recorder {
 
   struct Stats {
     uint64_t frames = 0, raw_bytes = 0, file_bytes = 0;
+    uint64_t reference_records = 0;    // records written as references (values_by_reference)
     double record_seconds = 0;         // training thread inside RecordBucket (copy or encode, and waits)
     double producer_wait_seconds = 0;  // of which blocked on a full queue
     double encode_cpu_seconds = 0;     // writer threads' CPU: building records (byte-shuffle)

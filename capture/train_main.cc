@@ -135,6 +135,7 @@ int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, st
   ro.on_error = o.on_capture_error == "disable" ? gc::OnCaptureError::kDisable : gc::OnCaptureError::kAbort;
   ro.overwrite = o.overwrite;
   ro.zstd_level = o.zstd_level;
+  ro.values_by_reference = o.capture_references == "on";
   ro.writer_threads = o.writer_threads;
   ro.max_queue_bytes = o.capture_queue_mb << 20;
   auto opened = gc::Recorder::Open(ro, run);

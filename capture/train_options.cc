@@ -94,6 +94,11 @@ void AddCaptureOptions(CLI::App& app, TrainOptions& o) {
   app.add_flag("--overwrite", o.overwrite,
                "replace the rank-NNNNN.gtrace files a finished run left in --out (a run still writing is refused)");
   app.add_option("--zstd-level", o.zstd_level, "zstd level of trace frames")->check(CLI::Range(1, 19));
+  app.add_option("--capture-references", o.capture_references,
+                 "full mode: on (the default) writes a POST_REDUCE or FINAL record whose values are byte for byte "
+                 "an earlier phase's of the same bucket as a reference to those frames (format 1.6); off writes "
+                 "them again, for readers older than 1.6")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--writer-threads", o.writer_threads, "recorder threads that encode, compress and write")
       ->check(CLI::Range(1, 64));
   app.add_option("--capture-queue-mb", o.capture_queue_mb,

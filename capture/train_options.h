@@ -59,8 +59,9 @@ struct TrainOptions {
   bool overwrite = false;                    // replace finished traces in --out (never a live writer's)
   std::string final_mode = "gather";         // gather: FINAL is the full gradient; partition: owned slices only
   int zstd_level = 1;
-  int writer_threads = 1;          // recorder threads that encode, compress and write
-  int64_t capture_queue_mb = 256;  // full mode: host copies waiting for the writer before training blocks
+  std::string capture_references = "on";  // on | off: RecorderOptions::values_by_reference
+  int writer_threads = 1;                 // recorder threads that encode, compress and write
+  int64_t capture_queue_mb = 256;         // full mode: host copies waiting for the writer before training blocks
 
   // Export: the initial parameters and every global batch of the run, for an
   // external run (tools/repro/ds5248/run.py --model gradtrace) to load. Without

@@ -21,7 +21,7 @@ inline constexpr char kFileMagic[8] = {'G', 'R', 'D', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr char kFooterMagic[8] = {'G', 'T', 'I', 'N', 'D', 'E', 'X', '\0'};
 // Minor version when adding fields or frame types; major when changing existing ones.
 inline constexpr uint16_t kMajorVersion = 1;
-inline constexpr uint16_t kMinorVersion = 5;
+inline constexpr uint16_t kMinorVersion = 6;
 // Minor versions: 1.0 the first; 1.1 index entries catalogue each BucketRecord
 // (param ids, group, raw_len, partition, divisor) so readers need not decompress
 // data frames to know what they hold.
@@ -32,7 +32,15 @@ inline constexpr uint16_t kMinorCataloguedIndex = 1;
 // (HSDP), a field too. 1.4 adds the precision chain, the initial-weight sketch
 // and the input moments (FORMAT.md 4.1): fields again. 1.5 adds pipeline
 // parallelism (Config.pp_stages/pp_microbatches/pp_schedule/pp_scale_grads,
-// ParamInfo.stages): fields.
+// ParamInfo.stages): fields. 1.6 adds BucketRecord.values_from, a record
+// taking its values from an earlier frame: readers resolve it (FORMAT.md 4.3).
+inline constexpr uint16_t kMinorValuesFrom = 6;
+// What resolving references may decode over a reader's life: a reference
+// frame is tens of bytes and its target up to 64 MiB, so without a bound a
+// small hostile file could keep a reader decoding for hours. A writer's
+// references decode about twice its file per pass (FORMAT.md 4.3).
+inline constexpr uint64_t kReferenceDecodeFactor = 64;
+inline constexpr uint64_t kReferenceDecodeSlack = uint64_t{256} << 20;
 
 // 1.4: ParamInfo.init_sketch holds at most this many values (FORMAT.md 4.1).
 inline constexpr int kInitSketchSize = 16;

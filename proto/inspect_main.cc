@@ -164,6 +164,8 @@ void PrintFrame(const Frame& f) {
     if (f.bucket->chunk_count() > 1) {
       what += " chunk " + std::to_string(f.bucket->chunk() + 1) + "/" + std::to_string(f.bucket->chunk_count());
     }
+    // Format 1.6: the values are those of an earlier frame (FORMAT.md 4.3).
+    if (f.bucket->values_from() != 0) what += " values of " + std::to_string(f.bucket->values_from());
   }
   std::printf("  %10llu %-8s %10u %10u  %s\n", static_cast<unsigned long long>(f.offset), type, f.stored_len, f.raw_len,
               what.c_str());

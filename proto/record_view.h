@@ -12,6 +12,7 @@
 // payload whole instead, with the usual copy and the usual errors.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,9 @@ class RecordView {
   const pb::BucketRecord& record() const { return record_; }
   std::string_view data(int slice) const { return data_[static_cast<size_t>(slice)]; }
   uint32_t raw_len() const { return static_cast<uint32_t>(payload_.size()); }
+  // The decompressed bytes it holds: its frame's, and for a reference (format
+  // 1.6, record().values_from()) those of the frame its values are in.
+  uint64_t held_bytes() const { return payload_.size() + target_payload_.size(); }
 
  private:
   friend class TraceReader;
@@ -41,6 +45,10 @@ class RecordView {
   std::string skeleton_;
   pb::BucketRecord record_;
   std::vector<std::string_view> data_;
+  // A reference's target (empty otherwise): data_ then points into target_payload_.
+  std::string target_payload_;
+  std::string target_skeleton_;
+  pb::BucketRecord target_record_;
 };
 
 }  // namespace gradtrace

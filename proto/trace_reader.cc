@@ -34,6 +34,7 @@
 #include "parse_limits.h"
 #include "regular_file.h"
 #include "validate.h"
+#include "values_from.h"
 
 namespace gradtrace {
 namespace {
@@ -346,6 +347,17 @@ Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame)
       if (Status s = ParseBounded(raw.payload, ParseLimitsFor(format::FrameType::kBucketRecord), rec.get()); !s.ok()) {
         return At(Where(offset), s);
       }
+      if (rec->values_from() != 0) {  // 1.6: the values are those of an earlier frame
+        thread_local std::string payload, skeleton;
+        thread_local pb::BucketRecord target;
+        thread_local std::vector<std::string_view> data;
+        GT_RETURN_IF_ERROR(ReadValuesFrom(offset, *rec, nullptr, &payload, &skeleton, &target, &data));
+        for (int i = 0; i < rec->slices_size(); ++i) {
+          pb::FullPayload* full = rec->mutable_slices(i)->mutable_full();
+          full->set_data(std::string(data[static_cast<size_t>(i)]));
+          full->set_shuffled(target.slices(i).full().shuffled());
+        }
+      }
       if (Status s = ValidateBucketRecord(run_, *rec); !s.ok()) return Status::Corruption(Where(offset) + s.message());
       frame->bucket = std::move(rec);
       return Status::Ok();
@@ -353,6 +365,57 @@ Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame)
     default:  // kIndex, or a type from a newer minor version: nothing to parse here
       return Status::Ok();
   }
+}
+
+Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
+                                   const std::vector<std::string_view>* ref_data, std::string* payload,
+                                   std::string* skeleton, pb::BucketRecord* target,
+                                   std::vector<std::string_view>* data) {
+  const uint64_t from = ref.values_from();
+  const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
+  if (from < first_data_offset_ || from >= offset) return Status::Corruption(where + "not an earlier data frame");
+  if (has_index_) {  // an indexed trace lists every frame: the target must start one
+    const auto& entries = index_.entries();
+    const auto it = std::lower_bound(entries.begin(), entries.end(), from,
+                                     [](const pb::IndexEntry& e, uint64_t o) { return e.offset() < o; });
+    if (it == entries.end() || it->offset() != from || it->type() != kBucketRecord) {
+      return Status::Corruption(where + "the index lists no bucket record frame there");
+    }
+  }
+  // Not ReadRaw's buffer: DecodeStored's caller may be reading with it.
+  thread_local std::string stored;
+  uint8_t hb[format::kFrameHeaderSize];
+  uint64_t next = 0;
+  if (Status s = ReadStoredRaw(from, offset, hb, &stored, &next); !s.ok()) {
+    return s.code() == Status::Code::kIoError ? s : Status::Corruption(where + s.message());
+  }
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  if (h.type != kBucketRecord) return Status::Corruption(where + "not a bucket record frame");
+  // A reference of a few bytes costs a decode of up to 64 MiB: bounded over the reader's life, so that a
+  // hostile file of references cannot make it decode without end (FORMAT.md 4.3).
+  const uint64_t budget = format::kReferenceDecodeFactor * file_size_ + format::kReferenceDecodeSlack;
+  reference_bytes_ += h.raw_len;
+  if (reference_bytes_ > budget) {
+    return Status::LimitExceeded(where + "references have decoded " + std::to_string(reference_bytes_) +
+                                 " bytes, more than " + std::to_string(format::kReferenceDecodeFactor) +
+                                 " times the trace's size plus " + std::to_string(format::kReferenceDecodeSlack >> 20) +
+                                 " MiB");
+  }
+  if (Status s = DecodeBytes(from, hb, stored, false, payload); !s.ok()) {
+    return Status::Corruption(where + s.message());
+  }
+  const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
+  target->Clear();
+  // Only the writer's shape (record_view.h): references are new in 1.6, and only a writer makes them.
+  if (!SplitFullData(*payload, skeleton, data) || !ParseBounded(*skeleton, limits, target).ok() ||
+      data->size() != static_cast<size_t>(target->slices_size())) {
+    return Status::Corruption(where + "not a bucket record as a writer lays it out");
+  }
+  if (const std::string why = ValuesFromMismatch(ref, ref_data, *target); !why.empty()) {
+    return Status::Corruption(where + why);
+  }
+  if (Status s = ValidateBucketRecord(run_, *target, data); !s.ok()) return Status::Corruption(where + s.message());
+  return Status::Ok();
 }
 
 std::string TraceReader::IndexEntriesProblem(const pb::Index& part, int64_t before, uint64_t index_offset,
@@ -537,6 +600,16 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
     out->data_.assign(static_cast<size_t>(out->record_.slices_size()), std::string_view());
     for (int i = 0; i < out->record_.slices_size(); ++i) out->data_[i] = out->record_.slices(i).full().data();
   }
+  out->target_payload_.clear();           // keeps its memory for the next reference
+  if (out->record_.values_from() != 0) {  // 1.6: the values are viewed in the earlier frame's payload
+    std::vector<std::string_view> data;
+    GT_RETURN_IF_ERROR(ReadValuesFrom(offset, out->record_, &out->data_, &out->target_payload_, &out->target_skeleton_,
+                                      &out->target_record_, &data));
+    out->data_.swap(data);
+    for (int i = 0; i < out->record_.slices_size(); ++i) {
+      out->record_.mutable_slices(i)->mutable_full()->set_shuffled(out->target_record_.slices(i).full().shuffled());
+    }
+  }
   if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
     return Status::Corruption(Where(offset) + s.message());
   }
@@ -614,6 +687,11 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
     at += n;
   }
   return frame_done && to.pos == to.size && crc32c::Mask(crc) == h.masked_crc;
+}
+
+bool SameValuesFrom(TraceReader& a, TraceReader& b, uint64_t from) {
+  thread_local TraceReader::StoredFrame ta, tb;
+  return a.ReadStoredAt(from, &ta).ok() && b.ReadStoredAt(from, &tb).ok() && ta.SameBytes(tb);
 }
 
 Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }

@@ -151,6 +151,12 @@ class TraceReader {
   bool ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep);
   // DecodeStoredView's steps after decompression: the record's skeleton parsed, its bytes viewed, validated.
   Status ParseView(uint64_t offset, RecordView* out);
+  // Format 1.6: the frame `ref` (read at `offset`) takes its values from, read and decoded into *payload, checked
+  // (a bucket record frame of this trace before `offset`, within the references' decode budget, matching `ref`:
+  // values_from.h), its record's skeleton parsed into *target and its slices' bytes viewed in *data.
+  Status ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref, const std::vector<std::string_view>* ref_data,
+                        std::string* payload, std::string* skeleton, pb::BucketRecord* target,
+                        std::vector<std::string_view>* data);
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
   Status CheckDataOffset(uint64_t offset) const;
   // Open's steps: the file (or archive window), the file header, the RunInfo frame.
@@ -178,7 +184,8 @@ class TraceReader {
   uint64_t stop_offset_ = 0;
   uint64_t stored_bytes_ = 0;
   uint64_t raw_bytes_ = 0;
-  void* zstd_ctx_ = nullptr;  // ZSTD_DCtx*
+  uint64_t reference_bytes_ = 0;  // decoded for values_from references, against their budget
+  void* zstd_ctx_ = nullptr;      // ZSTD_DCtx*
   bool done_ = false;
   bool newer_minor_ = false;  // file written by a newer minor version
   uint16_t minor_ = 0;
@@ -187,6 +194,12 @@ class TraceReader {
   uint64_t index_run_offset_ = 0;   // scan mode: first of the trailing index frames
   bool last_was_index_ = false;     // scan mode: the previous frame was an index frame
 };
+
+// Whether two byte-identical reference frames (format 1.6, values_from
+// `from` in both) of `a` and `b` are the same record: a reference's bytes say
+// where its values are, not what they are, so their targets must be
+// byte-identical too. Reads both targets' stored bytes.
+bool SameValuesFrom(TraceReader& a, TraceReader& b, uint64_t from);
 
 // Reads every frame of `path` and checks every CRC; Truncated/Corruption say
 // where. When the file has an index, also checks that it lists exactly the

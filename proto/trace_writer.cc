@@ -223,23 +223,78 @@ Status TraceWriter::WriteStep(const pb::StepInfo& step) {
   return WriteFrame(static_cast<uint8_t>(format::FrameType::kStepInfo), step.SerializeAsString(), &e);
 }
 
-Status TraceWriter::WriteBucket(const pb::BucketRecord& record) {
+namespace {
+
+// A record's slices (each a `full` payload, empty, where it had one) and chunk fields, without values.
+pb::BucketRecord SkeletonOf(const pb::BucketRecord& record) {
+  pb::BucketRecord s;
+  for (const pb::Slice& from : record.slices()) {
+    pb::Slice* to = s.add_slices();
+    to->set_param_id(from.param_id());
+    to->set_offset(from.offset());
+    to->set_count(from.count());
+    to->set_dtype(from.dtype());
+    if (from.has_full()) to->mutable_full();
+  }
+  s.set_chunk(record.chunk());
+  s.set_chunk_count(record.chunk_count());
+  s.set_last_slice_continues(record.last_slice_continues());
+  return s;
+}
+
+}  // namespace
+
+Status TraceWriter::WriteBucketFrame(const pb::BucketRecord& record, std::vector<WrittenFrame>* written) {
+  const auto type = static_cast<uint8_t>(format::FrameType::kBucketRecord);
+  const pb::IndexEntry e = CatalogueEntry(record);
+  const uint64_t at = offset_;
+  GT_RETURN_IF_ERROR(WriteFrame(type, record.SerializeAsString(), &e));
+  if (written != nullptr) {
+    WrittenFrame& w = written->emplace_back();
+    w.offset = at;
+    w.stored_len = static_cast<uint32_t>(offset_ - at - format::kFrameHeaderSize);
+    w.raw_len = static_cast<uint32_t>(record.ByteSizeLong());
+    w.skeleton = SkeletonOf(record);
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::WriteBucketValuesOf(const pb::BucketRecord& meta, const std::vector<WrittenFrame>& targets) {
+  if (!error_.ok()) return error_;
+  auto refused = [&](const std::string& why) {
+    return Status::InvalidArgument(path_ + ": bucket record by reference (step " + std::to_string(meta.step()) +
+                                   ", bucket " + std::to_string(meta.bucket_id()) + "): " + why);
+  };
+  if (meta.slices_size() > 0) return refused("the record holds slices of its own");
+  if (targets.empty()) return refused("no frame to take the values from");
+  for (const WrittenFrame& t : targets) {
+    if (t.offset < format::kFileHeaderSize || t.offset >= offset_ || t.skeleton.values_from() != 0) {
+      return refused("offset " + std::to_string(t.offset) + " is not a bucket record frame written before");
+    }
+  }
+  for (const WrittenFrame& t : targets) {
+    pb::BucketRecord ref = meta;
+    ref.mutable_slices()->CopyFrom(t.skeleton.slices());
+    ref.set_chunk(t.skeleton.chunk());
+    ref.set_chunk_count(t.skeleton.chunk_count());
+    ref.set_last_slice_continues(t.skeleton.last_slice_continues());
+    ref.set_values_from(t.offset);
+    GT_RETURN_IF_ERROR(WriteBucketFrame(ref, nullptr));
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::WriteBucket(const pb::BucketRecord& record, std::vector<WrittenFrame>* written) {
   if (!error_.ok()) return error_;
   if (Status s = ValidateBucketRecord(run_, record); !s.ok()) {
     return Status::InvalidArgument(path_ + ": invalid bucket record (step " + std::to_string(record.step()) +
                                    ", bucket " + std::to_string(record.bucket_id()) + "): " + s.message());
   }
-  const auto type = static_cast<uint8_t>(format::FrameType::kBucketRecord);
-  if (record.ByteSizeLong() <= format::kChunkTarget) {
-    const pb::IndexEntry e = CatalogueEntry(record);
-    return WriteFrame(type, record.SerializeAsString(), &e);
-  }
+  if (record.values_from() != 0) return Status::InvalidArgument(path_ + ": values_from: use WriteBucketValuesOf");
+  if (record.ByteSizeLong() <= format::kChunkTarget) return WriteBucketFrame(record, written);
   Expected<std::vector<pb::BucketRecord>> chunks = SplitRecord(record, format::kChunkTarget);
   if (!chunks.ok()) return Status::InvalidArgument(path_ + ": " + chunks.status().message());
-  for (const pb::BucketRecord& c : *chunks) {
-    const pb::IndexEntry e = CatalogueEntry(c);
-    GT_RETURN_IF_ERROR(WriteFrame(type, c.SerializeAsString(), &e));
-  }
+  for (const pb::BucketRecord& c : *chunks) GT_RETURN_IF_ERROR(WriteBucketFrame(c, written));
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 // as written, so a crash loses at most the frame in flight.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,6 +25,21 @@ struct WriterOptions {
 // TraceWriter::Open takes it for as long as it writes. False where the file
 // does not open or the filesystem has no flock.
 bool LockedByWriter(const std::string& path);
+
+// A bucket record frame as written: where it is, what it holds less its
+// values (what a reference to it repeats) and its sizes.
+struct WrittenFrame {
+  uint64_t offset = 0;
+  uint32_t stored_len = 0;
+  uint32_t raw_len = 0;
+  pb::BucketRecord skeleton;  // slices and chunk fields, no data
+  // Worth referring to: its values compress less than 16 to 1. A reference
+  // saves the bytes of its stored payload and costs readers a decode of its
+  // raw ones; the ratio keeps a file's references within the readers' budget
+  // (format.h kReferenceDecodeFactor), and highly compressible values cost
+  // little to write again.
+  bool referable() const { return raw_len <= 16 * uint64_t{stored_len}; }
+};
 
 class TraceWriter {
  public:
@@ -53,7 +69,16 @@ class TraceWriter {
   // Records larger than a frame are split by slice ranges into several frames
   // (chunk/chunk_count set, chunking.h); readers see one BucketRecord per frame.
   // The record is checked against RunInfo first (InvalidArgument, nothing written).
-  Status WriteBucket(const pb::BucketRecord& record);
+  // `written`, when given, gets each frame written (one per chunk).
+  Status WriteBucket(const pb::BucketRecord& record, std::vector<WrittenFrame>* written = nullptr);
+  // Format 1.6 (FORMAT.md 4.3): a record whose values are those of frames
+  // written before, `targets` as WriteBucket reported them: one reference
+  // frame per target, each with `meta`'s fields but its slices (step, micro
+  // step, bucket, phase, group, partition, divisor) and the target's slices
+  // and chunk without their data. The caller vouches that the values are the
+  // same bytes (the capture compares them). InvalidArgument, nothing written,
+  // for a record with slices, no targets, or a target not WriteBucket's.
+  Status WriteBucketValuesOf(const pb::BucketRecord& meta, const std::vector<WrittenFrame>& targets);
   // Writes the index frame and footer, flushes and closes. Idempotent: later
   // calls return the first call's result.
   Status Close();
@@ -65,6 +90,8 @@ class TraceWriter {
  private:
   TraceWriter(std::string path, std::FILE* file, WriterOptions options);
   Status WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry);
+  // A bucket record's frame, reported in *written when given.
+  Status WriteBucketFrame(const pb::BucketRecord& record, std::vector<WrittenFrame>* written);
   Status WriteRaw(const void* data, size_t n);
   Status Fail(Status s);          // makes `s` sticky
   void CutBack(uint64_t offset);  // after a failed write: drop stdio's buffer, cut a regular file at `offset`

@@ -248,6 +248,7 @@ py::dict BucketToDict(const pb::BucketRecord& b, uint64_t offset, const std::str
   d["chunk"] = b.chunk();
   d["chunk_count"] = b.chunk_count();
   d["last_slice_continues"] = b.last_slice_continues();
+  d["values_from"] = b.values_from();  // format 1.6: 0, or the frame the values were read from
   const std::string where = path + ": frame at offset " + std::to_string(offset);
   py::list slices;
   for (const pb::Slice& s : b.slices()) slices.append(SliceToDict(s, where));

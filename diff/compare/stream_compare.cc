@@ -138,6 +138,8 @@ class Cursor {
       if (!copy_reader.ok() || !(*copy_reader)->ReadStoredAt(copy.second, &other).ok() || !stored.SameBytes(other)) {
         return false;
       }
+      const uint64_t from = slot->view.record().values_from();  // format 1.6: a reference
+      if (from != 0 && !SameValuesFrom(**reader, **copy_reader, from)) return false;
       slot->same.push_back(copy);
     }
     return true;
@@ -220,7 +222,7 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
       return {slot.get(), true};
     }
     if (!live && free == nullptr) free = slot.get();
-    if (live) kept += slot->view.raw_len();
+    if (live) kept += slot->view.held_bytes();
   }
   if (free == nullptr) free = slots_[side].emplace_back(std::make_unique<Slot>()).get();
   const auto plan = plans_.find(&set);

@@ -330,7 +330,12 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     content = ContentKey(set, stored);
     for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
       Kept& k = *c->second;
-      if (k.set == &set && k.stored.SameBytes(stored)) {
+      if (k.set != &set || !k.stored.SameBytes(stored)) continue;
+      if (const uint64_t from = k.frame->record().values_from(); from != 0) {  // format 1.6: a reference
+        auto kept_reader = Get(set, k.at.front().rank);
+        if (!kept_reader.ok() || !SameValuesFrom(**kept_reader, **reader, from)) continue;
+      }
+      {
         k.at.push_back(at);
         by_position_.emplace(at, &k);
         ++deduplicated_;
@@ -346,7 +351,7 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
-  const uint64_t bytes = uint64_t{scratch_->raw_len()} + (copies ? stored.bytes.size() : 0);
+  const uint64_t bytes = scratch_->held_bytes() + (copies ? stored.bytes.size() : 0);
   // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
   // decoded into the same buffers again (fresh ones cost page faults).
   const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);

@@ -206,6 +206,50 @@ TEST(TrainBinary, DoneCommandWritesVerifiableTraceSetShowingSpTimes) {
   fs::remove_all(dir);
 }
 
+// Format 1.6: with --capture-references on (the default) a POST_REDUCE or FINAL record whose values are byte for byte
+// the bucket's values last written in full is a reference to those frames. Read back, every record of every rank is
+// the one --capture-references off writes, byte for byte. On one rank every POST and FINAL is a reference (nothing
+// to reduce); on two (data parallel) every FINAL is (POST's values) and no POST is (each rank's own PRE differs
+// from the average).
+TEST(TrainBinary, ReferencesReadBackAsTheRecordsWrittenInFull) {
+  for (const std::string nproc : {"1", "2"}) {
+    SCOPED_TRACE("nproc " + nproc);
+    const fs::path on = FreshDir("refs-on-" + nproc), off = FreshDir("refs-off-" + nproc);
+    for (const auto& [dir, refs] : {std::pair{on, "on"}, std::pair{off, "off"}}) {
+      RunOutput run =
+          Train(Concat({"--nproc", nproc, "--dp", nproc, "--steps", "2", "--capture-references", refs}, Tiny(dir)));
+      ASSERT_EQ(run.exit_code, 0) << run.err;
+    }
+    for (int r = 0; r < std::stoi(nproc); ++r) {
+      const std::string name = RankFileName(r);
+      ASSERT_TRUE(VerifyFile((on / name).string()).ok());
+      auto a = TraceReader::Open((on / name).string()), b = TraceReader::Open((off / name).string());
+      ASSERT_TRUE(a.ok() && b.ok());
+      Frame fa, fb;
+      std::map<pb::Phase, int> records, references;
+      while ((*a)->Next(&fa)) {
+        ASSERT_TRUE((*b)->Next(&fb));
+        ASSERT_EQ(fa.bucket != nullptr, fb.bucket != nullptr);
+        if (!fa.bucket) continue;
+        ++records[fa.bucket->phase()];
+        if (fa.bucket->values_from() != 0) ++references[fa.bucket->phase()];
+        EXPECT_EQ(fb.bucket->values_from(), 0u);
+        fa.bucket->clear_values_from();
+        EXPECT_EQ(fa.bucket->SerializeAsString(), fb.bucket->SerializeAsString()) << "offset " << fa.offset;
+      }
+      EXPECT_TRUE((*a)->status().ok()) << (*a)->status().message();
+      EXPECT_FALSE((*b)->Next(&fb));
+      ASSERT_GT(records[pb::PRE_REDUCE], 0);
+      EXPECT_EQ(references[pb::PRE_REDUCE], 0);
+      EXPECT_EQ(references[pb::POST_REDUCE], nproc == "1" ? records[pb::POST_REDUCE] : 0);
+      EXPECT_EQ(references[pb::FINAL], records[pb::FINAL]);
+      EXPECT_LT(fs::file_size(on / name), fs::file_size(off / name));
+    }
+    fs::remove_all(on);
+    fs::remove_all(off);
+  }
+}
+
 TEST(TrainBinary, SketchValuesEqualFullValuesAtTheSamePositions) {
   const fs::path full_dir = FreshDir("full"), sketch_dir = FreshDir("sketch");
   const std::vector<std::string> common = {"--nproc", "2",         "--sp",    "2",      "--zero-stage",

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "trace_reader.h"
 
@@ -85,6 +86,100 @@ TEST(Recorder, FullModeRoundTripIsByteExactAndOrdered) {
     EXPECT_EQ(std::memcmp(bytes->data(), sent[b].data_ptr(), bytes->size()), 0) << "bucket " << b;
   }
   std::remove(path.c_str());
+}
+
+// Format 1.6 (values_by_reference): a later phase whose values are byte for byte those last written in full for
+// its bucket is written as a reference to those frames; anything else (one bit different, another layout, values
+// that compress better than 16 to 1) in full. Read back, every record is the one written without references, byte
+// for byte; with one writer thread or four.
+TEST(Recorder, LaterPhasesWithTheSameBytesAreWrittenAsReferences) {
+  struct Sent {
+    BucketMeta meta;
+    std::vector<SliceRef> slices;
+  };
+  // Parameter 1 made large enough for zeros to compress better than 16 to 1.
+  constexpr int64_t kNumel = 6144;
+  pb::RunInfo run = TinyRun();
+  run.mutable_params(1)->set_shape(0, kNumel);
+  run.mutable_params(1)->set_numel(kNumel);
+  std::vector<Sent> sent;
+  at::manual_seed(11);
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int b = 0; b < 6; ++b) {
+      BucketMeta meta;
+      meta.step = step;
+      meta.bucket_id = b;
+      at::Tensor pre = b == 5 ? at::zeros({kNumel}) : at::randn({kNumel});
+      at::Tensor post = pre.clone();
+      if (b == 1) post.mul_(0.5);                                    // reduced: other values
+      if (b == 2) static_cast<uint32_t*>(post.data_ptr())[7] ^= 1u;  // one bit
+      meta.phase = pb::PRE_REDUCE;
+      sent.push_back({meta, {SliceRef{1, 0, pre}}});
+      meta.phase = pb::POST_REDUCE;
+      meta.divisor = 1;
+      if (b == 3) {
+        sent.push_back({meta, {SliceRef{1, 0, post.narrow(0, 0, kNumel / 2)}}});  // a partition: another layout
+      } else {
+        sent.push_back({meta, {SliceRef{1, 0, post}}});
+      }
+      meta.phase = pb::FINAL;
+      meta.divisor = 0;
+      sent.push_back({meta, {SliceRef{1, 0, post}}});
+    }
+  }
+  // Written as references: POST of buckets 0 and 4 (PRE's bytes) and FINAL of buckets 0, 1, 2 and 4 (the values
+  // last written in full: PRE's or POST's); bucket 3's FINAL is not POST's layout, bucket 5's zeros compress too well.
+  auto reference_from = [](const Sent& s) -> std::optional<pb::Phase> {
+    const int b = s.meta.bucket_id;
+    if (s.meta.phase == pb::POST_REDUCE && (b == 0 || b == 4)) return pb::PRE_REDUCE;
+    if (s.meta.phase == pb::FINAL && (b == 0 || b == 4)) return pb::PRE_REDUCE;
+    if (s.meta.phase == pb::FINAL && (b == 1 || b == 2)) return pb::POST_REDUCE;
+    return std::nullopt;
+  };
+  auto write = [&](const std::string& name, bool references, int threads) {
+    const std::string path = TempPath(name);
+    RecorderOptions opt;
+    opt.path = path;
+    opt.values_by_reference = references;
+    opt.writer_threads = threads;
+    auto rec = Recorder::Open(opt, run);
+    EXPECT_TRUE(rec.ok()) << rec.status().message();
+    for (const Sent& s : sent) EXPECT_TRUE((*rec)->RecordBucket(s.meta, s.slices).ok());
+    EXPECT_TRUE((*rec)->Close().ok());
+    EXPECT_EQ((*rec)->stats().frames, sent.size());
+    EXPECT_EQ((*rec)->stats().reference_records, references ? 12u : 0u);
+    return path;
+  };
+  const std::string plain = write("rec-plain", false, 1);
+  const std::vector<pb::BucketRecord> expected = ReadBuckets(plain);
+  ASSERT_EQ(expected.size(), sent.size());
+  for (const pb::BucketRecord& r : expected) EXPECT_EQ(r.values_from(), 0u);
+  for (int threads : {1, 4}) {
+    SCOPED_TRACE(threads);
+    const std::string path = write("rec-refs-" + std::to_string(threads), true, threads);
+    EXPECT_TRUE(VerifyFile(path).ok()) << VerifyFile(path).message();
+    auto reader = TraceReader::Open(path);
+    ASSERT_TRUE(reader.ok());
+    const auto& entries = (*reader)->index().entries();
+    std::vector<pb::BucketRecord> got = ReadBuckets(path);
+    ASSERT_EQ(got.size(), sent.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(i);
+      const std::optional<pb::Phase> from = reference_from(sent[i]);
+      ASSERT_EQ(got[i].values_from() != 0, from.has_value());
+      if (from) {  // the frame of this bucket's `from` phase
+        size_t target = i;
+        while (target > 0 && !(got[--target].phase() == *from && got[target].bucket_id() == got[i].bucket_id())) {
+        }
+        EXPECT_EQ(got[i].values_from(), entries[static_cast<int>(target)].offset());
+      }
+      got[i].clear_values_from();
+      EXPECT_EQ(got[i].SerializeAsString(), expected[i].SerializeAsString());
+    }
+    EXPECT_LT(std::filesystem::file_size(path), std::filesystem::file_size(plain));
+    std::remove(path.c_str());
+  }
+  std::remove(plain.c_str());
 }
 
 TEST(Recorder, Bf16AndFp64KeepTheirDtype) {

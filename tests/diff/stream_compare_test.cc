@@ -14,6 +14,7 @@
 #include "synth_big.h"
 #include "synth_trace.h"
 #include "test_dirs.h"
+#include "trace_reader.h"
 
 namespace gradtrace::diff {
 namespace {
@@ -158,6 +159,69 @@ TEST(StreamCompare, ReplicasThatDisagreeAreReassembledAndReported) {
   bool found = false;
   for (const Finding& f : r->findings) found |= f.kind == "replica" && f.message.find("rank 2") != std::string::npos;
   EXPECT_TRUE(found) << r->summary;
+}
+
+// Format 1.6: each rank's FINAL a reference to its own PRE_REDUCE frames (a reduction that never happened). The
+// ranks' FINAL frames are then byte for byte the same while their values are not: not copies, so not streamed,
+// and the replicas found to disagree, as when the same values are written in full.
+TEST(StreamCompare, ReferencesToDifferentValuesAreNotCopies) {
+  const std::string a = Synth("stream-ref", Reference());
+  testing::SynthSpec spec = Config(3, 1, 0, "mean", "local-mean");
+  spec.final_from_pre = "reference";
+  const std::string refs = Synth("stream-final-refs", spec);
+  spec.final_from_pre = "full";
+  const std::string full = Synth("stream-final-full", spec);
+  // The case at hand: rank 1's FINAL frames are byte for byte rank 0's (the references), their values not.
+  auto r0 = TraceReader::Open(refs + "/rank-00000.gtrace"), r1 = TraceReader::Open(refs + "/rank-00001.gtrace");
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  constexpr auto kBucket = static_cast<uint32_t>(format::FrameType::kBucketRecord);
+  int same = 0;
+  for (const pb::IndexEntry& e : (*r0)->index().entries()) {
+    if (e.type() != kBucket || e.phase() != pb::FINAL) continue;
+    TraceReader::StoredFrame x, y;
+    ASSERT_TRUE((*r0)->ReadStoredAt(e.offset(), &x).ok());
+    for (const pb::IndexEntry& g : (*r1)->index().entries()) {
+      if (g.type() == kBucket && g.phase() == pb::FINAL && g.bucket_id() == e.bucket_id()) {
+        same += (*r1)->ReadStoredAt(g.offset(), &y).ok() && x.SameBytes(y);
+      }
+    }
+  }
+  ASSERT_GT(same, 0);
+  EXPECT_FALSE(Streams(a, refs));
+  EXPECT_FALSE(Streams(a, full));
+  ExpectSameReports(a, refs);
+  // Reassembled (the path that finds copies by their bytes, ReaderCache) and streamed, with and without bucket
+  // views: every parameter's answer and note, and every finding, as when the values are written in full.
+  auto same_dir = [](std::string text) {
+    for (size_t at; (at = text.find("stream-final-refs")) != std::string::npos;)
+      text.replace(at, 17, "stream-final-full");
+    return text;
+  };
+  for (bool stream : {false, true}) {
+    for (bool views : {false, true}) {
+      SCOPED_TRACE(std::string(stream ? "streamed" : "reassembled") + (views ? ", bucket views" : ""));
+      DiffOptions o;
+      o.stream = stream;
+      o.bucket_view = views;
+      auto r = RunDiff(a, refs, o), f = RunDiff(a, full, o);
+      ASSERT_TRUE(r.ok() && f.ok());
+      EXPECT_EQ(r->summary, f->summary);
+      ASSERT_EQ(r->params.size(), f->params.size());
+      for (size_t i = 0; i < r->params.size(); ++i) {
+        EXPECT_EQ(r->params[i].name, f->params[i].name);
+        EXPECT_EQ(same_dir(r->params[i].note), f->params[i].note) << r->params[i].name;
+        EXPECT_EQ(r->params[i].verdict, f->params[i].verdict) << r->params[i].name;
+      }
+      ASSERT_EQ(r->findings.size(), f->findings.size());
+      int replicas = 0;
+      for (size_t i = 0; i < r->findings.size(); ++i) {
+        EXPECT_EQ(r->findings[i].kind, f->findings[i].kind);
+        EXPECT_EQ(same_dir(r->findings[i].message), f->findings[i].message);
+        replicas += r->findings[i].kind == "replica";
+      }
+      EXPECT_GT(replicas, 0) << r->summary;
+    }
+  }
 }
 
 // A corrupt frame (one byte of the first rank's last FINAL frame): the walk gives up, reassembly reports it in its

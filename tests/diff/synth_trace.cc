@@ -96,6 +96,34 @@ struct Layout {
   std::vector<std::pair<int, int64_t>> members;  // (param index, offset of the param in the flat bucket)
 };
 
+// final_from_pre: each rank's host name padded (with up to 63 spaces) so that every rank's RunInfo frame has the same
+// length; the frames after it then sit at the same offsets, and the ranks' references are byte for byte the same.
+// Each pad is tried once per rank (a small file, overwritten); the shortest length all ranks reach is taken.
+Status PadHostsToEqualRunInfo(const std::string& dir, std::vector<pb::RunInfo>* runs) {
+  WriterOptions trial;
+  trial.overwrite = true;
+  std::vector<std::map<uint64_t, int>> pad_of_length(runs->size());
+  for (size_t r = 0; r < runs->size(); ++r) {
+    pb::RunInfo run = (*runs)[r];
+    for (int pad = 0; pad < 64; ++pad) {
+      run.set_host("localhost" + std::string(static_cast<size_t>(pad), ' '));
+      auto w = TraceWriter::Open((fs::path(dir) / RankFileName(static_cast<int>(r))).string(), run, trial);
+      if (!w.ok()) return w.status();
+      pad_of_length[r].emplace((*w)->bytes_written(), pad);
+    }
+  }
+  for (const auto& [length, unused] : pad_of_length[0]) {
+    bool everywhere = true;
+    for (const auto& lengths : pad_of_length) everywhere &= lengths.count(length) > 0;
+    if (!everywhere) continue;
+    for (size_t r = 0; r < runs->size(); ++r) {
+      (*runs)[r].set_host("localhost" + std::string(static_cast<size_t>(pad_of_length[r].at(length)), ' '));
+    }
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("no host padding gives every rank's RunInfo the same length");
+}
+
 }  // namespace
 
 double ReferenceGradient(const std::string& name, int64_t index, int64_t step) {
@@ -190,6 +218,7 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
   }
 
   std::vector<std::unique_ptr<TraceWriter>> writers;
+  std::vector<pb::RunInfo> runs;
   for (int r = 0; r < world; ++r) {
     pb::RunInfo rr = run;
     rr.set_rank(r);
@@ -208,7 +237,13 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
     auto* edp = rr.add_groups();
     edp->set_name("edp");
     for (int k = r % ep; k < world; k += ep) edp->add_ranks(k);
-    auto w = TraceWriter::Open((fs::path(dir) / RankFileName(r)).string(), rr);
+    runs.push_back(std::move(rr));
+  }
+  if (!spec.final_from_pre.empty()) GT_RETURN_IF_ERROR(PadHostsToEqualRunInfo(dir, &runs));
+  WriterOptions replace;
+  replace.overwrite = !spec.final_from_pre.empty();  // PadHostsToEqualRunInfo's trials, never a user's trace
+  for (int r = 0; r < world; ++r) {
+    auto w = TraceWriter::Open((fs::path(dir) / RankFileName(r)).string(), runs[r], replace);
     if (!w.ok()) return w.status();
     writers.push_back(std::move(*w));
   }
@@ -263,7 +298,10 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
       const Layout& L = buckets[b];
       // final[e] over the flat bucket, accumulated over micro-steps.
       std::vector<std::vector<float>> final_of(world, std::vector<float>(L.bucket_numel, 0.0f));
+      std::vector<std::vector<WrittenFrame>> pre_frames(world);  // the last micro-step's PRE_REDUCE frames
+      std::vector<pb::BucketRecord> pre_records(world);          // and its records (final_from_pre)
       for (int m = 0; m < spec.gas; ++m) {
+        for (auto& f : pre_frames) f.clear();
         std::vector<std::vector<float>> pre(world, std::vector<float>(L.bucket_numel));
         const double divisor = divisors[b];
         const int groups = L.expert ? ep : 1;
@@ -328,7 +366,8 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
             *rec.add_slices() =
                 MakeSlice(run.params(pi), 0, Numel(spec.params[pi]), pb::FP32, pre[r].data() + base, *mode);
           }
-          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(rec));
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(rec, &pre_frames[r]));
+          pre_records[r] = rec;
           // POST_REDUCE: the whole bucket (stage 0, all-reduce paths) or this rank's partition.
           int64_t lo = 0, hi = L.bucket_numel;
           if (partitioned[b]) {
@@ -377,6 +416,12 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
           if (a >= z) continue;
           *fin.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, mine.data() + a, *mode);
         }
+        if (spec.final_from_pre == "reference") {
+          fin.clear_slices();
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucketValuesOf(fin, pre_frames[r]));
+          continue;
+        }
+        if (spec.final_from_pre == "full") fin.mutable_slices()->CopyFrom(pre_records[r].slices());
         if (fin.slices_size() > 0) GT_RETURN_IF_ERROR(writers[r]->WriteBucket(fin));
       }
     }

@@ -65,13 +65,17 @@ struct SynthSpec {
   std::map<std::string, double> extra_factor;  // FINAL/POST of these parameters multiplied
   std::set<std::string> scramble;              // these parameters get unrelated gradients
   int disagree_rank = -1;                      // this rank's FINAL differs from the other replicas
-  bool declare_divisor = true;                 // set BucketRecord.divisor on POST_REDUCE
-  double loss_multiplier = 1;                  // the loss passed to backward x this (Megatron-LM #673: cp)
-  std::set<std::string> experts;               // EXPERT parameters (ParamInfo.kind), reduced over "edp"
-  int ep = 1;                                  // expert-parallel degree: edp groups of world / ep ranks
-  bool divide_as_expected = false;             // every bucket divided as semantics::ExpectedDivisor says
-  std::string framework;                       // RunInfo.framework ("" = not recorded)
-  std::string recorded_scaling = "=";          // Config.scaling as recorded ("=": the policy's name)
+  // "full" or "reference": FINAL holds each rank's own PRE_REDUCE values (a reduction that never happened; gas 1,
+  // stage 0), written again or as a reference to the PRE_REDUCE frames (format 1.6): the ranks' references are
+  // then byte for byte the same while their values are not.
+  std::string final_from_pre;
+  bool declare_divisor = true;         // set BucketRecord.divisor on POST_REDUCE
+  double loss_multiplier = 1;          // the loss passed to backward x this (Megatron-LM #673: cp)
+  std::set<std::string> experts;       // EXPERT parameters (ParamInfo.kind), reduced over "edp"
+  int ep = 1;                          // expert-parallel degree: edp groups of world / ep ranks
+  bool divide_as_expected = false;     // every bucket divided as semantics::ExpectedDivisor says
+  std::string framework;               // RunInfo.framework ("" = not recorded)
+  std::string recorded_scaling = "=";  // Config.scaling as recorded ("=": the policy's name)
   // Format 1.4 fields, all off by default (so the default output is what a 1.3 writer wrote):
   uint64_t init_seed = 0;           // != 0: ParamInfo.init_sketch of weights drawn with this seed
   uint64_t data_seed = 0;           // != 0: input moments on an optimizer-step StepInfo per step and rank

@@ -97,6 +97,7 @@ Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool i
     s.set_lr(1e-3);
     GT_RETURN_IF_ERROR((*w)->WriteStep(s));
     int bucket = 0;
+    std::vector<WrittenFrame> pre;  // full mode: POST_REDUCE holds PRE's values, written by reference (1.6)
     for (pb::Phase phase : {pb::PRE_REDUCE, pb::POST_REDUCE, pb::FINAL}) {
       pb::BucketRecord r;
       r.set_step(step);
@@ -115,7 +116,13 @@ Status WriteSampleTrace(const std::string& path, const CaptureMode& mode, bool i
           *r.add_slices() = MakeSlice(p, 0, p.numel(), p.dtype(), data.data(), mode);
         }
       }
-      GT_RETURN_IF_ERROR((*w)->WriteBucket(r));
+      if (phase == pb::POST_REDUCE && !pre.empty()) {
+        r.clear_slices();
+        GT_RETURN_IF_ERROR((*w)->WriteBucketValuesOf(r, pre));
+      } else {
+        GT_RETURN_IF_ERROR(
+            (*w)->WriteBucket(r, phase == pb::PRE_REDUCE && mode.kind == CaptureMode::Kind::kFull ? &pre : nullptr));
+      }
     }
   }
   if (index) return (*w)->Close();

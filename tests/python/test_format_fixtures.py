@@ -1,11 +1,11 @@
-"""Traces of earlier formats (tests/fixtures/format-1.0, -1.1 and -1.2, written by
+"""Traces of earlier formats (tests/fixtures/format-1.0 to -1.5, written by
 those writers) read through the Python package as they did; 1.1 files carry the
-index catalogue, 1.2 files the parallel layout."""
+index catalogue, 1.2 files the parallel layout; 1.6's references read as values."""
 
 import numpy as np
 
 import gradtrace
-from conftest import ROOT
+from conftest import ROOT, train_small
 
 FIXTURES = ROOT / "tests" / "fixtures" / "format-1.0"
 FIXTURES_11 = ROOT / "tests" / "fixtures" / "format-1.1"
@@ -64,3 +64,41 @@ def test_version_12_set_reads_its_layout_without_replicate():
         assert (config["dp"], config["ep_size"], config["replicate"]) == (4, 2, 0)
         kinds = {p["name"]: p["kind"] for p in r.run_info["params"]}
         assert kinds["layers.1.mlp.fc1.weight"] == "EXPERT" and kinds["embed.weight"] == "DENSE"
+
+
+FIXTURES_15 = ROOT / "tests" / "fixtures" / "format-1.5"
+
+
+def test_version_15_set_reads_whole_without_references():
+    readers = gradtrace.read_trace_set(FIXTURES_15 / "sp2")
+    assert [r.rank for r in readers] == [0, 1]
+    for r in readers:
+        assert r.format_version == (1, 5) and r.catalogued
+        gradtrace.verify(r.path)
+        buckets = [f for f in r.frames() if f["type"] == "bucket"]
+        assert buckets and all(f["values_from"] == 0 and f["slices"] for f in buckets)
+
+
+def test_version_16_references_read_as_the_values_they_name(tmp_path):
+    """gradtrace-train on one rank: every POST_REDUCE and FINAL record is a reference to its PRE_REDUCE frame
+    (format 1.6), read back holding PRE_REDUCE's values, array for array."""
+    out = train_small(tmp_path / "t")
+    (r,) = gradtrace.read_trace_set(out)
+    assert r.format_version == (1, 6)
+    pre = {}
+    references = 0
+    for f in r.frames():
+        if f["type"] != "bucket":
+            continue
+        key = (f["step"], f["micro_step"], f["bucket_id"])
+        if f["phase"] == "PRE_REDUCE":
+            assert f["values_from"] == 0
+            pre[key] = f
+            continue
+        assert f["values_from"] == pre[key]["offset"]
+        references += 1
+        assert len(f["slices"]) == len(pre[key]["slices"])
+        for mine, theirs in zip(f["slices"], pre[key]["slices"]):
+            assert mine["param_id"] == theirs["param_id"] and mine["offset"] == theirs["offset"]
+            assert np.array_equal(mine["values"], theirs["values"])
+    assert references == 2 * len(pre) > 0

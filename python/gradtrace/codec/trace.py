@@ -171,8 +171,11 @@ class TraceReader:
         Bucket frames: ``{"type": "bucket", "offset", "step", "micro_step",
         "bucket_id", "phase" ("PRE_REDUCE" | "POST_REDUCE" | "FINAL"),
         "group", "bucket_numel", "partition_offset", "partition_count",
-        "divisor", "chunk", "chunk_count", "last_slice_continues", "slices":
-        [...]}``. A record the writer split across frames (above ~4 MiB)
+        "divisor", "chunk", "chunk_count", "last_slice_continues",
+        "values_from", "slices": [...]}``; ``values_from`` is 0, or (format
+        1.6) the offset of the earlier frame whose values a record written by
+        reference holds (its slices hold them, as if written again; for a
+        merged record, its first chunk's). A record the writer split across frames (above ~4 MiB)
         arrives merged into one dict, its cut slices joined, unless
         ``merge_chunks=False`` (then one dict per chunk, ``chunk`` telling
         which). A record whose chunks a truncated file cut short is dropped,
@@ -335,7 +338,8 @@ class TraceWriter:
         """
         if self.closed:
             raise ValueError(f"write to closed TraceWriter {self.path!r}")
-        unknown = set(record) - _BUCKET_KEYS - {"type", "offset", "chunk", "chunk_count"}
+        # What reading gives besides the record's own fields (a read record written again holds its values).
+        unknown = set(record) - _BUCKET_KEYS - {"type", "offset", "chunk", "chunk_count", "values_from"}
         if unknown:
             raise ValueError(f"unknown BucketRecord keys {sorted(unknown)}; expected {sorted(_BUCKET_KEYS)}")
         header = {k: v for k, v in record.items() if k in _BUCKET_KEYS and k != "slices"}

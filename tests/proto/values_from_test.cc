@@ -1,0 +1,319 @@
+// Format 1.6's records by reference (values_from, FORMAT.md 4.3): every read
+// path gives a reference the values of its target, as if they had been written
+// again; a reference that is not exactly what a writer makes is refused with
+// a message naming it; resolving references is bounded however many there are.
+#include "values_from.h"
+
+#include <gtest/gtest.h>
+
+#include "slice_codec.h"
+#include "test_util.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
+
+namespace gradtrace {
+namespace {
+
+using testing::Bucket;
+using testing::SmallRun;
+
+// `r` as a reference must read: its own fields, the target's values, values_from set.
+pb::BucketRecord Resolved(pb::BucketRecord values, const pb::BucketRecord& meta, uint64_t from) {
+  values.set_phase(meta.phase());
+  values.set_group(meta.group());
+  values.set_divisor(meta.divisor());
+  values.set_values_from(from);
+  return values;
+}
+
+pb::BucketRecord Meta(int64_t step, int bucket, pb::Phase phase, double divisor) {
+  pb::BucketRecord m;
+  m.set_step(step);
+  m.set_bucket_id(bucket);
+  m.set_phase(phase);
+  m.set_group(phase == pb::FINAL ? "" : "sp");
+  m.set_divisor(divisor);
+  return m;
+}
+
+// A run with one parameter of 3 Mi fp32 elements: its record is cut into chunks (4 MiB each at most).
+pb::RunInfo LargeRun() {
+  pb::RunInfo run = SmallRun();
+  *run.mutable_params(0) = testing::Param(0, "embed.weight", {3, 1 << 20});
+  return run;
+}
+
+pb::BucketRecord LargeRecord(const pb::RunInfo& run) {
+  pb::BucketRecord r;
+  r.set_step(0);
+  r.set_bucket_id(0);
+  r.set_phase(pb::PRE_REDUCE);
+  r.set_group("sp");
+  const pb::ParamInfo& p = run.params(0);
+  const std::vector<float> v = testing::Floats(static_cast<size_t>(p.numel()), 5);
+  *r.add_slices() = MakeSlice(p, 0, p.numel(), pb::FP32, v.data(), CaptureMode{});
+  return r;
+}
+
+// Every read path of the reader, on every data frame: serialized records in file order.
+struct EveryPath {
+  std::vector<std::string> next, read_at, decode_stored, view;
+};
+
+EveryPath ReadEveryPath(const std::string& path, ReadOptions options = {}) {
+  EveryPath out;
+  auto r = TraceReader::Open(path, options);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  if (!r.ok()) return out;
+  std::vector<uint64_t> offsets;
+  Frame f;
+  while ((*r)->Next(&f)) {
+    if (!f.bucket) continue;
+    offsets.push_back(f.offset);
+    out.next.push_back(f.bucket->SerializeAsString());
+  }
+  EXPECT_TRUE((*r)->status().ok()) << (*r)->status().message();
+  for (uint64_t o : offsets) {
+    Frame g;
+    EXPECT_TRUE((*r)->ReadAt(o, &g).ok());
+    out.read_at.push_back(g.bucket ? g.bucket->SerializeAsString() : "");
+    TraceReader::StoredFrame stored;
+    Frame h;
+    EXPECT_TRUE((*r)->ReadStoredAt(o, &stored).ok());
+    EXPECT_TRUE((*r)->DecodeStored(stored, &h).ok());
+    out.decode_stored.push_back(h.bucket ? h.bucket->SerializeAsString() : "");
+    RecordView view;
+    Status st = (*r)->ReadView(o, &view);
+    EXPECT_TRUE(st.ok()) << st.message();
+    pb::BucketRecord whole = view.record();
+    for (int i = 0; i < whole.slices_size(); ++i) {
+      if (whole.slices(i).has_full()) whole.mutable_slices(i)->mutable_full()->set_data(std::string(view.data(i)));
+    }
+    out.view.push_back(whole.SerializeAsString());
+  }
+  return out;
+}
+
+TEST(ValuesFrom, EveryReadPathGivesAReferenceItsTargetsValues) {
+  testing::TempDir dir;
+  const std::string path = dir.File("rank-00001.gtrace");
+  const pb::RunInfo run = LargeRun();
+  const pb::BucketRecord pre = LargeRecord(run);
+  const pb::BucketRecord post_meta = Meta(0, 0, pb::POST_REDUCE, 1);
+  const pb::BucketRecord final_meta = Meta(0, 0, pb::FINAL, 0);
+  std::vector<WrittenFrame> written;
+  {
+    auto w = TraceWriter::Open(path, run);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->WriteBucket(pre, &written).ok());
+    ASSERT_GE(written.size(), 3u);  // 12 MiB of values: chunks
+    ASSERT_TRUE((*w)->WriteBucketValuesOf(post_meta, written).ok());
+    ASSERT_TRUE((*w)->WriteBucketValuesOf(final_meta, written).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  // What a reader must see: the chunks, then each again under POST's and FINAL's fields.
+  auto chunked = TraceReader::Open(path);
+  ASSERT_TRUE(chunked.ok());
+  std::vector<std::string> expected;
+  std::vector<pb::BucketRecord> chunks;
+  Frame f;
+  for (size_t i = 0; i < written.size() && (*chunked)->Next(&f); ++i) chunks.push_back(*f.bucket);
+  ASSERT_EQ(chunks.size(), written.size());
+  for (const pb::BucketRecord& c : chunks) expected.push_back(c.SerializeAsString());
+  for (const pb::BucketRecord* meta : {&post_meta, &final_meta}) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      expected.push_back(Resolved(chunks[i], *meta, written[i].offset).SerializeAsString());
+    }
+  }
+  for (bool use_index : {true, false}) {
+    SCOPED_TRACE(use_index ? "index" : "scan");
+    const EveryPath got = ReadEveryPath(path, ReadOptions{use_index});
+    EXPECT_EQ(got.next, expected);
+    EXPECT_EQ(got.read_at, expected);
+    EXPECT_EQ(got.decode_stored, expected);
+    EXPECT_EQ(got.view, expected);
+  }
+  EXPECT_TRUE(VerifyFile(path).ok()) << VerifyFile(path).message();
+  // The references are small: the file holds the values once.
+  uint64_t values = 0;
+  for (const WrittenFrame& w : written) values += w.stored_len + format::kFrameHeaderSize;
+  EXPECT_LT(testing::ReadBytes(path).size(), values + 4096);
+}
+
+TEST(ValuesFrom, WriterRefusesWhatIsNotAReference) {
+  testing::TempDir dir;
+  const pb::RunInfo run = SmallRun();
+  auto w = TraceWriter::Open(dir.File("rank-00001.gtrace"), run);
+  ASSERT_TRUE(w.ok());
+  std::vector<WrittenFrame> written;
+  ASSERT_TRUE((*w)->WriteBucket(Bucket(run, 0, 0, pb::PRE_REDUCE), &written).ok());
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_TRUE(written[0].referable());  // random values: no 16 to 1
+  const uint64_t before = (*w)->bytes_written();
+  EXPECT_EQ((*w)->WriteBucketValuesOf(Bucket(run, 0, 0, pb::FINAL), written).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ((*w)->WriteBucketValuesOf(Meta(0, 0, pb::FINAL, 0), {}).code(), Status::Code::kInvalidArgument);
+  WrittenFrame later = written[0];
+  later.offset = before;  // not written before
+  EXPECT_EQ((*w)->WriteBucketValuesOf(Meta(0, 0, pb::FINAL, 0), {later}).code(), Status::Code::kInvalidArgument);
+  pb::BucketRecord with_ref = Bucket(run, 0, 0, pb::FINAL);
+  with_ref.set_values_from(written[0].offset);
+  EXPECT_EQ((*w)->WriteBucket(with_ref).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ((*w)->bytes_written(), before);
+  ASSERT_TRUE((*w)->Close().ok());
+}
+
+// A crafted file: the small RunInfo, frames appended, no index.
+struct Crafted {
+  std::string bytes = testing::CraftedPrefix();
+  uint64_t Add(format::FrameType type, const std::string& payload) {
+    const uint64_t at = bytes.size();
+    bytes += testing::PlainFrame(type, payload);
+    return at;
+  }
+};
+
+// The reference at the end of `c` must be refused, by every read path, naming values_from and `why`.
+void ExpectRefused(const Crafted& c, uint64_t ref_offset, const std::string& why) {
+  testing::TempDir dir;
+  const std::string path = dir.File("rank-00001.gtrace");
+  testing::WriteBytes(path, c.bytes);
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  Frame f;
+  while ((*r)->Next(&f)) {
+  }
+  const Status& st = (*r)->status();
+  EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.message();
+  EXPECT_NE(st.message().find("offset " + std::to_string(ref_offset) + ": values_from"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  RecordView view;
+  const Status v = (*r)->ReadView(ref_offset, &view);
+  EXPECT_EQ(v.code(), Status::Code::kCorruption) << v.message();
+  EXPECT_NE(v.message().find(why), std::string::npos) << v.message();
+}
+
+pb::BucketRecord RefTo(const pb::BucketRecord& target, uint64_t from) {
+  pb::BucketRecord ref = target;
+  ref.set_phase(pb::FINAL);
+  for (pb::Slice& s : *ref.mutable_slices()) s.mutable_full()->Clear();
+  ref.set_values_from(from);
+  return ref;
+}
+
+TEST(ValuesFrom, ReferencesAWriterNeverMakesAreRefused) {
+  const pb::RunInfo run = SmallRun();
+  const pb::BucketRecord pre = Bucket(run, 0, 0, pb::PRE_REDUCE);
+  const std::string step = testing::Step(0).SerializeAsString();
+  auto with = [&](auto edit, const std::string& why) {
+    SCOPED_TRACE(why);
+    Crafted c;
+    const uint64_t s = c.Add(format::FrameType::kStepInfo, step);
+    const uint64_t t = c.Add(format::FrameType::kBucketRecord, pre.SerializeAsString());
+    pb::BucketRecord ref = RefTo(pre, t);
+    const uint64_t at = c.bytes.size();
+    edit(ref, s, t, at);
+    c.Add(format::FrameType::kBucketRecord, ref.SerializeAsString());
+    ExpectRefused(c, at, why);
+  };
+  using R = pb::BucketRecord;
+  with([](R& r, uint64_t, uint64_t, uint64_t at) { r.set_values_from(at); }, "not an earlier data frame");
+  with([](R& r, uint64_t, uint64_t, uint64_t at) { r.set_values_from(at + 16); }, "not an earlier data frame");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { r.set_values_from(3); }, "not an earlier data frame");
+  with([](R& r, uint64_t s, uint64_t, uint64_t) { r.set_values_from(s); }, "not a bucket record frame");
+  with([](R& r, uint64_t, uint64_t t, uint64_t) { r.set_values_from(t + 5); }, "values_from");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { r.mutable_slices(0)->set_offset(1); }, "slice 0: param 0");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { r.mutable_slices(0)->set_dtype(pb::BF16); }, "slice 0: param 0");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { *r.add_slices() = r.slices(0); }, "holds 1 slices, the reference 2");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { r.mutable_slices(0)->mutable_full()->set_data("abcd"); },
+       "not an empty full payload");
+  with([](R& r, uint64_t, uint64_t, uint64_t) { r.mutable_slices(0)->mutable_stats(); }, "not an empty full payload");
+
+  // A reference to a reference; a reference to a frame holding no full values.
+  {
+    Crafted c;
+    const uint64_t t = c.Add(format::FrameType::kBucketRecord, pre.SerializeAsString());
+    const uint64_t r1 = c.Add(format::FrameType::kBucketRecord, RefTo(pre, t).SerializeAsString());
+    const uint64_t at = c.Add(format::FrameType::kBucketRecord, RefTo(pre, r1).SerializeAsString());
+    ExpectRefused(c, at, "a reference itself");
+  }
+  {
+    Crafted c;
+    pb::BucketRecord stats = pre;
+    *stats.mutable_slices(0) = MakeSlice(run.params(0), 0, run.params(0).numel(), pb::FP32,
+                                         testing::Floats(128, 1).data(), CaptureMode{CaptureMode::Kind::kStats});
+    const uint64_t t = c.Add(format::FrameType::kBucketRecord, stats.SerializeAsString());
+    const uint64_t at = c.Add(format::FrameType::kBucketRecord, RefTo(pre, t).SerializeAsString());
+    ExpectRefused(c, at, "slice 0: not full values");
+  }
+}
+
+// A file of many references to one frame of zeros (a few bytes each, 4 MiB to decode each): the reader stops at its
+// budget (64 times the file plus 256 MiB) with LimitExceeded, instead of decoding without end.
+TEST(ValuesFrom, ResolvingIsBoundedOverAReadersLife) {
+  testing::TempDir dir;
+  const std::string path = dir.File("rank-00001.gtrace");
+  pb::RunInfo run = SmallRun();
+  *run.mutable_params(0) = testing::Param(0, "embed.weight", {1 << 19});
+  pb::BucketRecord zeros;
+  zeros.set_phase(pb::PRE_REDUCE);
+  zeros.set_group("sp");
+  const std::vector<float> z(1 << 19);
+  *zeros.add_slices() = MakeSlice(run.params(0), 0, 1 << 19, pb::FP32, z.data(), CaptureMode{});
+  std::vector<WrittenFrame> written;
+  {
+    auto w = TraceWriter::Open(path, run);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->WriteBucket(zeros, &written).ok());
+    ASSERT_EQ(written.size(), 1u);
+    EXPECT_FALSE(written[0].referable());  // what the capture would not refer to
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE((*w)->WriteBucketValuesOf(Meta(0, 0, pb::FINAL, 0), written).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  const uint64_t size = testing::ReadBytes(path).size();
+  ASSERT_LT(size, 64u << 10);
+  const uint64_t budget = format::kReferenceDecodeFactor * size + format::kReferenceDecodeSlack;
+  const uint64_t resolvable = budget / written[0].raw_len;  // references resolved before the budget runs out
+  ASSERT_LT(resolvable, 300u);
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  Frame f;
+  uint64_t frames = 0;
+  while ((*r)->Next(&f)) ++frames;
+  EXPECT_EQ(frames, 1 + resolvable);
+  EXPECT_EQ((*r)->status().code(), Status::Code::kLimitExceeded) << (*r)->status().message();
+  EXPECT_NE((*r)->status().message().find("references have decoded"), std::string::npos);
+}
+
+// Replicas' references can be byte for byte the same while the values they name are not: SameValuesFrom tells.
+TEST(ValuesFrom, SameReferenceBytesNeedTheSameTargets) {
+  testing::TempDir dir;
+  const pb::RunInfo run = SmallRun();
+  auto write = [&](const std::string& name, uint32_t seed) {
+    const std::string path = dir.File(name);
+    auto w = TraceWriter::Open(path, run);
+    EXPECT_TRUE(w.ok());
+    pb::BucketRecord pre = Bucket(run, 0, 0, pb::PRE_REDUCE);
+    const std::vector<float> v = testing::Floats(128, seed);
+    *pre.mutable_slices(0) = MakeSlice(run.params(0), 0, 128, pb::FP32, v.data(), CaptureMode{});
+    std::vector<WrittenFrame> written;
+    EXPECT_TRUE((*w)->WriteBucket(pre, &written).ok());
+    EXPECT_TRUE((*w)->WriteBucketValuesOf(Meta(0, 0, pb::FINAL, 0), written).ok());
+    EXPECT_TRUE((*w)->Close().ok());
+    auto r = TraceReader::Open(path);
+    EXPECT_TRUE(r.ok());
+    return std::move(r).value();
+  };
+  auto a = write("a.gtrace", 1), b = write("b.gtrace", 1), c = write("c.gtrace", 2);
+  const uint64_t ref = a->index().entries(1).offset();
+  const uint64_t from = a->index().entries(0).offset();
+  TraceReader::StoredFrame sa, sc;
+  ASSERT_TRUE(a->ReadStoredAt(ref, &sa).ok());
+  ASSERT_TRUE(c->ReadStoredAt(ref, &sc).ok());
+  EXPECT_TRUE(sa.SameBytes(sc));  // the references alone look like copies
+  EXPECT_TRUE(SameValuesFrom(*a, *b, from));
+  EXPECT_FALSE(SameValuesFrom(*a, *c, from));
+}
+
+}  // namespace
+}  // namespace gradtrace
