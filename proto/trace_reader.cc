@@ -382,27 +382,34 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
       return Status::Corruption(where + "the index lists no bucket record frame there");
     }
   }
-  // Not ReadRaw's buffer: DecodeStored's caller may be reading with it.
-  thread_local std::string stored;
+  // The header first: the type, and the size against the budget before anything is decoded.
   uint8_t hb[format::kFrameHeaderSize];
-  uint64_t next = 0;
-  if (Status s = ReadStoredRaw(from, offset, hb, &stored, &next); !s.ok()) {
-    return s.code() == Status::Code::kIoError ? s : Status::Corruption(where + s.message());
+  if (offset - from < sizeof hb) return Status::Corruption(where + "not an earlier data frame");
+  if (!ReadExact(file_, base_ + from, hb, sizeof hb)) {
+    return Status::IoError(where + "read failed: " + std::strerror(errno));
   }
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   if (h.type != kBucketRecord) return Status::Corruption(where + "not a bucket record frame");
   // A reference of a few bytes costs a decode of up to 64 MiB: bounded over the reader's life, so that a
   // hostile file of references cannot make it decode without end (FORMAT.md 4.3).
   const uint64_t budget = format::kReferenceDecodeFactor * file_size_ + format::kReferenceDecodeSlack;
-  reference_bytes_ += h.raw_len;
+  reference_bytes_ += CheckDeclaredSizes(h).ok() ? h.raw_len : 0;  // a size past the limits: refused below
   if (reference_bytes_ > budget) {
     return Status::LimitExceeded(where + "references have decoded " + std::to_string(reference_bytes_) +
                                  " bytes, more than " + std::to_string(format::kReferenceDecodeFactor) +
                                  " times the trace's size plus " + std::to_string(format::kReferenceDecodeSlack >> 20) +
                                  " MiB");
   }
-  if (Status s = DecodeBytes(from, hb, stored, false, payload); !s.ok()) {
-    return Status::Corruption(where + s.message());
+  // In one pass as ReadView reads (the frame must end before the reference); the two steps for their messages.
+  if (!ReadPieces(from, offset, payload, nullptr)) {
+    thread_local std::string stored;  // not ReadRaw's buffer: DecodeStored's caller may be reading with it
+    uint64_t next = 0;
+    if (Status s = ReadStoredRaw(from, offset, hb, &stored, &next); !s.ok()) {
+      return s.code() == Status::Code::kIoError ? s : Status::Corruption(where + s.message());
+    }
+    if (Status s = DecodeBytes(from, hb, stored, false, payload); !s.ok()) {
+      return Status::Corruption(where + s.message());
+    }
   }
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
   target->Clear();
@@ -626,17 +633,21 @@ Status TraceReader::ReadView(uint64_t offset, RecordView* out, StoredFrame* keep
 }
 
 bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep) {
+  return ReadPieces(offset, end_of_frames_, &out->payload_, keep);
+}
+
+bool TraceReader::ReadPieces(uint64_t offset, uint64_t limit, std::string* payload, StoredFrame* keep) {
   // A piece well inside L2, a few zstd blocks (128 KiB each) long.
   constexpr size_t kPiece = size_t{192} << 10;
   const int fd = fileno(file_);
   uint8_t hb[format::kFrameHeaderSize];
-  if (end_of_frames_ - offset < sizeof hb ||
+  if (offset > limit || limit - offset < sizeof hb ||
       pread(fd, hb, sizeof hb, static_cast<off_t>(base_ + offset)) != static_cast<ssize_t>(sizeof hb)) {
     return false;
   }
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   // Only what the writer makes of a bucket record: everything else is the two-step way's to judge.
-  if (!CheckDeclaredSizes(h).ok() || end_of_frames_ - offset - sizeof hb < h.stored_len || h.type != kBucketRecord ||
+  if (!CheckDeclaredSizes(h).ok() || limit - offset - sizeof hb < h.stored_len || h.type != kBucketRecord ||
       h.reserved != 0 || static_cast<format::Codec>(h.codec) != format::Codec::kZstd || h.stored_len < 4) {
     return false;
   }
@@ -670,8 +681,8 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
           ZSTD_getFrameContentSize(piece.data(), n) != static_cast<unsigned long long>(h.raw_len)) {
         return false;
       }
-      SizeBuffer(&out->payload_, h.raw_len);  // only now: its pages are mapped at once (SizeBuffer)
-      to = {out->payload_.data(), out->payload_.size(), 0};
+      SizeBuffer(payload, h.raw_len);  // only now: its pages are mapped at once (SizeBuffer)
+      to = {payload->data(), payload->size(), 0};
     }
     crc = crc32c::Extend(crc, piece.data(), n);
     if (keep != nullptr) std::memcpy(keep->bytes.data() + at, piece.data(), n);

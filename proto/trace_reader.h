@@ -149,6 +149,8 @@ class TraceReader {
   Status ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame);
   // ReadView's pass; false: take the two-step way (nothing is reported from here).
   bool ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep);
+  // Its pass for a frame that must end by `limit`, decompressed into *payload.
+  bool ReadPieces(uint64_t offset, uint64_t limit, std::string* payload, StoredFrame* keep);
   // DecodeStoredView's steps after decompression: the record's skeleton parsed, its bytes viewed, validated.
   Status ParseView(uint64_t offset, RecordView* out);
   // Format 1.6: the frame `ref` (read at `offset`) takes its values from, read and decoded into *payload, checked

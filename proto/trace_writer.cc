@@ -290,7 +290,12 @@ Status TraceWriter::WriteBucket(const pb::BucketRecord& record, std::vector<Writ
     return Status::InvalidArgument(path_ + ": invalid bucket record (step " + std::to_string(record.step()) +
                                    ", bucket " + std::to_string(record.bucket_id()) + "): " + s.message());
   }
-  if (record.values_from() != 0) return Status::InvalidArgument(path_ + ": values_from: use WriteBucketValuesOf");
+  if (record.values_from() != 0) {
+    // A record read by reference holds its values (the reader resolved it): written as such, in full.
+    pb::BucketRecord full = record;
+    full.clear_values_from();
+    return WriteBucket(full, written);
+  }
   if (record.ByteSizeLong() <= format::kChunkTarget) return WriteBucketFrame(record, written);
   Expected<std::vector<pb::BucketRecord>> chunks = SplitRecord(record, format::kChunkTarget);
   if (!chunks.ok()) return Status::InvalidArgument(path_ + ": " + chunks.status().message());

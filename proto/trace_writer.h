@@ -69,7 +69,9 @@ class TraceWriter {
   // Records larger than a frame are split by slice ranges into several frames
   // (chunk/chunk_count set, chunking.h); readers see one BucketRecord per frame.
   // The record is checked against RunInfo first (InvalidArgument, nothing written).
-  // `written`, when given, gets each frame written (one per chunk).
+  // `written`, when given, gets each frame written (one per chunk). A record
+  // read by reference (values_from set, its values resolved) is written in
+  // full, without values_from.
   Status WriteBucket(const pb::BucketRecord& record, std::vector<WrittenFrame>* written = nullptr);
   // Format 1.6 (FORMAT.md 4.3): a record whose values are those of frames
   // written before, `targets` as WriteBucket reported them: one reference

@@ -140,7 +140,7 @@ TEST(ValuesFrom, EveryReadPathGivesAReferenceItsTargetsValues) {
   EXPECT_LT(testing::ReadBytes(path).size(), values + 4096);
 }
 
-TEST(ValuesFrom, WriterRefusesWhatIsNotAReference) {
+TEST(ValuesFrom, WriterRefusesWhatIsNotAReferenceAndWritesReadRecordsInFull) {
   testing::TempDir dir;
   const pb::RunInfo run = SmallRun();
   auto w = TraceWriter::Open(dir.File("rank-00001.gtrace"), run);
@@ -155,11 +155,20 @@ TEST(ValuesFrom, WriterRefusesWhatIsNotAReference) {
   WrittenFrame later = written[0];
   later.offset = before;  // not written before
   EXPECT_EQ((*w)->WriteBucketValuesOf(Meta(0, 0, pb::FINAL, 0), {later}).code(), Status::Code::kInvalidArgument);
-  pb::BucketRecord with_ref = Bucket(run, 0, 0, pb::FINAL);
-  with_ref.set_values_from(written[0].offset);
-  EXPECT_EQ((*w)->WriteBucket(with_ref).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ((*w)->bytes_written(), before);
+  // A record read by reference holds its values: written back, it is written in full.
+  pb::BucketRecord read_back = Bucket(run, 0, 0, pb::FINAL);
+  read_back.set_values_from(written[0].offset);
+  std::vector<WrittenFrame> again;
+  ASSERT_TRUE((*w)->WriteBucket(read_back, &again).ok());
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].skeleton.values_from(), 0u);
   ASSERT_TRUE((*w)->Close().ok());
+  const testing::ReadResult r = testing::ReadAll(dir.File("rank-00001.gtrace"));
+  ASSERT_TRUE(r.status.ok()) << r.status.message();
+  ASSERT_EQ(r.messages.size(), 2u);
+  read_back.clear_values_from();
+  EXPECT_EQ(r.messages[1], read_back.SerializeAsString());
 }
 
 // A crafted file: the small RunInfo, frames appended, no index.

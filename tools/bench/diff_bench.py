@@ -208,9 +208,10 @@ def plan_cases(args) -> list[Case]:
     return cases
 
 
-def trace_dir_for(args, train_args: list[str]) -> str:
-    """Generates the trace set of `train_args` once; later runs find it by the command's hash."""
-    key = hashlib.sha1(json.dumps(train_args).encode()).hexdigest()[:12]
+def trace_dir_for(args, train_args: list[str], format_version: tuple) -> str:
+    """Generates the trace set of `train_args` once; later runs find it by the hash of the command and of the
+    trace format the build writes (a 1.5 trace holds no references: not what a 1.6 build's diff reads)."""
+    key = hashlib.sha1(json.dumps([train_args, list(format_version)]).encode()).hexdigest()[:12]
     d = os.path.join(args.out, "traces", key)
     done = os.path.join(d, "command.json")
     if os.path.exists(done):
@@ -246,6 +247,7 @@ class FrameRef:
     stored_len: int
     raw_len: int
     codec: int
+    target: bool = False  # the frame a FINAL reference names (format 1.6): decompressed, its values the FINAL's
 
 
 def final_steps(gt, d: str) -> set[int]:
@@ -254,20 +256,27 @@ def final_steps(gt, d: str) -> set[int]:
 
 
 def final_frames(gt, d: str, step: int) -> list[FrameRef]:
-    """Every FINAL BucketRecord frame of `step` in every rank file: what gradtrace-diff reads."""
+    """Every FINAL BucketRecord frame of `step` in every rank file: what gradtrace-diff reads; for a record by
+    reference (format 1.6: a frame with no values of its own, a few KiB at most), the frame it names too."""
     out = []
     for path in trace_files(d):
         reader = gt.TraceReader(path)
         if not reader.has_index:
             raise RuntimeError(f"{path}: no index (truncated?)")
         with open(path, "rb") as f:
+            def frame_ref(offset, target=False):
+                f.seek(offset)
+                stored, raw, _crc, ftype, codec, _ = FRAME_HEADER.unpack(f.read(FRAME_HEADER.size))
+                assert ftype == 3, f"{path}: offset {offset}: index says bucket, header says type {ftype}"
+                return FrameRef(path, offset, stored, raw, codec, target)
+
             for e in reader.index():
                 if e["type"] != "bucket" or e["phase"] != "FINAL" or e["step"] != step:
                     continue
-                f.seek(e["offset"])
-                stored, raw, _crc, ftype, codec, _ = FRAME_HEADER.unpack(f.read(FRAME_HEADER.size))
-                assert ftype == 3, f"{path}: offset {e['offset']}: index says bucket, header says type {ftype}"
-                out.append(FrameRef(path, e["offset"], stored, raw, codec))
+                out.append(frame_ref(e["offset"]))
+                target = reader.frame_at(e["offset"])["values_from"] if out[-1].raw_len < (1 << 20) else 0
+                if target:
+                    out.append(frame_ref(target, True))
     return out
 
 
@@ -289,6 +298,8 @@ def final_values(gt, frames: list[FrameRef]) -> dict[str, np.ndarray]:
     arrays = {}
     readers = {}
     for fr in frames:
+        if fr.target:  # its values are the reference's, read with it
+            continue
         if fr.path not in readers:
             readers[fr.path] = gt.TraceReader(fr.path)
         reader = readers[fr.path]
@@ -312,7 +323,7 @@ def shuffled_bytes(gt, d: str, frames: list[FrameRef]) -> tuple[bytes, list[dict
     reader = gt.TraceReader(rank0)
     parts, slices = [], []
     for fr in frames:
-        if fr.path != rank0:
+        if fr.path != rank0 or fr.target:
             continue
         for s in reader.frame_at(fr.offset)["slices"]:
             v = np.ascontiguousarray(s["values"])
@@ -325,8 +336,8 @@ def shuffled_bytes(gt, d: str, frames: list[FrameRef]) -> tuple[bytes, list[dict
 
 
 def bench_case(args, gt, case: Case) -> dict:
-    a_dir = trace_dir_for(args, case.a_cmd)
-    b_dir = trace_dir_for(args, case.b_cmd)
+    a_dir = trace_dir_for(args, case.a_cmd, gt.FORMAT_VERSION)
+    b_dir = trace_dir_for(args, case.b_cmd, gt.FORMAT_VERSION)
     common = final_steps(gt, a_dir) & final_steps(gt, b_dir)
     if not common:
         raise RuntimeError(f"{case.label}: A and B share no step with FINAL records")
@@ -356,7 +367,8 @@ def pair_facts(gt, case: Case, a_dir: str, b_dir: str, step: int, frames: dict) 
         "params": len(params), "numel": sum(p["numel"] for p in params),
         "largest_param_mb": max(p["numel"] * gt.codec.dtypes.NUMPY_DTYPES[p["dtype"]].itemsize for p in params) / MB,
         "a_mb": dir_bytes(a_dir) / MB, "b_mb": dir_bytes(b_dir) / MB,
-        "final_frames": len(every),
+        "final_frames": sum(not fr.target for fr in every),
+        "referenced_frames": sum(fr.target for fr in every),  # format 1.6: FINAL's values in earlier frames
         "compared_zstd_mb": sum(fr.stored_len for fr in every if fr.codec == CODEC_ZSTD) / MB,
         "compared_raw_mb": sum(fr.raw_len for fr in every) / MB,
         "codec0_frames": len(raw_frames), "codec0_mb": sum(fr.stored_len for fr in raw_frames) / MB,
