@@ -37,9 +37,12 @@ inline constexpr uint16_t kMinorCataloguedIndex = 1;
 inline constexpr uint16_t kMinorValuesFrom = 6;
 // What resolving references may decode over a reader's life: a reference
 // frame is tens of bytes and its target up to 64 MiB, so without a bound a
-// small hostile file could keep a reader decoding for hours. A writer's
-// references decode about twice its file per pass (FORMAT.md 4.3).
-inline constexpr uint64_t kReferenceDecodeFactor = 64;
+// small hostile file could keep a reader decoding for hours. A pass over a
+// writer's file decodes at most 32 times its size for references (two per
+// target, each compressing less than 16 to 1), about 3 times for gradients:
+// 256 leaves room for readers that read frames more than once, and is far
+// less than what zstd itself lets a hostile frame cost (FORMAT.md 4.3).
+inline constexpr uint64_t kReferenceDecodeFactor = 256;
 inline constexpr uint64_t kReferenceDecodeSlack = uint64_t{256} << 20;
 
 // 1.4: ParamInfo.init_sketch holds at most this many values (FORMAT.md 4.1).
