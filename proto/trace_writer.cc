@@ -248,12 +248,13 @@ Status TraceWriter::WriteBucketFrame(const pb::BucketRecord& record, std::vector
   const auto type = static_cast<uint8_t>(format::FrameType::kBucketRecord);
   const pb::IndexEntry e = CatalogueEntry(record);
   const uint64_t at = offset_;
-  GT_RETURN_IF_ERROR(WriteFrame(type, record.SerializeAsString(), &e));
+  const std::string payload = record.SerializeAsString();
+  GT_RETURN_IF_ERROR(WriteFrame(type, payload, &e));
   if (written != nullptr) {
     WrittenFrame& w = written->emplace_back();
     w.offset = at;
     w.stored_len = static_cast<uint32_t>(offset_ - at - format::kFrameHeaderSize);
-    w.raw_len = static_cast<uint32_t>(record.ByteSizeLong());
+    w.raw_len = static_cast<uint32_t>(payload.size());
     w.skeleton = SkeletonOf(record);
   }
   return Status::Ok();

@@ -335,12 +335,10 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
         auto kept_reader = Get(set, k.at.front().rank);
         if (!kept_reader.ok() || !SameValuesFrom(**kept_reader, **reader, from)) continue;
       }
-      {
-        k.at.push_back(at);
-        by_position_.emplace(at, &k);
-        ++deduplicated_;
-        return k.frame.get();
-      }
+      k.at.push_back(at);
+      by_position_.emplace(at, &k);
+      ++deduplicated_;
+      return k.frame.get();
     }
   }
   Status st =
