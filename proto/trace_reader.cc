@@ -24,6 +24,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -176,7 +177,9 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
 }
 
 Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& source, const ReadOptions& options) {
+  static std::atomic<uint64_t> opened{0};
   std::unique_ptr<TraceReader> r(new TraceReader());
+  r->serial_ = ++opened;
   r->path_ = source.display();
   GT_RETURN_IF_ERROR(r->OpenWindow(source));
   GT_RETURN_IF_ERROR(r->ReadFileHeader());
@@ -373,18 +376,11 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
                                    std::vector<std::string_view>* data) {
   const uint64_t from = ref.values_from();
   const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
-  if (from < first_data_offset_ || from >= offset) return Status::Corruption(where + "not an earlier data frame");
-  if (has_index_) {  // an indexed trace lists every frame: the target must start one
-    const auto& entries = index_.entries();
-    const auto it = std::lower_bound(entries.begin(), entries.end(), from,
-                                     [](const pb::IndexEntry& e, uint64_t o) { return e.offset() < o; });
-    if (it == entries.end() || it->offset() != from || it->type() != kBucketRecord) {
-      return Status::Corruption(where + "the index lists no bucket record frame there");
-    }
+  if (const std::string why = ValuesFromPlaceProblem(offset, from); !why.empty()) {
+    return Status::Corruption(where + why);
   }
   // The header first: the type, and the size against the budget before anything is decoded.
   uint8_t hb[format::kFrameHeaderSize];
-  if (offset - from < sizeof hb) return Status::Corruption(where + "not an earlier data frame");
   if (!ReadExact(file_, base_ + from, hb, sizeof hb)) {
     return Status::IoError(where + "read failed: " + std::strerror(errno));
   }
@@ -423,6 +419,21 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
   }
   if (Status s = ValidateBucketRecord(run_, *target, data); !s.ok()) return Status::Corruption(where + s.message());
   return Status::Ok();
+}
+
+std::string TraceReader::ValuesFromPlaceProblem(uint64_t offset, uint64_t from) const {
+  if (from < first_data_offset_ || from >= offset || offset - from < format::kFrameHeaderSize) {
+    return "not an earlier data frame";
+  }
+  if (has_index_) {  // an indexed trace lists every frame: the target must start one
+    const auto& entries = index_.entries();
+    const auto it = std::lower_bound(entries.begin(), entries.end(), from,
+                                     [](const pb::IndexEntry& e, uint64_t o) { return e.offset() < o; });
+    if (it == entries.end() || it->offset() != from || it->type() != kBucketRecord) {
+      return "the index lists no bucket record frame there";
+    }
+  }
+  return "";
 }
 
 std::string TraceReader::IndexEntriesProblem(const pb::Index& part, int64_t before, uint64_t index_offset,
@@ -700,9 +711,48 @@ bool TraceReader::ReadPieces(uint64_t offset, uint64_t limit, std::string* paylo
   return frame_done && to.pos == to.size && crc32c::Mask(crc) == h.masked_crc;
 }
 
-bool SameValuesFrom(TraceReader& a, TraceReader& b, uint64_t from) {
-  thread_local TraceReader::StoredFrame ta, tb;
-  return a.ReadStoredAt(from, &ta).ok() && b.ReadStoredAt(from, &tb).ok() && ta.SameBytes(tb);
+Status TraceReader::ParseStored(const StoredFrame& stored, pb::BucketRecord* out) {
+  if (frame_io::FrameHeader::Decode(stored.header).type != kBucketRecord) {
+    return Status::InvalidArgument(Where(stored.offset) + "not a bucket record frame");
+  }
+  thread_local std::string payload;
+  // keep_stored: the stored bytes are read, never taken or changed.
+  GT_RETURN_IF_ERROR(DecodeBytes(stored.offset, stored.header, const_cast<std::string&>(stored.bytes), true, &payload));
+  out->Clear();
+  if (Status s = ParseBounded(payload, ParseLimitsFor(format::FrameType::kBucketRecord), out); !s.ok()) {
+    return At(Where(stored.offset), s);
+  }
+  return Status::Ok();
+}
+
+bool TraceReader::SameRecord(TraceReader& a, const StoredFrame& sa, uint64_t from_a, TraceReader& b,
+                             const StoredFrame& sb) {
+  if (from_a == 0) return sa.SameBytes(sb);
+  uint64_t from_b = from_a;
+  if (!sa.SameBytes(sb)) {
+    // Records that differ in values_from alone serialize to lengths at most a varint's apart.
+    constexpr uint32_t kVarint = 10;
+    const frame_io::FrameHeader ha = frame_io::FrameHeader::Decode(sa.header);
+    const frame_io::FrameHeader hb = frame_io::FrameHeader::Decode(sb.header);
+    if (hb.raw_len > ha.raw_len + kVarint || ha.raw_len > hb.raw_len + kVarint) return false;
+    thread_local pb::BucketRecord ra, rb;
+    if (!a.ParseStored(sa, &ra).ok() || !b.ParseStored(sb, &rb).ok() || rb.values_from() == 0) return false;
+    from_b = rb.values_from();
+    if (WithoutValuesFrom(ra) != WithoutValuesFrom(rb)) return false;
+  }
+  // The first's target is read once for all its copies (the last one read is kept, by reader and offset).
+  thread_local StoredFrame ta, tb;
+  thread_local uint64_t ta_reader = 0, ta_from = 0;
+  if (ta_reader != a.serial_ || ta_from != from_a) {
+    ta_reader = 0;
+    if (!a.ReadStoredAt(from_a, &ta).ok()) return false;
+    ta_reader = a.serial_;
+    ta_from = from_a;
+  }
+  if (!b.ReadStoredAt(from_b, &tb).ok() || !ta.SameBytes(tb)) return false;
+  // Where b's reader would take it from: an earlier bucket record frame, ending before the reference.
+  return b.ValuesFromPlaceProblem(sb.offset, from_b).empty() &&
+         from_b + format::kFrameHeaderSize + tb.bytes.size() <= sb.offset;
 }
 
 Status VerifyFile(const std::string& path) { return VerifyFile(TraceSource::File(path)); }

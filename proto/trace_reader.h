@@ -126,6 +126,17 @@ class TraceReader {
   // read) goes through the two calls, whose results and messages it returns.
   Status ReadView(uint64_t offset, RecordView* out, StoredFrame* keep = nullptr);
 
+  // A bucket record frame's record as stored: a reference's values_from not followed (format 1.6). Its CRC checked,
+  // decompressed and parsed within the limits, not validated further: for comparing references, not for values.
+  Status ParseStored(const StoredFrame& stored, pb::BucketRecord* out);
+  // Whether frame `sb` of `b` holds the record that frame `sa` of `a` holds (decoded and checked before; its
+  // values_from `from_a`, 0 for a frame that is not a reference), so that `sb` need not be decoded: replicas
+  // (ranks that hold the same gradient) write byte-identical frames. A reference's bytes (format 1.6) say where
+  // its values are, not what they are, and each rank's file lays its frames out at offsets of its own, so two
+  // references hold the same record when they differ in values_from alone and their targets are byte for byte
+  // the same, the copy's where its reader would look for it (values_from.h). Reads both targets' stored bytes.
+  static bool SameRecord(TraceReader& a, const StoredFrame& sa, uint64_t from_a, TraceReader& b, const StoredFrame& sb);
+
   // Compressed and uncompressed payload bytes of all frames read so far.
   uint64_t stored_bytes() const { return stored_bytes_; }
   uint64_t raw_bytes() const { return raw_bytes_; }
@@ -159,6 +170,9 @@ class TraceReader {
   Status ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref, const std::vector<std::string_view>* ref_data,
                         std::string* payload, std::string* skeleton, pb::BucketRecord* target,
                         std::vector<std::string_view>* data);
+  // Why `from` cannot be the target of the reference at `offset` by where it is (not an earlier data frame, not
+  // listed by the index as a bucket record), or "" when it can.
+  std::string ValuesFromPlaceProblem(uint64_t offset, uint64_t from) const;
   Status ReadFrameAt(uint64_t offset, Frame* frame, uint64_t* next);
   Status CheckDataOffset(uint64_t offset) const;
   // Open's steps: the file (or archive window), the file header, the RunInfo frame.
@@ -172,6 +186,7 @@ class TraceReader {
   Status ScanEnd(uint64_t offset);
   std::string Where(uint64_t offset) const;  // "<path>: offset <N>: "
 
+  uint64_t serial_ = 0;  // this reader among those opened in the process, from 1
   std::string path_;
   std::FILE* file_ = nullptr;
   uint64_t base_ = 0;  // window offset in file_: every read adds it
@@ -196,12 +211,6 @@ class TraceReader {
   uint64_t index_run_offset_ = 0;   // scan mode: first of the trailing index frames
   bool last_was_index_ = false;     // scan mode: the previous frame was an index frame
 };
-
-// Whether two byte-identical reference frames (format 1.6, values_from
-// `from` in both) of `a` and `b` are the same record: a reference's bytes say
-// where its values are, not what they are, so their targets must be
-// byte-identical too. Reads both targets' stored bytes.
-bool SameValuesFrom(TraceReader& a, TraceReader& b, uint64_t from);
 
 // Reads every frame of `path` and checks every CRC; Truncated/Corruption say
 // where. When the file has an index, also checks that it lists exactly the

@@ -1,5 +1,8 @@
 #include "values_from.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 namespace gradtrace {
 
 std::string ValuesFromMismatch(const pb::BucketRecord& ref, const std::vector<std::string_view>* ref_data,
@@ -26,6 +29,19 @@ std::string ValuesFromMismatch(const pb::BucketRecord& ref, const std::vector<st
     }
   }
   return "";
+}
+
+std::string WithoutValuesFrom(const pb::BucketRecord& ref) {
+  pb::BucketRecord copy = ref;
+  copy.clear_values_from();
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    copy.SerializeToCodedStream(&coded);
+  }
+  return out;
 }
 
 }  // namespace gradtrace

@@ -19,4 +19,9 @@ namespace gradtrace {
 std::string ValuesFromMismatch(const pb::BucketRecord& ref, const std::vector<std::string_view>* ref_data,
                                const pb::BucketRecord& target);
 
+// `ref` serialized deterministically without its values_from: the same bytes for
+// references that differ only in where their targets are (replicas' references,
+// each rank's file laying its frames out at offsets of its own).
+std::string WithoutValuesFrom(const pb::BucketRecord& ref);
+
 }  // namespace gradtrace

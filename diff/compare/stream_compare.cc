@@ -105,7 +105,7 @@ class Cursor {
 
  private:
   // Frame frame_ of the first holder, decoded (or kept from an earlier unit), and every other holder's copy of it
-  // found byte-identical.
+  // found the same record (TraceReader::SameRecord: byte-identical, or a reference naming byte-identical values).
   bool Load() {
     const FrameRef& f = *plan_.lists[0][frame_];
     const int rank = plan_.holders[0];
@@ -135,11 +135,11 @@ class Cursor {
       if (!have_stored && !read_stored()) return false;
       auto copy_reader = readers_->Get(*plan_.set, copy.first);
       TraceReader::StoredFrame& other = cache_->other();
-      if (!copy_reader.ok() || !(*copy_reader)->ReadStoredAt(copy.second, &other).ok() || !stored.SameBytes(other)) {
+      const uint64_t from = slot->view.record().values_from();  // format 1.6: a reference
+      if (!copy_reader.ok() || !(*copy_reader)->ReadStoredAt(copy.second, &other).ok() ||
+          !TraceReader::SameRecord(**reader, stored, from, **copy_reader, other)) {
         return false;
       }
-      const uint64_t from = slot->view.record().values_from();  // format 1.6: a reference
-      if (from != 0 && !SameValuesFrom(**reader, **copy_reader, from)) return false;
       slot->same.push_back(copy);
     }
     return true;

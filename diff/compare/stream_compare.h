@@ -52,7 +52,7 @@ class StreamCache {
     int last_unit = -1;  // the last unit that reads it; below the current unit: free
     bool decoded = false;
     RecordView view;                             // full slices' bytes viewed, not copied
-    std::vector<std::pair<int, uint64_t>> same;  // (rank, offset) of copies found byte-identical
+    std::vector<std::pair<int, uint64_t>> same;  // (rank, offset) of copies found the same record
   };
   // Which unit reads each of `set`'s parameters (by param id; -1: none), as ReaderCache::Plan.
   void Plan(const TraceSet& set, std::vector<int> unit_of_param) { plans_[&set] = std::move(unit_of_param); }

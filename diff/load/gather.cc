@@ -5,8 +5,10 @@
 #include <cstring>
 #include <string_view>
 
+#include "frame_io.h"
 #include "sketch.h"
 #include "slice_codec.h"
+#include "values_from.h"
 
 namespace gradtrace::diff {
 
@@ -276,6 +278,10 @@ uint64_t ReaderCache::ContentKey(const TraceSet& set, const TraceReader::StoredF
   return sketch::Fnv1a64(header, sketch::kFnvOffset ^ reinterpret_cast<uintptr_t>(&set));
 }
 
+uint64_t ReaderCache::ReferenceKey(const TraceSet& set, const pb::BucketRecord& ref) {
+  return sketch::Fnv1a64(WithoutValuesFrom(ref), sketch::kFnvOffset ^ ~reinterpret_cast<uintptr_t>(&set));
+}
+
 void ReaderCache::Drop(KeptList::iterator it) {
   for (const Position& p : it->at) by_position_.erase(p);
   for (auto [c, end] = by_content_.equal_range(it->content); c != end; ++c) {
@@ -326,14 +332,21 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
       return Status::Corruption(NameFile(path, st.message()));
     }
-    // The same header (its CRC included) and bytes as a frame decoded before: the same record.
+    // The same header (its CRC included) and bytes as a frame decoded before: the same record. References
+    // (format 1.6) are found by what they name instead, once the cache has met one: the bytes of replicas'
+    // references differ where their targets are.
     content = ContentKey(set, stored);
+    if (references_ && frame_io::FrameHeader::Decode(stored.header).raw_len <= kReferenceParseLimit &&
+        (*reader)->ParseStored(stored, &reference_).ok() && reference_.values_from() != 0) {
+      content = ReferenceKey(set, reference_);
+    }
     for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
       Kept& k = *c->second;
-      if (k.set != &set || !k.stored.SameBytes(stored)) continue;
-      if (const uint64_t from = k.frame->record().values_from(); from != 0) {  // format 1.6: a reference
-        auto kept_reader = Get(set, k.at.front().rank);
-        if (!kept_reader.ok() || !SameValuesFrom(**kept_reader, **reader, from)) continue;
+      if (k.set != &set) continue;
+      auto kept_reader = Get(set, k.at.front().rank);
+      if (!kept_reader.ok() ||
+          !TraceReader::SameRecord(**kept_reader, k.stored, k.frame->record().values_from(), **reader, stored)) {
+        continue;
       }
       k.at.push_back(at);
       by_position_.emplace(at, &k);
@@ -362,7 +375,11 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     k.last_unit = last;
     k.bytes = bytes;
     by_position_.emplace(at, &k);
-    if (copies) {  // found by its bytes too
+    if (copies) {  // found by its bytes too, or a reference by what it names
+      if (k.frame->record().values_from() != 0 && (*reader)->ParseStored(stored, &reference_).ok()) {
+        references_ = true;
+        content = ReferenceKey(set, reference_);
+      }
       k.content = content;
       k.stored.offset = stored.offset;
       std::memcpy(k.stored.header, stored.header, sizeof stored.header);

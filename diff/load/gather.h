@@ -92,7 +92,8 @@ int LastUnitOf(const std::vector<int>& unit_of_param, const FrameRef& f);
 // decoded frames worth keeping, within a byte budget:
 // - Replicas: ranks that hold the same gradient (FINAL, POST) write
 //   byte-identical frames. A frame whose stored bytes equal a kept one's is
-//   read and compared, not decompressed and parsed again.
+//   read and compared, not decompressed and parsed again; references (format
+//   1.6) are compared by what they name (TraceReader::SameRecord).
 // - Cuts: work units cut chunked records between parameters, so the frame
 //   holding a cut serves two units (or more); a thread that gathers
 //   neighbouring units one after the other (ParallelForBlocks) decodes it once.
@@ -142,6 +143,10 @@ class ReaderCache {
   using KeptList = std::list<Kept>;
   // A hash of the set and the frame header (CRC and lengths): frames with equal bytes share it.
   static uint64_t ContentKey(const TraceSet& set, const TraceReader::StoredFrame& stored);
+  // A hash of the set and a reference's record without its values_from (format 1.6): replicas' references share it.
+  static uint64_t ReferenceKey(const TraceSet& set, const pb::BucketRecord& ref);
+  // Frames up to this size are parsed to find references among them (a reference holds one short entry per slice).
+  static constexpr uint32_t kReferenceParseLimit = uint32_t{1} << 20;
   void Drop(KeptList::iterator it);
 
   std::map<std::pair<const TraceSet*, int>, std::unique_ptr<TraceReader>> readers_;
@@ -152,6 +157,8 @@ class ReaderCache {
   std::unordered_map<Position, Kept*, PositionHash> by_position_;
   std::unordered_multimap<uint64_t, Kept*> by_content_;
   TraceReader::StoredFrame scratch_stored_;
+  pb::BucketRecord reference_;           // the last reference parsed to find its copies
+  bool references_ = false;              // a reference was kept: small frames are parsed to find their copies
   std::unique_ptr<RecordView> scratch_;  // the last frame decoded and not kept
   uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
   int unit_ = 0;

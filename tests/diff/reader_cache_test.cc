@@ -40,9 +40,9 @@ void ExpectSameValues(const std::vector<SideValues>& x, const std::vector<SideVa
   }
 }
 
-TEST(ReaderCache, ReplicaFramesAreDecodedOnce) {
-  testing::SynthSpec spec = testing::Config(4, 1, 0, "mean", "local-mean");
-  auto set = TraceSet::Load(Synth("dp4", spec));
+// A dp4 set's FINAL gathered with the cache and without: rank 0's frames decoded, ranks 1-3's found to be copies.
+void ExpectReplicasDecodedOnce(const std::string& name, const testing::SynthSpec& spec) {
+  auto set = TraceSet::Load(Synth(name, spec));
   ASSERT_TRUE(set.ok()) << set.status().message();
   const auto frames = SelectFrames(*set, {0, pb::FINAL});
   ASSERT_GT(frames[0].size(), 1u);
@@ -50,12 +50,25 @@ TEST(ReaderCache, ReplicaFramesAreDecodedOnce) {
   std::vector<SideValues> cached, decoded;
   ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &cache, &cached).ok());
   ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &none, &decoded).ok());
-  EXPECT_EQ(cache.decoded(), frames[0].size());  // rank 0's frames; ranks 1-3 wrote the same bytes
+  EXPECT_EQ(cache.decoded(), frames[0].size());
   EXPECT_EQ(cache.deduplicated(), 3 * frames[0].size());
   EXPECT_EQ(none.decoded(), 4 * frames[0].size());
   EXPECT_EQ(none.deduplicated(), 0u);
   ExpectSameValues(cached, decoded);
   for (const SideValues& v : cached) EXPECT_EQ(v.replica_worst, 0.0);
+}
+
+// Ranks 1-3 wrote the same bytes as rank 0.
+TEST(ReaderCache, ReplicaFramesAreDecodedOnce) {
+  ExpectReplicasDecodedOnce("dp4", testing::Config(4, 1, 0, "mean", "local-mean"));
+}
+
+// Format 1.6: replicas' FINAL frames are references to their own POST_REDUCE frames, at offsets of each rank's own.
+// They are found to be copies by what they name.
+TEST(ReaderCache, ReplicasReferencesAreDecodedOnce) {
+  testing::SynthSpec spec = testing::Config(4, 1, 0, "mean", "local-mean");
+  spec.final_by_reference = true;
+  ExpectReplicasDecodedOnce("dp4-post-refs", spec);
 }
 
 // A replica that disagrees writes other bytes: its frames are decoded and the disagreement measured as before.

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "compare/diff_engine.h"
 #include "synth_big.h"
@@ -221,6 +222,51 @@ TEST(StreamCompare, ReferencesToDifferentValuesAreNotCopies) {
       }
       EXPECT_GT(replicas, 0) << r->summary;
     }
+  }
+}
+
+// Format 1.6 as the capture writes it: each rank's FINAL a reference to its own POST_REDUCE frames, which hold the
+// same values on every rank. The references differ where their targets are (each rank's file has offsets of its
+// own), the values they name do not: copies, streamed, with the report of the same values written in full.
+TEST(StreamCompare, ReplicasReferencesToTheirOwnOffsetsAreCopies) {
+  const std::string a = Synth("stream-ref", Reference());
+  testing::SynthSpec spec = Config(3, 1, 0, "mean", "local-mean");
+  const std::string full = Synth("stream-post-full", spec);
+  spec.final_by_reference = true;
+  const std::string refs = Synth("stream-post-refs", spec);
+  std::vector<std::set<uint64_t>> from(3);
+  for (int r = 0; r < 3; ++r) {
+    auto reader = TraceReader::Open(refs + "/rank-0000" + std::to_string(r) + ".gtrace");
+    ASSERT_TRUE(reader.ok());
+    for (const pb::IndexEntry& e : (*reader)->index().entries()) {
+      if (e.type() != static_cast<uint32_t>(format::FrameType::kBucketRecord) || e.phase() != pb::FINAL) continue;
+      RecordView v;
+      ASSERT_TRUE((*reader)->ReadView(e.offset(), &v).ok());
+      EXPECT_NE(v.record().values_from(), 0u);
+      from[r].insert(v.record().values_from());
+    }
+  }
+  ASSERT_FALSE(from[0].empty());
+  EXPECT_NE(from[0], from[1]);
+  EXPECT_NE(from[0], from[2]);
+  std::vector<StreamedParam> out;
+  Alignment al;
+  ASSERT_TRUE(Streams(a, refs, pb::FINAL, &out, &al));
+  ASSERT_FALSE(out.empty());
+  for (const StreamedParam& p : out) {
+    EXPECT_EQ(p.b.ranks, 3);
+    EXPECT_EQ(p.b.replica_rel(), 0);
+  }
+  auto same_dir = [](std::string text) {
+    for (size_t at; (at = text.find("stream-post-refs")) != std::string::npos;)
+      text.replace(at, 16, "stream-post-full");
+    return text;
+  };
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streamed" : "reassembled");
+    const std::string r = Diff(a, refs, stream), f = Diff(a, full, stream);
+    EXPECT_FALSE(f.empty());
+    EXPECT_EQ(same_dir(r), f);
   }
 }
 

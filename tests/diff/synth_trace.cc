@@ -96,6 +96,15 @@ struct Layout {
   std::vector<std::pair<int, int64_t>> members;  // (param index, offset of the param in the flat bucket)
 };
 
+// Whether two records hold the same slices, values included (byte for byte as serialized).
+bool SameSlices(const pb::BucketRecord& x, const pb::BucketRecord& y) {
+  if (x.slices_size() != y.slices_size()) return false;
+  for (int i = 0; i < x.slices_size(); ++i) {
+    if (x.slices(i).SerializeAsString() != y.slices(i).SerializeAsString()) return false;
+  }
+  return true;
+}
+
 // final_from_pre: each rank's host name padded (with up to 63 spaces) so that every rank's RunInfo frame has the same
 // length; the frames after it then sit at the same offsets, and the ranks' references are byte for byte the same.
 // Each pad is tried once per rank (a small file, overwritten); the shortest length all ranks reach is taken.
@@ -298,8 +307,10 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
       const Layout& L = buckets[b];
       // final[e] over the flat bucket, accumulated over micro-steps.
       std::vector<std::vector<float>> final_of(world, std::vector<float>(L.bucket_numel, 0.0f));
-      std::vector<std::vector<WrittenFrame>> pre_frames(world);  // the last micro-step's PRE_REDUCE frames
-      std::vector<pb::BucketRecord> pre_records(world);          // and its records (final_from_pre)
+      std::vector<std::vector<WrittenFrame>> pre_frames(world);   // the last micro-step's PRE_REDUCE frames
+      std::vector<pb::BucketRecord> pre_records(world);           // and its records (final_from_pre)
+      std::vector<std::vector<WrittenFrame>> post_frames(world);  // the last micro-step's POST_REDUCE frames
+      std::vector<pb::BucketRecord> post_records(world);          // and its records (final_by_reference)
       for (int m = 0; m < spec.gas; ++m) {
         for (auto& f : pre_frames) f.clear();
         std::vector<std::vector<float>> pre(world, std::vector<float>(L.bucket_numel));
@@ -390,7 +401,9 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
             if (a >= z) continue;
             *post.add_slices() = MakeSlice(run.params(pi), a - base, z - a, pb::FP32, post_of[r].data() + a, *mode);
           }
-          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(post));
+          post_frames[r].clear();
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucket(post, &post_frames[r]));
+          post_records[r] = post;
         }
       }
       // FINAL: every rank holds the full gradient (stage 0) or its partition (ZeRO-1/2).
@@ -422,6 +435,11 @@ Status WriteSynthSet(const std::string& dir, const SynthSpec& spec) {
           continue;
         }
         if (spec.final_from_pre == "full") fin.mutable_slices()->CopyFrom(pre_records[r].slices());
+        if (spec.final_by_reference && spec.gas == 1 && !post_frames[r].empty() && SameSlices(fin, post_records[r])) {
+          fin.clear_slices();
+          GT_RETURN_IF_ERROR(writers[r]->WriteBucketValuesOf(fin, post_frames[r]));
+          continue;
+        }
         if (fin.slices_size() > 0) GT_RETURN_IF_ERROR(writers[r]->WriteBucket(fin));
       }
     }

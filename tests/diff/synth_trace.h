@@ -69,6 +69,10 @@ struct SynthSpec {
   // stage 0), written again or as a reference to the PRE_REDUCE frames (format 1.6): the ranks' references are
   // then byte for byte the same while their values are not.
   std::string final_from_pre;
+  // FINAL written as a reference to the rank's own POST_REDUCE frames where those hold FINAL's values (what the
+  // capture does, format 1.6): replicas' references then differ where their targets are (each rank's PRE frames,
+  // and so its file's offsets, are its own) while the values they name are the same.
+  bool final_by_reference = false;
   bool declare_divisor = true;         // set BucketRecord.divisor on POST_REDUCE
   double loss_multiplier = 1;          // the loss passed to backward x this (Megatron-LM #673: cp)
   std::set<std::string> experts;       // EXPERT parameters (ParamInfo.kind), reduced over "edp"

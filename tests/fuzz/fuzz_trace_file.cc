@@ -6,7 +6,8 @@
 // that a record the reader returns decodes, and decodes the same viewed
 // (DecodeStoredView, record_view.h: the streamed diff's decode), and that
 // ReadView (its one-pass read) answers at every frame and indexed offset
-// exactly what the two-step read answers.
+// exactly what the two-step read answers, and that the replica check
+// (SameRecord) takes no frame for a copy that is not one.
 #include <cstddef>
 #include <cstdint>
 
@@ -16,6 +17,7 @@
 #include "fuzz_common.h"
 #include "slice_codec.h"
 #include "trace_reader.h"
+#include "values_from.h"
 
 using namespace gradtrace;
 
@@ -65,6 +67,33 @@ void CheckReadView(TraceReader& r, uint64_t offset) {
   if (!kept.SameBytes(stored)) fuzz::Fail("ReadView kept other stored bytes");
 }
 
+// The replica check (TraceReader::SameRecord) on neighbouring bucket record frames: where it says the frame at
+// `offset` holds the record the last one decoded holds, that frame must read, and give the same record (but for
+// where a reference's values are) and the same bytes.
+struct Neighbours {
+  TraceReader::StoredFrame stored[2];
+  RecordView view[2];
+  int last = -1;  // stored[last] and view[last] read and decoded; -1: none yet
+
+  void Check(TraceReader& r, uint64_t offset) {
+    const int here = last == 0 ? 1 : 0;
+    const bool read = r.ReadStoredAt(offset, &stored[here]).ok();
+    const bool decoded = read && r.DecodeStoredView(stored[here], &view[here]).ok();
+    if (read && last >= 0) {
+      const RecordView& a = view[last];
+      if (TraceReader::SameRecord(r, stored[last], a.record().values_from(), r, stored[here])) {
+        if (!decoded) fuzz::Fail("SameRecord took a frame that does not decode for the same record");
+        const RecordView& b = view[here];
+        if (WithoutValuesFrom(a.record()) != WithoutValuesFrom(b.record())) fuzz::Fail("SameRecord: another record");
+        for (int i = 0; i < a.record().slices_size(); ++i) {
+          if (a.data(i) != b.data(i)) fuzz::Fail("SameRecord: a slice holds other bytes");
+        }
+      }
+    }
+    if (decoded) last = here;
+  }
+};
+
 void ReadAndVerify(fuzz::MemFile* file) {
   for (bool use_index : {true, false}) {
     Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index});
@@ -75,12 +104,14 @@ void ReadAndVerify(fuzz::MemFile* file) {
     TraceReader& r = **opened;
     Frame f;
     uint64_t last = 0;
+    Neighbours neighbours;
     while (r.Next(&f)) {
       if (f.offset < last) fuzz::Fail("frames returned out of order");
       last = f.offset;
       if (f.bucket) {
         CheckRecord(r.run_info(), *f.bucket);
         CheckView(r, f);
+        neighbours.Check(r, f.offset);
       }
       CheckReadView(r, f.offset);
     }

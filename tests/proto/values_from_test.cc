@@ -294,7 +294,7 @@ TEST(ValuesFrom, ResolvingIsBoundedOverAReadersLife) {
   EXPECT_NE((*r)->status().message().find("references have decoded"), std::string::npos);
 }
 
-// Replicas' references can be byte for byte the same while the values they name are not: SameValuesFrom tells.
+// Replicas' references can be byte for byte the same while the values they name are not: SameRecord tells.
 TEST(ValuesFrom, SameReferenceBytesNeedTheSameTargets) {
   testing::TempDir dir;
   const pb::RunInfo run = SmallRun();
@@ -316,12 +316,94 @@ TEST(ValuesFrom, SameReferenceBytesNeedTheSameTargets) {
   auto a = write("a.gtrace", 1), b = write("b.gtrace", 1), c = write("c.gtrace", 2);
   const uint64_t ref = a->index().entries(1).offset();
   const uint64_t from = a->index().entries(0).offset();
-  TraceReader::StoredFrame sa, sc;
+  TraceReader::StoredFrame sa, sb, sc;
   ASSERT_TRUE(a->ReadStoredAt(ref, &sa).ok());
+  ASSERT_TRUE(b->ReadStoredAt(ref, &sb).ok());
   ASSERT_TRUE(c->ReadStoredAt(ref, &sc).ok());
   EXPECT_TRUE(sa.SameBytes(sc));  // the references alone look like copies
-  EXPECT_TRUE(SameValuesFrom(*a, *b, from));
-  EXPECT_FALSE(SameValuesFrom(*a, *c, from));
+  EXPECT_TRUE(TraceReader::SameRecord(*a, sa, from, *b, sb));
+  EXPECT_FALSE(TraceReader::SameRecord(*a, sa, from, *c, sc));
+  // Frames that are not references: their bytes alone.
+  TraceReader::StoredFrame ta, tb, tc;
+  ASSERT_TRUE(a->ReadStoredAt(from, &ta).ok() && b->ReadStoredAt(from, &tb).ok() && c->ReadStoredAt(from, &tc).ok());
+  EXPECT_TRUE(TraceReader::SameRecord(*a, ta, 0, *b, tb));
+  EXPECT_FALSE(TraceReader::SameRecord(*a, ta, 0, *c, tc));
+}
+
+// Each rank lays its file out at offsets of its own, so replicas' references differ in values_from: they are the
+// same record when that is all they differ in, their targets are byte for byte the same, and the copy's target is
+// where its own reader would take it from.
+TEST(ValuesFrom, ReferencesAtOtherOffsetsAreCopiesWhenTheirTargetsAre) {
+  testing::TempDir dir;
+  const pb::RunInfo run = SmallRun();
+  const pb::BucketRecord pre = Bucket(run, 0, 0, pb::PRE_REDUCE);
+  pb::BucketRecord other_values = pre;
+  const std::vector<float> v = testing::Floats(static_cast<size_t>(run.params(0).numel()), 9);
+  *other_values.mutable_slices(0) = MakeSlice(run.params(0), 0, run.params(0).numel(), pb::FP32, v.data(), {});
+  const std::string step = testing::Step(0).SerializeAsString();
+  struct Opened {
+    std::unique_ptr<TraceReader> reader;
+    TraceReader::StoredFrame ref;
+    uint64_t from = 0;
+  };
+  int files = 0;
+  // A file of a step frame, `pad` bucket records, the target, and a reference to it edited by `edit`.
+  auto open = [&](int pad, const pb::BucketRecord& target, auto edit) {
+    Crafted c;
+    c.Add(format::FrameType::kStepInfo, step);
+    for (int i = 0; i < pad; ++i)
+      c.Add(format::FrameType::kBucketRecord, Bucket(run, 0, 1, pb::PRE_REDUCE).SerializeAsString());
+    const uint64_t t = c.Add(format::FrameType::kBucketRecord, target.SerializeAsString());
+    pb::BucketRecord ref = RefTo(target, t);
+    edit(ref);
+    const uint64_t at = c.Add(format::FrameType::kBucketRecord, ref.SerializeAsString());
+    const std::string path = dir.File("rank-" + std::to_string(files++) + ".gtrace");
+    testing::WriteBytes(path, c.bytes);
+    Opened o;
+    auto r = TraceReader::Open(path);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    o.reader = std::move(r).value();
+    EXPECT_TRUE(o.reader->ReadStoredAt(at, &o.ref).ok());
+    o.from = ref.values_from();
+    return o;
+  };
+  auto same = [](pb::BucketRecord&) {};
+  Opened a = open(0, pre, same);
+  Opened moved = open(2, pre, same);
+  ASSERT_NE(moved.from, a.from);
+  EXPECT_FALSE(a.ref.SameBytes(moved.ref));
+  EXPECT_TRUE(TraceReader::SameRecord(*a.reader, a.ref, a.from, *moved.reader, moved.ref));
+  EXPECT_TRUE(TraceReader::SameRecord(*moved.reader, moved.ref, moved.from, *a.reader, a.ref));
+  // Another field besides: another record.
+  Opened divisor = open(2, pre, [](pb::BucketRecord& r) { r.set_divisor(4); });
+  EXPECT_FALSE(TraceReader::SameRecord(*a.reader, a.ref, a.from, *divisor.reader, divisor.ref));
+  // Other values at the target.
+  Opened values = open(2, other_values, same);
+  EXPECT_FALSE(TraceReader::SameRecord(*a.reader, a.ref, a.from, *values.reader, values.ref));
+  // A copy whose target is a frame of the same bytes that its own reader would refuse to take values from: after
+  // the reference. Its reader refuses the reference itself, so it is no copy.
+  Crafted late;
+  late.Add(format::FrameType::kStepInfo, step);
+  const uint64_t at = late.bytes.size();
+  pb::BucketRecord ref = RefTo(pre, at);  // the target's offset, its varint's length found by trying
+  uint64_t target = 0;
+  while (target != at + testing::PlainFrame(format::FrameType::kBucketRecord, ref.SerializeAsString()).size()) {
+    target = at + testing::PlainFrame(format::FrameType::kBucketRecord, ref.SerializeAsString()).size();
+    ref.set_values_from(target);
+  }
+  ASSERT_EQ(late.Add(format::FrameType::kBucketRecord, ref.SerializeAsString()), at);
+  ASSERT_EQ(late.Add(format::FrameType::kBucketRecord, pre.SerializeAsString()), target);
+  const std::string path = dir.File("late.gtrace");
+  testing::WriteBytes(path, late.bytes);
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  TraceReader::StoredFrame late_ref, late_target, a_target;
+  ASSERT_TRUE((*r)->ReadStoredAt(at, &late_ref).ok() && (*r)->ReadStoredAt(target, &late_target).ok());
+  ASSERT_TRUE(a.reader->ReadStoredAt(a.from, &a_target).ok());
+  EXPECT_TRUE(late_target.SameBytes(a_target));
+  RecordView view;
+  EXPECT_EQ((*r)->ReadView(at, &view).code(), Status::Code::kCorruption);
+  EXPECT_FALSE(TraceReader::SameRecord(*a.reader, a.ref, a.from, **r, late_ref));
 }
 
 }  // namespace
