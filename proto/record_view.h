@@ -37,7 +37,7 @@ class RecordView {
   uint32_t raw_len() const { return static_cast<uint32_t>(payload_.size()); }
   // The decompressed bytes it holds: its frame's, and for a reference (format
   // 1.6, record().values_from()) those of the frame its values are in.
-  uint64_t held_bytes() const { return payload_.size() + target_payload_.size(); }
+  uint64_t held_bytes() const { return payload_.size() + (record_.values_from() != 0 ? target_payload_.size() : 0); }
 
  private:
   friend class TraceReader;
@@ -45,7 +45,8 @@ class RecordView {
   std::string skeleton_;
   pb::BucketRecord record_;
   std::vector<std::string_view> data_;
-  // A reference's target (empty otherwise): data_ then points into target_payload_.
+  // A reference's target: data_ then points into target_payload_. Otherwise it holds the last reference's target,
+  // unused: a buffer that keeps its size is not zero-filled again when the next one is decoded into it.
   std::string target_payload_;
   std::string target_skeleton_;
   pb::BucketRecord target_record_;

@@ -618,7 +618,6 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
     out->data_.assign(static_cast<size_t>(out->record_.slices_size()), std::string_view());
     for (int i = 0; i < out->record_.slices_size(); ++i) out->data_[i] = out->record_.slices(i).full().data();
   }
-  out->target_payload_.clear();           // keeps its memory for the next reference
   if (out->record_.values_from() != 0) {  // 1.6: the values are viewed in the earlier frame's payload
     std::vector<std::string_view> data;
     GT_RETURN_IF_ERROR(ReadValuesFrom(offset, out->record_, &out->data_, &out->target_payload_, &out->target_skeleton_,
