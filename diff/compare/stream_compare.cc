@@ -124,7 +124,7 @@ class Cursor {
       have_stored = copies && slot->decoded;
       if (!slot->decoded) {
         slot->set = nullptr;
-        slot->last_unit = -1;
+        slot->units = UnitRange{};
         return false;
       }
     }
@@ -199,25 +199,17 @@ struct Buffers {
 
 }  // namespace
 
-void StreamCache::BeginUnit(size_t unit) {
-  const int next = static_cast<int>(unit);
-  if (next < unit_) {  // units out of order (taken from another thread's block): what was kept may be read no more
-    for (auto& side : slots_) {
-      for (auto& slot : side) slot->last_unit = -1;
-    }
-  }
-  unit_ = next;
-}
+void StreamCache::BeginUnit(size_t unit) { walk_.Begin(static_cast<int>(unit)); }
 
 void StreamCache::Leave(Slot* slot) const {
-  if (slot->last_unit <= unit_) slot->last_unit = -1;
+  if (!walk_.Later(slot->units)) slot->units = UnitRange{};
 }
 
 std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet& set, int rank, const FrameRef& f) {
   Slot* free = nullptr;
   uint64_t kept = 0;
   for (auto& slot : slots_[side]) {
-    const bool live = slot->last_unit >= unit_;
+    const bool live = walk_.Live(slot->units);
     if (live && slot->set == &set && slot->rank == rank && slot->offset == f.offset && slot->decoded) {
       return {slot.get(), true};
     }
@@ -226,7 +218,7 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
   }
   if (free == nullptr) free = slots_[side].emplace_back(std::make_unique<Slot>()).get();
   const auto plan = plans_.find(&set);
-  const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
+  const UnitRange units = plan == plans_.end() ? UnitRange{} : UnitsOf(plan->second, f);
   const uint64_t bytes = f.raw_bytes;
   free->set = &set;
   free->rank = rank;
@@ -234,7 +226,8 @@ std::pair<StreamCache::Slot*, bool> StreamCache::Lookup(int side, const TraceSet
   free->same.clear();
   free->decoded = false;
   // Kept for a later unit within the budget; otherwise free again once the cursor is past it.
-  free->last_unit = last > unit_ && kept + bytes <= budget_ / 2 ? last : unit_;
+  const int here = walk_.unit();
+  free->units = walk_.Later(units) && kept + bytes <= budget_ / 2 ? units : UnitRange{here, here};
   return {free, false};
 }
 

@@ -49,14 +49,14 @@ class StreamCache {
     const TraceSet* set = nullptr;
     int rank = -1;
     uint64_t offset = 0;
-    int last_unit = -1;  // the last unit that reads it; below the current unit: free
+    UnitRange units;  // the units it is kept for; none ahead of the walk: free
     bool decoded = false;
     RecordView view;                             // full slices' bytes viewed, not copied
     std::vector<std::pair<int, uint64_t>> same;  // (rank, offset) of copies found the same record
   };
   // Which unit reads each of `set`'s parameters (by param id; -1: none), as ReaderCache::Plan.
   void Plan(const TraceSet& set, std::vector<int> unit_of_param) { plans_[&set] = std::move(unit_of_param); }
-  // Unit `unit` starts: frames no unit from here on reads are free (all of them when units go back).
+  // Unit `unit` starts: frames no unit from here on (in the walk's direction, UnitWalk) reads are free.
   void BeginUnit(size_t unit);
   // Frame f of rank `rank` on side `side`: its slot, and whether it holds it decoded already; otherwise the slot
   // is the one to decode it into (and then to Fill in).
@@ -69,7 +69,7 @@ class StreamCache {
  private:
   std::vector<std::unique_ptr<Slot>> slots_[2];
   std::map<const TraceSet*, std::vector<int>> plans_;
-  int unit_ = 0;
+  UnitWalk walk_;
   uint64_t budget_;
   TraceReader::StoredFrame stored_, other_;
 };

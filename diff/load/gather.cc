@@ -244,12 +244,15 @@ void MergeRank(int rank, int first_rank, SideValues&& r, Combine combine, SideVa
   }
 }
 
-int LastUnitOf(const std::vector<int>& unit_of_param, const FrameRef& f) {
-  int last = -1;
+UnitRange UnitsOf(const std::vector<int>& unit_of_param, const FrameRef& f) {
+  UnitRange r;
   for (int32_t id : f.param_ids) {
-    if (id >= 0 && static_cast<size_t>(id) < unit_of_param.size()) last = std::max(last, unit_of_param[id]);
+    if (id < 0 || static_cast<size_t>(id) >= unit_of_param.size() || unit_of_param[id] < 0) continue;
+    const int u = unit_of_param[id];
+    r.first = r.first < 0 ? u : std::min(r.first, u);
+    r.last = std::max(r.last, u);
   }
-  return last;
+  return r;
 }
 
 Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
@@ -295,24 +298,17 @@ void ReaderCache::Drop(KeptList::iterator it) {
 }
 
 void ReaderCache::BeginUnit(size_t unit) {
-  const int next = static_cast<int>(unit);
-  if (next < unit_) {  // units out of order (taken from another thread's block): trimmed frames may lack slices
-    kept_.clear();
-    by_position_.clear();
-    by_content_.clear();
-    kept_bytes_ = 0;
-  }
-  unit_ = next;
+  walk_.Begin(static_cast<int>(unit));
   for (auto it = kept_.begin(); it != kept_.end();) {
     auto here = it++;
-    if (here->last_unit >= 0 && here->last_unit < unit_) Drop(here);
+    if (here->units.last >= 0 && !walk_.Live(here->units)) Drop(here);
   }
 }
 
 void ReaderCache::SetDone(const TraceSet& set) {
   for (auto it = kept_.begin(); it != kept_.end();) {
     auto here = it++;
-    if (here->set == &set && here->last_unit >= 0 && here->last_unit <= unit_) Drop(here);
+    if (here->set == &set && here->units.last >= 0 && !walk_.Later(here->units)) Drop(here);
   }
 }
 
@@ -359,20 +355,20 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   ++decoded_;
   if (!st.ok()) return Status::Corruption(NameFile(path, st.message()));
   const auto plan = plans_.find(&set);
-  const int last = plan == plans_.end() ? -1 : LastUnitOf(plan->second, f);
+  const UnitRange units = plan == plans_.end() ? UnitRange{} : UnitsOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
   const uint64_t bytes = scratch_->held_bytes() + (copies ? stored.bytes.size() : 0);
   // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
   // decoded into the same buffers again (fresh ones cost page faults).
-  const bool later = last > unit_ || (last < 0 && plans_.count(&set) == 0);
+  const bool later = walk_.Later(units) || (units.last < 0 && plans_.count(&set) == 0);
   if ((later || (replicas && set.world() > 1)) && kept_bytes_ + bytes <= frame_budget_) {
     kept_bytes_ += bytes;
     Kept& k = kept_.emplace_back();
     k.set = &set;
     k.at.push_back(at);
     k.frame = std::move(scratch_);
-    k.last_unit = last;
+    k.units = units;
     k.bytes = bytes;
     by_position_.emplace(at, &k);
     if (copies) {  // found by its bytes too, or a reference by what it names

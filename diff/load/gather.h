@@ -84,9 +84,39 @@ Status AddSlice(const pb::Slice& slice, std::string_view data, int64_t numel, Si
 // judges replica_* against its rtol).
 void MergeRank(int rank, int first_rank, SideValues&& rank_values, Combine combine, SideValues* side);
 
-// The last unit that reads frame `f` (-1: none), from which unit reads each parameter (by param id; -1: none),
-// as ReaderCache::Plan and StreamCache::Plan are given it.
-int LastUnitOf(const std::vector<int>& unit_of_param, const FrameRef& f);
+// The units that read frame `f`: the first and the last ({-1, -1}: none), from which unit reads each parameter (by
+// param id; -1: none), as ReaderCache::Plan and StreamCache::Plan are given it.
+struct UnitRange {
+  int first = -1, last = -1;
+};
+UnitRange UnitsOf(const std::vector<int>& unit_of_param, const FrameRef& f);
+
+// Where a worker is in its walk over the work units (ParallelForBlocks: front to back or back to front, jumping
+// where it takes another block's units), for its caches: a frame is worth keeping while a unit ahead reads it.
+// The direction is that of the last step; before the second unit, either.
+class UnitWalk {
+ public:
+  void Begin(int unit) {
+    if (started_ && unit != unit_) direction_ = unit > unit_ ? 1 : -1;
+    started_ = true;
+    unit_ = unit;
+  }
+  int unit() const { return unit_; }
+  // Whether this unit or one ahead reads a frame that units r read.
+  bool Live(UnitRange r) const {
+    return r.last >= 0 && (direction_ > 0 ? r.last >= unit_ : direction_ < 0 ? r.first <= unit_ : true);
+  }
+  // Whether a unit ahead (not this one) reads it.
+  bool Later(UnitRange r) const {
+    if (r.last < 0) return false;
+    return direction_ > 0 ? r.last > unit_ : direction_ < 0 ? r.first < unit_ : r.first < unit_ || r.last > unit_;
+  }
+
+ private:
+  int unit_ = 0;
+  int direction_ = 0;  // 1: front to back, -1: back to front, 0: not known yet
+  bool started_ = false;
+};
 
 // Per-thread open readers, one per (set, rank), opened on first use, and the
 // decoded frames worth keeping, within a byte budget:
@@ -137,7 +167,7 @@ class ReaderCache {
     uint64_t content = 0;
     TraceReader::StoredFrame stored;
     std::unique_ptr<RecordView> frame;
-    int last_unit = -1;  // the last unit that reads it (-1: no plan)
+    UnitRange units;     // the units that read it ({-1, -1}: no plan)
     uint64_t bytes = 0;  // stored plus decoded
   };
   using KeptList = std::list<Kept>;
@@ -161,7 +191,7 @@ class ReaderCache {
   bool references_ = false;              // a reference was kept: small frames are parsed to find their copies
   std::unique_ptr<RecordView> scratch_;  // the last frame decoded and not kept
   uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
-  int unit_ = 0;
+  UnitWalk walk_;
 };
 
 // What to read from one set.

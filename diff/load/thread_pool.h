@@ -71,9 +71,14 @@ inline std::vector<std::pair<size_t, size_t>> SplitBlocks(const std::vector<int6
 }
 
 // ParallelFor for items whose neighbours share work (per-thread caches): each
-// thread works through its own block of SplitBlocks in order. A thread whose
-// block is done takes items from the end of the block with the most weight
-// left, so uneven items still keep every thread busy.
+// thread works through its own block of SplitBlocks in order, even blocks
+// front to back and odd ones back to front, so that the threads of two
+// neighbouring blocks end at their cut, where the work they share is, rather
+// than one starting there and the other ending there (the thread that
+// finishes first takes the rest of the other's block from that end, on with
+// what it holds). A thread whose block is done takes items from the block with
+// the most weight left, at the end its owner is walking towards, so uneven
+// items still keep every thread busy.
 inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
                               const std::function<void(size_t item, int worker)>& fn) {
   const size_t n = weight.size();
@@ -85,10 +90,11 @@ inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
   struct Block {
     size_t front = 0, back = 0;  // items [front, back) not yet claimed
     int64_t left = 0;            // their weight
+    bool backwards = false;      // its owner takes them from the back
   };
   std::vector<Block> blocks;
   for (auto [begin, end] : SplitBlocks(weight, t)) {
-    Block b{begin, end, 0};
+    Block b{begin, end, 0, blocks.size() % 2 == 1};
     for (size_t i = begin; i < end; ++i) b.left += ItemWeight(weight[i]);
     blocks.push_back(b);
   }
@@ -96,16 +102,16 @@ inline void ParallelForBlocks(const std::vector<int64_t>& weight, int threads,
   auto claim = [&](int worker, size_t* item) {
     std::lock_guard<std::mutex> lock(mu);
     Block* from = &blocks[worker];
-    if (from->front < from->back) {
-      *item = from->front++;
-    } else {
+    bool own = true;
+    if (from->front >= from->back) {
+      own = false;
       from = nullptr;
       for (Block& b : blocks) {
         if (b.front < b.back && (from == nullptr || b.left > from->left)) from = &b;
       }
       if (from == nullptr) return false;
-      *item = --from->back;
     }
+    *item = own == from->backwards ? --from->back : from->front++;  // the owner's end, or a thief's: the other
     from->left -= ItemWeight(weight[*item]);
     return true;
   };

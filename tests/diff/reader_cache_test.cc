@@ -167,6 +167,38 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   EXPECT_EQ(cache.decoded(), 2u);
 }
 
+// A worker walking its block back to front (ParallelForBlocks' odd blocks): the frame at the cut between units 2
+// and 1 is decoded once, at 2, and kept for 1; unit 0, past the last unit in that direction that reads it, finds it
+// gone.
+TEST(ReaderCache, AFrameAtACutServesTheNextUnitBackwards) {
+  auto set = TraceSet::Load(Synth("one", testing::Reference()));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  const FrameRef* f = nullptr;
+  for (const FrameRef* x : frames[0]) {
+    if (x->param_ids.size() >= 2) f = x;
+  }
+  ASSERT_NE(f, nullptr);
+  std::vector<int> plan(set->run().params_size(), -1);
+  plan[f->param_ids[0]] = 1;
+  plan[f->param_ids[1]] = 2;
+  ReaderCache cache;
+  cache.Plan(*set, plan);
+  cache.BeginUnit(2);
+  auto first = cache.Bucket(*set, *f, false);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  cache.SetDone(*set);
+  cache.BeginUnit(1);
+  auto second = cache.Bucket(*set, *f, false);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(cache.decoded(), 1u);
+  EXPECT_EQ(*second, *first);
+  cache.SetDone(*set);
+  cache.BeginUnit(0);
+  ASSERT_TRUE(cache.Bucket(*set, *f, false).ok());
+  EXPECT_EQ(cache.decoded(), 2u);
+}
+
 // Blocks are contiguous, cover every item, are never empty while items last,
 // and weigh at most a share of the total plus one item.
 TEST(ParallelForBlocks, BlocksAreContiguousSharesOfTheWeight) {
@@ -193,7 +225,10 @@ TEST(ParallelForBlocks, BlocksAreContiguousSharesOfTheWeight) {
 }
 
 // Every item once; one thread takes them in order; with several, each thread
-// takes its own block from the front, in order.
+// takes its own block in order, even blocks from the front and odd ones from
+// the back. With two, the threads walk towards each other and meet at one cut:
+// the first takes 0, 1, ... and the second n-1, n-2, ..., each on into the
+// other's block when its own is done.
 TEST(ParallelForBlocks, EveryItemOnceEachThreadFromItsBlock) {
   const std::vector<int64_t> weight = {5, 1, 1, 1, 10, 1, 1, 1, 1, 2, 3, 1, 1, 7, 1, 1, 1, 1, 1, 1};
   std::vector<size_t> order;
@@ -212,13 +247,18 @@ TEST(ParallelForBlocks, EveryItemOnceEachThreadFromItsBlock) {
     });
     for (size_t i = 0; i < weight.size(); ++i) EXPECT_EQ(seen[i].load(), 1) << threads << " " << i;
     for (int w = 0; w < threads; ++w) {
-      // What a worker took of its own block is a prefix of it, in order (others take from the back).
-      size_t expect = blocks[w].first;
+      // What a worker took of its own block is a prefix of it (odd blocks: a suffix), in order.
+      const bool backwards = w % 2 == 1;
+      size_t expect = backwards ? blocks[w].second : blocks[w].first;
       for (size_t i : by_worker[w]) {
         if (i >= blocks[w].first && i < blocks[w].second) {
-          EXPECT_EQ(i, expect++) << threads << " " << w;
+          EXPECT_EQ(i, backwards ? --expect : expect++) << threads << " " << w;
         }
       }
+    }
+    if (threads == 2) {
+      for (size_t k = 0; k < by_worker[0].size(); ++k) EXPECT_EQ(by_worker[0][k], k);
+      for (size_t k = 0; k < by_worker[1].size(); ++k) EXPECT_EQ(by_worker[1][k], weight.size() - 1 - k);
     }
   }
   ParallelForBlocks({}, 4, [&](size_t, int) { FAIL() << "no items"; });
