@@ -121,16 +121,22 @@ TEST(ReaderCache, ACorruptReplicaIsDecodedAndReported) {
   EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
 }
 
+// The last FINAL frame of rank 0 holding two parameters or more (null: none).
+const FrameRef* FrameOfTwo(const TraceSet& set) {
+  const FrameRef* f = nullptr;
+  const auto frames = SelectFrames(set, {0, pb::FINAL});
+  for (const FrameRef* x : frames[0]) {
+    if (x->param_ids.size() >= 2) f = x;
+  }
+  return f;
+}
+
 // A frame holding parameters of units 0 and 1 is decoded in unit 0 and served from the cache in unit 1, its
 // bytes viewed (both parameters' there); a unit after the last that reads it finds it gone.
 TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
   auto set = TraceSet::Load(Synth("one", testing::Reference()));
   ASSERT_TRUE(set.ok()) << set.status().message();
-  const auto frames = SelectFrames(*set, {0, pb::FINAL});
-  const FrameRef* f = nullptr;
-  for (const FrameRef* x : frames[0]) {
-    if (x->param_ids.size() >= 2) f = x;
-  }
+  const FrameRef* f = FrameOfTwo(*set);
   ASSERT_NE(f, nullptr);
   const int32_t early = f->param_ids[0], late = f->param_ids[1];
   std::vector<int> plan(set->run().params_size(), -1);
@@ -173,11 +179,7 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnit) {
 TEST(ReaderCache, AFrameAtACutServesTheNextUnitBackwards) {
   auto set = TraceSet::Load(Synth("one", testing::Reference()));
   ASSERT_TRUE(set.ok()) << set.status().message();
-  const auto frames = SelectFrames(*set, {0, pb::FINAL});
-  const FrameRef* f = nullptr;
-  for (const FrameRef* x : frames[0]) {
-    if (x->param_ids.size() >= 2) f = x;
-  }
+  const FrameRef* f = FrameOfTwo(*set);
   ASSERT_NE(f, nullptr);
   std::vector<int> plan(set->run().params_size(), -1);
   plan[f->param_ids[0]] = 1;
