@@ -377,6 +377,7 @@ Expected<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& option
   WriterOptions wopts;
   wopts.zstd_level = options.zstd_level;
   wopts.overwrite = options.overwrite;
+  wopts.direct_io = options.direct_io;
   // A trace already there (a finished run without overwrite, or a live writer's) is the caller's choice to
   // make, not a write error: refused under kDisable too.
   struct stat before;

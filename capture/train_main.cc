@@ -136,6 +136,7 @@ int OpenRecorder(const gc::TrainOptions& o, int rank, const pb::RunInfo& run, st
   ro.overwrite = o.overwrite;
   ro.zstd_level = o.zstd_level;
   ro.values_by_reference = o.capture_references == "on";
+  ro.direct_io = o.capture_direct_io == "on";
   ro.writer_threads = o.writer_threads;
   ro.max_queue_bytes = o.capture_queue_mb << 20;
   auto opened = gc::Recorder::Open(ro, run);

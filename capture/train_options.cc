@@ -99,6 +99,10 @@ void AddCaptureOptions(CLI::App& app, TrainOptions& o) {
                  "an earlier phase's of the same bucket as a reference to those frames (format 1.6); off writes "
                  "them again, for readers older than 1.6")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--capture-direct-io", o.capture_direct_io,
+                 "on (the default) writes the 4 KiB blocks inside large trace frames with O_DIRECT where the file "
+                 "system takes it, past the page cache; off writes everything through it. The file is the same")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--writer-threads", o.writer_threads, "recorder threads that encode, compress and write")
       ->check(CLI::Range(1, 64));
   app.add_option("--capture-queue-mb", o.capture_queue_mb,

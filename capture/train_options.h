@@ -59,6 +59,7 @@ struct TrainOptions {
   bool overwrite = false;                    // replace finished traces in --out (never a live writer's)
   std::string final_mode = "gather";         // gather: FINAL is the full gradient; partition: owned slices only
   int zstd_level = 1;
+  std::string capture_direct_io = "on";   // on | off: RecorderOptions::direct_io
   std::string capture_references = "on";  // on | off: RecorderOptions::values_by_reference
   int writer_threads = 1;                 // recorder threads that encode, compress and write
   int64_t capture_queue_mb = 256;         // full mode: host copies waiting for the writer before training blocks

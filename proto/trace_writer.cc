@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "chunking.h"
 #include "crc32c.h"
@@ -118,6 +119,7 @@ Expected<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path
   auto created = CreateTraceFile(path, options.overwrite);
   if (!created.ok()) return created.status();
   std::unique_ptr<TraceWriter> w(new TraceWriter(path, *created, options));
+  if (options.direct_io) w->direct_.Open(::fileno(*created));
   w->run_ = std::move(info);
   w->zstd_ctx_ = ZSTD_createCCtx();
   if (w->zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
@@ -164,6 +166,25 @@ Status TraceWriter::WriteRaw(const void* data, size_t n) {
   return Status::Ok();
 }
 
+Status TraceWriter::WriteStored(const char* data, size_t n, uint64_t at, bool placed) {
+  const DirectWrites::Middle m = placed && direct_.enabled() ? DirectWrites::MiddleOf(at, n) : DirectWrites::Middle{};
+  if (m.lo == m.hi) return WriteRaw(data, n);
+  const auto fail = [&](const std::string& what, int err) {
+    return Fail(Status::IoError(path_ + ": offset " + std::to_string(m.lo) + ": " + what + ": " + std::strerror(err)));
+  };
+  GT_RETURN_IF_ERROR(WriteRaw(data, m.lo - at));
+  if (std::fflush(file_) != 0) return fail("flush failed", errno);
+  const int err = direct_.Write(m);
+  if (err == EINVAL) {  // the device wants another alignment: stdio from here on
+    direct_.Disable();
+    return WriteRaw(data + (m.lo - at), n - (m.lo - at));
+  }
+  if (err != 0) return fail("write failed", err);
+  direct_bytes_ += m.hi - m.lo;
+  if (::fseeko(file_, static_cast<off_t>(m.hi), SEEK_SET) != 0) return fail("seek failed", errno);
+  return WriteRaw(data + (m.hi - at), at + n - m.hi);
+}
+
 Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const pb::IndexEntry* entry) {
   if (!error_.ok()) return error_;
   if (closed_ || file_ == nullptr) return Status::InvalidArgument(path_ + ": write after Close()");
@@ -172,19 +193,26 @@ Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const p
                                  " bytes exceeds the limit of " + std::to_string(format::kMaxFramePayload));
   }
   // zstd when it saves space, else stored as is (codec 0): stored_len <= raw_len
-  // always, so the stored size obeys the same limit.
-  const std::string* stored = &payload;
+  // always, so the stored size obeys the same limit. A large frame is compressed
+  // into the direct writer's buffer, from where its middle goes to disk.
+  std::string_view stored = payload;
   uint8_t codec = static_cast<uint8_t>(format::Codec::kNone);
-  compressed_.resize(ZSTD_compressBound(payload.size()));
-  const size_t z =
-      ZSTD_compress2(Cctx(zstd_ctx_), compressed_.data(), compressed_.size(), payload.data(), payload.size());
+  const size_t bound = ZSTD_compressBound(payload.size());
+  const uint64_t payload_at = offset_ + format::kFrameHeaderSize;
+  char* out = nullptr;
+  if (payload.size() >= DirectWrites::kMinimum) out = direct_.Place(payload_at, bound);
+  const bool placed = out != nullptr;
+  if (!placed) {
+    compressed_.resize(bound);
+    out = compressed_.data();
+  }
+  const size_t z = ZSTD_compress2(Cctx(zstd_ctx_), out, bound, payload.data(), payload.size());
   if (!ZSTD_isError(z) && z < payload.size()) {
-    compressed_.resize(z);
-    stored = &compressed_;
+    stored = std::string_view(out, z);
     codec = static_cast<uint8_t>(format::Codec::kZstd);
   }
   frame_io::FrameHeader h;
-  h.stored_len = static_cast<uint32_t>(stored->size());
+  h.stored_len = static_cast<uint32_t>(stored.size());
   h.raw_len = static_cast<uint32_t>(payload.size());
   h.type = type;
   h.codec = codec;
@@ -192,12 +220,15 @@ Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const p
   h.Encode(hdr);
   uint32_t crc = crc32c::Value(hdr + frame_io::kCrcCoveredHeaderOffset,
                                format::kFrameHeaderSize - frame_io::kCrcCoveredHeaderOffset);
-  crc = crc32c::Extend(crc, stored->data(), stored->size());
+  crc = crc32c::Extend(crc, stored.data(), stored.size());
   frame_io::PutU32(hdr + 8, crc32c::Mask(crc));
 
   const uint64_t frame_offset = offset_;
   Status written = WriteRaw(hdr, sizeof hdr);
-  if (written.ok()) written = WriteRaw(stored->data(), stored->size());
+  if (written.ok()) {
+    written = WriteStored(stored.data(), stored.size(), payload_at,
+                          placed && codec == static_cast<uint8_t>(format::Codec::kZstd));
+  }
   if (written.ok() && std::fflush(file_) != 0) {
     written = Fail(Status::IoError(path_ + ": offset " + std::to_string(frame_offset) +
                                    ": flush failed: " + std::strerror(errno)));
@@ -206,7 +237,7 @@ Status TraceWriter::WriteFrame(uint8_t type, const std::string& payload, const p
     CutBack(frame_offset);  // the file ends at the last complete frame: it reads as truncated, not corrupt
     return written;
   }
-  offset_ += sizeof hdr + stored->size();
+  offset_ += sizeof hdr + stored.size();
   raw_bytes_ += payload.size();
   if (entry != nullptr) {
     pb::IndexEntry* e = index_.add_entries();
@@ -336,6 +367,7 @@ Status TraceWriter::Close() {
     // frame (a truncated trace) rather than in a partial index.
     if (!s.ok()) CutBack(index_offset);
   }
+  direct_.Disable();
   if (file_ != nullptr) {
     const bool flush_failed = std::fflush(file_) != 0;
     const int err = errno;

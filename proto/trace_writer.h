@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "direct_write.h"
 #include "gradtrace.pb.h"
 #include "status.h"
 
@@ -19,6 +20,9 @@ struct WriterOptions {
   // false (the default): Open refuses a `path` that exists. true: it replaces a
   // finished trace there -- never one another writer still holds open.
   bool overwrite = false;
+  // Large frames' whole 4 KiB blocks written with O_DIRECT where the file
+  // takes it (direct_write.h); the file's bytes are the same either way.
+  bool direct_io = true;
 };
 
 // Whether a trace writer (of this process or another) holds `path`'s lock now:
@@ -88,6 +92,7 @@ class TraceWriter {
   const std::string& path() const { return path_; }
   uint64_t bytes_written() const { return offset_; }
   uint64_t raw_bytes() const { return raw_bytes_; }  // serialized protobuf before zstd
+  uint64_t direct_bytes() const { return direct_bytes_; }  // of bytes_written(), those written with O_DIRECT
 
  private:
   TraceWriter(std::string path, std::FILE* file, WriterOptions options);
@@ -95,6 +100,9 @@ class TraceWriter {
   // A bucket record's frame, reported in *written when given.
   Status WriteBucketFrame(const pb::BucketRecord& record, std::vector<WrittenFrame>* written);
   Status WriteRaw(const void* data, size_t n);
+  // A frame's stored bytes at file offset `at` (where stdio is): their block-aligned middle with O_DIRECT when
+  // they were placed in direct_'s buffer (`placed`), the rest through stdio.
+  Status WriteStored(const char* data, size_t n, uint64_t at, bool placed);
   Status Fail(Status s);          // makes `s` sticky
   void CutBack(uint64_t offset);  // after a failed write: drop stdio's buffer, cut a regular file at `offset`
 
@@ -103,12 +111,14 @@ class TraceWriter {
   WriterOptions options_;
   uint64_t offset_ = 0;
   uint64_t raw_bytes_ = 0;
+  uint64_t direct_bytes_ = 0;
   pb::Index index_;
   bool closed_ = false;
   pb::RunInfo run_;
   Status error_;              // first I/O error; sticky
   Status close_status_;       // what Close() returned
   std::string compressed_;    // reused compression buffer
+  DirectWrites direct_;       // where large frames are compressed to and written from when enabled
   void* zstd_ctx_ = nullptr;  // ZSTD_CCtx*, reused across frames
 };
 
