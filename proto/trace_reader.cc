@@ -372,8 +372,8 @@ Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame)
 
 Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
                                    const std::vector<std::string_view>* ref_data, std::string* payload,
-                                   std::string* skeleton, pb::BucketRecord* target,
-                                   std::vector<std::string_view>* data) {
+                                   std::string* skeleton, pb::BucketRecord* target, std::vector<std::string_view>* data,
+                                   bool keep_target) {
   const uint64_t from = ref.values_from();
   const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
   if (const std::string why = ValuesFromPlaceProblem(offset, from); !why.empty()) {
@@ -397,7 +397,11 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
                                  " MiB");
   }
   // In one pass as ReadView reads (the frame must end before the reference); the two steps for their messages.
-  if (!ReadPieces(from, offset, payload, nullptr)) {
+  KeptTarget* kept = keep_target ? &LastTargetRead() : nullptr;
+  if (kept != nullptr) kept->reader = 0;
+  if (ReadPieces(from, offset, payload, kept != nullptr ? &kept->stored : nullptr)) {
+    if (kept != nullptr) kept->reader = serial_, kept->from = from;
+  } else {
     thread_local std::string stored;  // not ReadRaw's buffer: DecodeStored's caller may be reading with it
     uint64_t next = 0;
     if (Status s = ReadStoredRaw(from, offset, hb, &stored, &next); !s.ok()) {
@@ -595,16 +599,18 @@ Status TraceReader::DecodeStored(StoredFrame& stored, Frame* frame) {
   return ParseRaw(stored.offset, raw, frame);
 }
 
-Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) {
+Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) { return DecodeView(stored, out, false); }
+
+Status TraceReader::DecodeView(StoredFrame& stored, RecordView* out, bool keep_target) {
   const uint64_t offset = stored.offset;
   GT_RETURN_IF_ERROR(DecodeBytes(offset, stored.header, stored.bytes, true, &out->payload_));
   if (frame_io::FrameHeader::Decode(stored.header).type != kBucketRecord) {
     return Status::InvalidArgument(Where(offset) + "not a bucket record frame");
   }
-  return ParseView(offset, out);
+  return ParseView(offset, out, keep_target);
 }
 
-Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
+Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target) {
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
   out->record_.Clear();
   // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
@@ -621,7 +627,7 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
   if (out->record_.values_from() != 0) {  // 1.6: the values are viewed in the earlier frame's payload
     std::vector<std::string_view> data;
     GT_RETURN_IF_ERROR(ReadValuesFrom(offset, out->record_, &out->data_, &out->target_payload_, &out->target_skeleton_,
-                                      &out->target_record_, &data));
+                                      &out->target_record_, &data, keep_target));
     out->data_.swap(data);
     for (int i = 0; i < out->record_.slices_size(); ++i) {
       out->record_.mutable_slices(i)->mutable_full()->set_shuffled(out->target_record_.slices(i).full().shuffled());
@@ -635,11 +641,13 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out) {
 
 Status TraceReader::ReadView(uint64_t offset, RecordView* out, StoredFrame* keep) {
   GT_RETURN_IF_ERROR(CheckDataOffset(offset));
-  if (ReadViewPieces(offset, out, keep)) return ParseView(offset, out);
+  // A caller keeping the stored bytes compares copies with them (SameRecord): a reference's target's are kept too.
+  const bool keep_target = keep != nullptr;
+  if (ReadViewPieces(offset, out, keep)) return ParseView(offset, out, keep_target);
   thread_local StoredFrame scratch;
   StoredFrame& stored = keep != nullptr ? *keep : scratch;
   GT_RETURN_IF_ERROR(ReadStoredAt(offset, &stored));
-  return DecodeStoredView(stored, out);
+  return DecodeView(stored, out, keep_target);
 }
 
 bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep) {
@@ -724,6 +732,11 @@ Status TraceReader::ParseStored(const StoredFrame& stored, pb::BucketRecord* out
   return Status::Ok();
 }
 
+TraceReader::KeptTarget& TraceReader::LastTargetRead() {
+  thread_local KeptTarget kept;
+  return kept;
+}
+
 bool TraceReader::SameRecord(TraceReader& a, const StoredFrame& sa, uint64_t from_a, TraceReader& b,
                              const StoredFrame& sb) {
   if (from_a == 0) return sa.SameBytes(sb);
@@ -739,16 +752,16 @@ bool TraceReader::SameRecord(TraceReader& a, const StoredFrame& sa, uint64_t fro
     from_b = rb.values_from();
     if (WithoutValuesFrom(ra) != WithoutValuesFrom(rb)) return false;
   }
-  // The first's target is read once for all its copies (the last one read is kept, by reader and offset).
-  thread_local StoredFrame ta, tb;
-  thread_local uint64_t ta_reader = 0, ta_from = 0;
-  if (ta_reader != a.serial_ || ta_from != from_a) {
-    ta_reader = 0;
-    if (!a.ReadStoredAt(from_a, &ta).ok()) return false;
-    ta_reader = a.serial_;
-    ta_from = from_a;
+  // The first's target is read once for all its copies, if ReadView did not keep it when it decoded the first.
+  KeptTarget& ta = LastTargetRead();
+  if (ta.reader != a.serial_ || ta.from != from_a) {
+    ta.reader = 0;
+    if (!a.ReadStoredAt(from_a, &ta.stored).ok()) return false;
+    ta.reader = a.serial_;
+    ta.from = from_a;
   }
-  if (!b.ReadStoredAt(from_b, &tb).ok() || !ta.SameBytes(tb)) return false;
+  thread_local StoredFrame tb;
+  if (!b.ReadStoredAt(from_b, &tb).ok() || !ta.stored.SameBytes(tb)) return false;
   // Where b's reader would take it from: an earlier bucket record frame, ending before the reference.
   return b.ValuesFromPlaceProblem(sb.offset, from_b).empty() &&
          from_b + format::kFrameHeaderSize + tb.bytes.size() <= sb.offset;

@@ -163,13 +163,23 @@ class TraceReader {
   // Its pass for a frame that must end by `limit`, decompressed into *payload.
   bool ReadPieces(uint64_t offset, uint64_t limit, std::string* payload, StoredFrame* keep);
   // DecodeStoredView's steps after decompression: the record's skeleton parsed, its bytes viewed, validated.
-  Status ParseView(uint64_t offset, RecordView* out);
+  Status ParseView(uint64_t offset, RecordView* out, bool keep_target = false);
+  // DecodeStoredView; keep_target: a reference's target's stored bytes kept for SameRecord (LastTargetRead).
+  Status DecodeView(StoredFrame& stored, RecordView* out, bool keep_target);
+  // The stored bytes of a reference's target this thread read last for a caller comparing copies, by reader
+  // (serial_, 0: none) and offset: SameRecord takes them instead of reading them again.
+  struct KeptTarget {
+    uint64_t reader = 0, from = 0;
+    StoredFrame stored;
+  };
+  static KeptTarget& LastTargetRead();
   // Format 1.6: the frame `ref` (read at `offset`) takes its values from, read and decoded into *payload, checked
   // (a bucket record frame of this trace before `offset`, within the references' decode budget, matching `ref`:
-  // values_from.h), its record's skeleton parsed into *target and its slices' bytes viewed in *data.
+  // values_from.h), its record's skeleton parsed into *target and its slices' bytes viewed in *data; keep_target:
+  // its stored bytes kept too (LastTargetRead).
   Status ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref, const std::vector<std::string_view>* ref_data,
                         std::string* payload, std::string* skeleton, pb::BucketRecord* target,
-                        std::vector<std::string_view>* data);
+                        std::vector<std::string_view>* data, bool keep_target = false);
   // Why `from` cannot be the target of the reference at `offset` by where it is (not an earlier data frame, not
   // listed by the index as a bucket record), or "" when it can.
   std::string ValuesFromPlaceProblem(uint64_t offset, uint64_t from) const;
