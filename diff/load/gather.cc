@@ -324,6 +324,7 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   // frame is read and decoded in one pass.
   const bool copies = replicas && set.world() > 1 && frame_budget_ > 0;
   uint64_t content = 0;
+  bool by_reference = false;  // content is ReferenceKey's (the frame parsed as a reference already)
   if (copies) {
     if (Status st = (*reader)->ReadStoredAt(f.offset, &stored); !st.ok()) {
       return Status::Corruption(NameFile(path, st.message()));
@@ -335,6 +336,7 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     if (references_ && frame_io::FrameHeader::Decode(stored.header).raw_len <= kReferenceParseLimit &&
         (*reader)->ParseStored(stored, &reference_).ok() && reference_.values_from() != 0) {
       content = ReferenceKey(set, reference_);
+      by_reference = true;
     }
     for (auto [c, end] = by_content_.equal_range(content); c != end; ++c) {
       Kept& k = *c->second;
@@ -372,7 +374,7 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
     k.bytes = bytes;
     by_position_.emplace(at, &k);
     if (copies) {  // found by its bytes too, or a reference by what it names
-      if (k.frame->record().values_from() != 0 && (*reader)->ParseStored(stored, &reference_).ok()) {
+      if (!by_reference && k.frame->record().values_from() != 0 && (*reader)->ParseStored(stored, &reference_).ok()) {
         references_ = true;
         content = ReferenceKey(set, reference_);
       }
