@@ -64,6 +64,28 @@ void ExpectSameReports(const std::string& a, const std::string& b, DiffOptions o
   EXPECT_EQ(streamed, Diff(a, b, false, o));
 }
 
+// `text` with every `from` replaced by `to` (a report of one synth directory read as another's).
+std::string Replaced(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+  return text;
+}
+
+// A's one rank against B's `ranks` replicas that agree, each parameter streamed and counted as the replica merge
+// counts them.
+void ExpectStreamedReplicas(const std::string& a, const std::string& b, int ranks) {
+  std::vector<StreamedParam> out;
+  Alignment al;
+  ASSERT_TRUE(Streams(a, b, pb::FINAL, &out, &al));
+  ASSERT_FALSE(out.empty());
+  for (const StreamedParam& p : out) {
+    EXPECT_EQ(p.a.ranks, 1);
+    EXPECT_EQ(p.b.ranks, ranks);
+    EXPECT_EQ(p.b.replica_rank, 0);
+    EXPECT_EQ(p.b.replica_rel(), 0);
+    EXPECT_EQ(p.b.covered, p.b.numel);
+  }
+}
+
 // One rank against three replicas, every frame the same bytes on each rank: streamed, with the whole path's
 // report; the replicas are counted as the replica merge counts them.
 TEST(StreamCompare, ReplicasThatAgreeAreStreamed) {
@@ -71,17 +93,7 @@ TEST(StreamCompare, ReplicasThatAgreeAreStreamed) {
   testing::SynthSpec spec = Config(3, 1, 0, "mean", "local-mean");
   spec.extra_factor["layers.0.mlp.fc1.weight"] = 4;
   const std::string b = Synth("stream-dp3", spec);
-  std::vector<StreamedParam> out;
-  Alignment al;
-  ASSERT_TRUE(Streams(a, b, pb::FINAL, &out, &al));
-  ASSERT_FALSE(out.empty());
-  for (const StreamedParam& p : out) {
-    EXPECT_EQ(p.a.ranks, 1);
-    EXPECT_EQ(p.b.ranks, 3);
-    EXPECT_EQ(p.b.replica_rank, 0);
-    EXPECT_EQ(p.b.replica_rel(), 0);
-    EXPECT_EQ(p.b.covered, p.b.numel);
-  }
+  ExpectStreamedReplicas(a, b, 3);
   ExpectSameReports(a, b);
   auto r = RunDiff(a, b, {});
   ASSERT_TRUE(r.ok());
@@ -193,11 +205,7 @@ TEST(StreamCompare, ReferencesToDifferentValuesAreNotCopies) {
   ExpectSameReports(a, refs);
   // Reassembled (the path that finds copies by their bytes, ReaderCache) and streamed, with and without bucket
   // views: every parameter's answer and note, and every finding, as when the values are written in full.
-  auto same_dir = [](std::string text) {
-    for (size_t at; (at = text.find("stream-final-refs")) != std::string::npos;)
-      text.replace(at, 17, "stream-final-full");
-    return text;
-  };
+  auto same_dir = [](const std::string& text) { return Replaced(text, "stream-final-refs", "stream-final-full"); };
   for (bool stream : {false, true}) {
     for (bool views : {false, true}) {
       SCOPED_TRACE(std::string(stream ? "streamed" : "reassembled") + (views ? ", bucket views" : ""));
@@ -249,24 +257,12 @@ TEST(StreamCompare, ReplicasReferencesToTheirOwnOffsetsAreCopies) {
   ASSERT_FALSE(from[0].empty());
   EXPECT_NE(from[0], from[1]);
   EXPECT_NE(from[0], from[2]);
-  std::vector<StreamedParam> out;
-  Alignment al;
-  ASSERT_TRUE(Streams(a, refs, pb::FINAL, &out, &al));
-  ASSERT_FALSE(out.empty());
-  for (const StreamedParam& p : out) {
-    EXPECT_EQ(p.b.ranks, 3);
-    EXPECT_EQ(p.b.replica_rel(), 0);
-  }
-  auto same_dir = [](std::string text) {
-    for (size_t at; (at = text.find("stream-post-refs")) != std::string::npos;)
-      text.replace(at, 16, "stream-post-full");
-    return text;
-  };
+  ExpectStreamedReplicas(a, refs, 3);
   for (bool stream : {true, false}) {
     SCOPED_TRACE(stream ? "streamed" : "reassembled");
     const std::string r = Diff(a, refs, stream), f = Diff(a, full, stream);
     EXPECT_FALSE(f.empty());
-    EXPECT_EQ(same_dir(r), f);
+    EXPECT_EQ(Replaced(r, "stream-post-refs", "stream-post-full"), f);
   }
 }
 
