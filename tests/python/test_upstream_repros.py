@@ -10,6 +10,7 @@ gradient accumulation the optimizer receives exactly the gradient of the mean lo
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -25,12 +26,22 @@ LINE_7749 = re.compile(r"^ZeRO-(\d) gas=(\d+) returns (logits|loss|dict)\s+(back
                        r"grad = ([0-9.]+) x the all-micro-step gradient, residual ([0-9.]+)$")
 
 
+# torch's gloo worker thread freeing a finished collective's Python-owned tensors while a rank's interpreter
+# finalizes: std::terminate in that rank, SIGABRT, after every line was printed (README "Exit aborts").
+TEARDOWN_ABORT = re.compile(r"terminate called without an active exception\n(?:.*\n)*?.*ProcessExitedException: "
+                            r"process \d+ terminated with signal SIGABRT\s*$")
+
+
 def _run(script, args, home):
-    """The lines script prints with args, run as a maintainer would: a fresh isolated interpreter, no gradtrace."""
+    """The lines script prints with args, run as a maintainer would: a fresh isolated interpreter, no gradtrace.
+    Exit 0, or the documented teardown abort (a warning; the callers still require every line)."""
     env = {"PATH": "/usr/bin:/bin", "DS_ACCELERATOR": "cpu", "HOME": str(home), "PYTHONNOUSERSITE": "1"}
     p = subprocess.run([sys.executable, "-I", str(UPSTREAM / script), *map(str, args)], env=env,
                        capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    if p.returncode == 1 and TEARDOWN_ABORT.search(p.stderr):
+        warnings.warn(f"{script} {args}: a rank aborted at interpreter teardown (gloo; README 'Exit aborts')")
+    else:
+        assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout.splitlines()
 
 
