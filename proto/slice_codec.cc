@@ -10,12 +10,9 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "moments.h"
 #include "sketch.h"
+#include "unshuffle.h"
 
 namespace gradtrace {
 
@@ -230,35 +227,6 @@ void PutWidened(pb::DType dtype, const uint8_t* p, size_t n, size_t first, size_
   }
 }
 
-// Shuffled fp32 into floats, 16 elements at a time: the four byte planes interleaved by SSE2 unpacks (every
-// x86-64 has them), the same bits as PutElements' loop in less time (a streamed diff spent 10 % of its CPU
-// there). Returns how many leading elements it did; PutElements does the rest.
-template <bool kAdd>
-size_t PutShuffledFloats(const uint8_t* data, size_t n, size_t first, size_t count, float* out) {
-  size_t i = 0;
-#if defined(__SSE2__)
-  const uint8_t* p = data + first;
-  for (; i + 16 <= count; i += 16) {
-    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + n + i));
-    const __m128i b2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * n + i));
-    const __m128i b3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * n + i));
-    const __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1);
-    const __m128i lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
-    const __m128i e[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
-                          _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
-    for (int k = 0; k < 4; ++k) {
-      __m128 v = _mm_castsi128_ps(e[k]);
-      if constexpr (kAdd) v = _mm_add_ps(_mm_loadu_ps(out + i + 4 * k), v);
-      _mm_storeu_ps(out + i + 4 * k, v);
-    }
-  }
-#else
-  (void)data, (void)n, (void)first, (void)count, (void)out;
-#endif
-  return i;
-}
-
 template <bool kAdd, typename T>
 Status FullValueRange(const pb::Slice& slice, std::string_view data, int64_t first, int64_t count, T* out) {
   static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
@@ -275,7 +243,7 @@ Status FullValueRange(const pb::Slice& slice, std::string_view data, int64_t fir
   switch (slice.dtype()) {
     case pb::FP32: {
       size_t done = 0;
-      if constexpr (std::is_same_v<T, float>) done = sh ? PutShuffledFloats<kAdd>(p, n, f, c, out) : 0;
+      if constexpr (std::is_same_v<T, float>) done = sh ? UnshuffleFloats(p, n, f, c, out, kAdd) : 0;
       PutElements<kAdd, 4, uint32_t>(
           p, n, f + done, c - done, sh, [](uint32_t b) { return static_cast<double>(std::bit_cast<float>(b)); },
           out + done);
