@@ -50,6 +50,11 @@ class RecordView {
   std::string target_payload_;
   std::string target_skeleton_;
   pb::BucketRecord target_record_;
+  // The frame payload_ holds when it is not a reference and was laid out as a writer lays it out: its reader
+  // (TraceReader's serial; 0: none) and offset. A reference read next into this view that names it takes its
+  // values from here instead of decoding that frame again (TraceReader::ReadView).
+  uint64_t frame_reader_ = 0;
+  uint64_t frame_offset_ = 0;
 };
 
 }  // namespace gradtrace

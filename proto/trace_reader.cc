@@ -418,11 +418,71 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
       data->size() != static_cast<size_t>(target->slices_size())) {
     return Status::Corruption(where + "not a bucket record as a writer lays it out");
   }
-  if (const std::string why = ValuesFromMismatch(ref, ref_data, *target); !why.empty()) {
+  return CheckValuesFrom(where, ref, ref_data, *target, data);
+}
+
+Status TraceReader::CheckValuesFrom(const std::string& where, const pb::BucketRecord& ref,
+                                    const std::vector<std::string_view>* ref_data, const pb::BucketRecord& target,
+                                    const std::vector<std::string_view>* data) const {
+  if (const std::string why = ValuesFromMismatch(ref, ref_data, target); !why.empty()) {
     return Status::Corruption(where + why);
   }
-  if (Status s = ValidateBucketRecord(run_, *target, data); !s.ok()) return Status::Corruption(where + s.message());
+  if (Status s = ValidateBucketRecord(run_, target, data); !s.ok()) return Status::Corruption(where + s.message());
   return Status::Ok();
+}
+
+bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st) {
+  const uint64_t from = out->frame_offset_;
+  // Only a small bucket record frame can be a reference (one short entry per slice): the header first, so that a
+  // frame of values is not read twice.
+  uint8_t hb[format::kFrameHeaderSize];
+  if (offset > end_of_frames_ || end_of_frames_ - offset < sizeof hb ||
+      pread(fileno(file_), hb, sizeof hb, static_cast<off_t>(base_ + offset)) != static_cast<ssize_t>(sizeof hb)) {
+    return false;
+  }
+  const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
+  if (h.type != kBucketRecord || h.raw_len > kReferenceOntoLimit) return false;
+  thread_local StoredFrame stored;
+  thread_local std::string payload, skeleton;
+  thread_local pb::BucketRecord ref;
+  thread_local std::vector<std::string_view> ref_data;
+  const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
+  ref.Clear();
+  if (!ReadStoredAt(offset, &stored).ok() || !DecodeBytes(offset, stored.header, stored.bytes, true, &payload).ok() ||
+      !SplitFullData(payload, &skeleton, &ref_data) || !ParseBounded(skeleton, limits, &ref).ok() ||
+      ref_data.size() != static_cast<size_t>(ref.slices_size()) || ref.values_from() != from) {
+    return false;  // any failure is the usual way's to report
+  }
+  // The view's frame becomes the target: its buffers move, and its bytes are viewed again where they now are.
+  out->payload_.swap(out->target_payload_);
+  out->skeleton_.swap(out->target_skeleton_);
+  out->record_.Swap(&out->target_record_);
+  out->frame_reader_ = 0;
+  std::vector<std::string_view> data;
+  const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
+  if (const std::string why = ValuesFromPlaceProblem(offset, from); !why.empty()) {
+    *st = Status::Corruption(where + why);
+    return true;
+  }
+  if (!SplitFullData(out->target_payload_, &out->target_skeleton_, &data) ||
+      data.size() != static_cast<size_t>(out->target_record_.slices_size())) {
+    *st = Status::Corruption(where + "not a bucket record as a writer lays it out");
+    return true;
+  }
+  if (*st = CheckValuesFrom(where, ref, &ref_data, out->target_record_, &data); !st->ok()) return true;
+  out->payload_.assign(payload);
+  out->skeleton_.assign(skeleton);
+  out->record_.Swap(&ref);
+  out->data_.swap(data);
+  for (int i = 0; i < out->record_.slices_size(); ++i) {
+    out->record_.mutable_slices(i)->mutable_full()->set_shuffled(out->target_record_.slices(i).full().shuffled());
+  }
+  if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
+    *st = Status::Corruption(Where(offset) + s.message());
+    return true;
+  }
+  *st = Status::Ok();
+  return true;
 }
 
 std::string TraceReader::ValuesFromPlaceProblem(uint64_t offset, uint64_t from) const {
@@ -603,6 +663,7 @@ Status TraceReader::DecodeStoredView(StoredFrame& stored, RecordView* out) { ret
 
 Status TraceReader::DecodeView(StoredFrame& stored, RecordView* out, bool keep_target) {
   const uint64_t offset = stored.offset;
+  out->frame_reader_ = 0;
   GT_RETURN_IF_ERROR(DecodeBytes(offset, stored.header, stored.bytes, true, &out->payload_));
   if (frame_io::FrameHeader::Decode(stored.header).type != kBucketRecord) {
     return Status::InvalidArgument(Where(offset) + "not a bucket record frame");
@@ -613,6 +674,7 @@ Status TraceReader::DecodeView(StoredFrame& stored, RecordView* out, bool keep_t
 Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target) {
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
   out->record_.Clear();
+  out->frame_reader_ = 0;
   // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
   // shape SplitFullData takes, the payload is parsed whole: protobuf's results and messages.
   const bool split = SplitFullData(out->payload_, &out->skeleton_, &out->data_) &&
@@ -636,6 +698,7 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target
   if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
     return Status::Corruption(Where(offset) + s.message());
   }
+  if (split && out->record_.values_from() == 0) out->frame_reader_ = serial_, out->frame_offset_ = offset;
   return Status::Ok();
 }
 
@@ -643,6 +706,11 @@ Status TraceReader::ReadView(uint64_t offset, RecordView* out, StoredFrame* keep
   GT_RETURN_IF_ERROR(CheckDataOffset(offset));
   // A caller keeping the stored bytes compares copies with them (SameRecord): a reference's target's are kept too.
   const bool keep_target = keep != nullptr;
+  if (!keep_target && out->frame_reader_ == serial_ && out->frame_offset_ < offset) {
+    Status st;
+    if (ReadReferenceOnto(offset, out, &st)) return st;
+  }
+  out->frame_reader_ = 0;  // its payload is overwritten from here on
   if (ReadViewPieces(offset, out, keep)) return ParseView(offset, out, keep_target);
   thread_local StoredFrame scratch;
   StoredFrame& stored = keep != nullptr ? *keep : scratch;

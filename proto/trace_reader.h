@@ -158,6 +158,15 @@ class TraceReader {
   Status DecodeRaw(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, RawFrame* out);
   Status DecodeBytes(uint64_t offset, const uint8_t* hb, std::string& stored, bool keep_stored, std::string* payload);
   Status ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame);
+  // ReadView for a reference naming the frame `out` holds (a bucket's POST naming its PRE, read one after the
+  // other into one view): that frame becomes its target where it is, not decoded again. False: not such a
+  // reference (out unchanged; ReadView reads the frame as any); true: *st is the read's result.
+  bool ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st);
+  static constexpr uint32_t kReferenceOntoLimit = uint32_t{1} << 20;  // raw bytes of a frame that may be one
+  // What ReadValuesFrom checks of a decoded target (`where` names the reference and its values_from).
+  Status CheckValuesFrom(const std::string& where, const pb::BucketRecord& ref,
+                         const std::vector<std::string_view>* ref_data, const pb::BucketRecord& target,
+                         const std::vector<std::string_view>* data) const;
   // ReadView's pass; false: take the two-step way (nothing is reported from here).
   bool ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* keep);
   // Its pass for a frame that must end by `limit`, decompressed into *payload.

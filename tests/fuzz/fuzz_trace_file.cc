@@ -6,10 +6,12 @@
 // that a record the reader returns decodes, and decodes the same viewed
 // (DecodeStoredView, record_view.h: the streamed diff's decode), and that
 // ReadView (its one-pass read) answers at every frame and indexed offset
-// exactly what the two-step read answers, and that the replica check
+// exactly what the two-step read answers (into a fresh view and into one that
+// holds the frame read before), and that the replica check
 // (SameRecord) takes no frame for a copy that is not one.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "crc32c.h"
 #include "format.h"
@@ -48,9 +50,19 @@ void CheckView(TraceReader& r, const Frame& f) {
   }
 }
 
+void SameView(const char* what, const RecordView& got, const RecordView& expected) {
+  if (got.record().SerializeAsString() != expected.record().SerializeAsString()) {
+    fuzz::Fail(std::string(what) + ": another record");
+  }
+  for (int i = 0; i < got.record().slices_size(); ++i) {
+    if (got.data(i) != expected.data(i)) fuzz::Fail(std::string(what) + ": a slice holds other bytes");
+  }
+}
+
 // ReadView at `offset` against ReadStoredAt + DecodeStoredView: the same status, words included, and the same
-// record and bytes.
-void CheckReadView(TraceReader& r, uint64_t offset) {
+// record and bytes; likewise into `held`, the view every frame of the walk is read into (a reference naming the
+// frame it holds resolves onto it), but where the references' decode budget ran out.
+void CheckReadView(TraceReader& r, uint64_t offset, RecordView* held) {
   TraceReader::StoredFrame stored, kept;
   RecordView two, one;
   Status expected = r.ReadStoredAt(offset, &stored);
@@ -59,11 +71,15 @@ void CheckReadView(TraceReader& r, uint64_t offset) {
   if (got.code() != expected.code() || got.message() != expected.message()) {
     fuzz::Fail("ReadView answers '" + got.message() + "', the two-step read '" + expected.message() + "'");
   }
-  if (!got.ok()) return;
-  if (one.record().SerializeAsString() != two.record().SerializeAsString()) fuzz::Fail("ReadView: another record");
-  for (int i = 0; i < one.record().slices_size(); ++i) {
-    if (one.data(i) != two.data(i)) fuzz::Fail("ReadView: a slice holds other bytes");
+  const Status onto = r.ReadView(offset, held);
+  if (expected.code() != Status::Code::kLimitExceeded &&
+      (onto.code() != expected.code() || onto.message() != expected.message())) {
+    fuzz::Fail("ReadView into a held view answers '" + onto.message() + "', the two-step read '" + expected.message() +
+               "'");
   }
+  if (!got.ok()) return;
+  SameView("ReadView", one, two);
+  if (onto.ok()) SameView("ReadView into a held view", *held, two);
   if (!kept.SameBytes(stored)) fuzz::Fail("ReadView kept other stored bytes");
 }
 
@@ -105,6 +121,7 @@ void ReadAndVerify(fuzz::MemFile* file) {
     Frame f;
     uint64_t last = 0;
     Neighbours neighbours;
+    RecordView held;
     while (r.Next(&f)) {
       if (f.offset < last) fuzz::Fail("frames returned out of order");
       last = f.offset;
@@ -113,7 +130,7 @@ void ReadAndVerify(fuzz::MemFile* file) {
         CheckView(r, f);
         neighbours.Check(r, f.offset);
       }
-      CheckReadView(r, f.offset);
+      CheckReadView(r, f.offset, &held);
     }
     fuzz::CheckErrorLine(r.status(), file->path());
     fuzz::CheckErrorLine(r.index_status(), file->path());
@@ -121,7 +138,7 @@ void ReadAndVerify(fuzz::MemFile* file) {
       for (const pb::IndexEntry& e : r.index().entries()) {
         Status s = r.ReadAt(e.offset(), &f);
         fuzz::CheckErrorLine(s, file->path());
-        CheckReadView(r, e.offset());
+        CheckReadView(r, e.offset(), &held);
         if (s.ok() && f.bucket) CheckRecord(r.run_info(), *f.bucket);
       }
     }

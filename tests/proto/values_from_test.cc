@@ -6,6 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "slice_codec.h"
 #include "test_util.h"
 #include "trace_reader.h"
@@ -200,6 +204,14 @@ void ExpectRefused(const Crafted& c, uint64_t ref_offset, const std::string& why
   const Status v = (*r)->ReadView(ref_offset, &view);
   EXPECT_EQ(v.code(), Status::Code::kCorruption) << v.message();
   EXPECT_NE(v.message().find(why), std::string::npos) << v.message();
+  // Read into a view holding an earlier frame, the one it names among them: refused alike.
+  for (uint64_t held = 0; held < ref_offset; ++held) {
+    RecordView onto;
+    if (!(*r)->ReadView(held, &onto).ok()) continue;
+    const Status o = (*r)->ReadView(ref_offset, &onto);
+    EXPECT_EQ(o.code(), Status::Code::kCorruption) << "holding offset " << held << ": " << o.message();
+    EXPECT_NE(o.message().find(why), std::string::npos) << "holding offset " << held << ": " << o.message();
+  }
 }
 
 pb::BucketRecord RefTo(const pb::BucketRecord& target, uint64_t from) {
@@ -404,6 +416,82 @@ TEST(ValuesFrom, ReferencesAtOtherOffsetsAreCopiesWhenTheirTargetsAre) {
   RecordView view;
   EXPECT_EQ((*r)->ReadView(at, &view).code(), Status::Code::kCorruption);
   EXPECT_FALSE(TraceReader::SameRecord(*a.reader, a.ref, a.from, **r, late_ref));
+}
+
+}  // namespace
+}  // namespace gradtrace
+
+namespace gradtrace {
+namespace {
+
+// Whole records as ReadEveryPath serializes a view's.
+std::string Whole(const RecordView& view) {
+  pb::BucketRecord whole = view.record();
+  for (int i = 0; i < whole.slices_size(); ++i) {
+    if (whole.slices(i).has_full()) whole.mutable_slices(i)->mutable_full()->set_data(std::string(view.data(i)));
+  }
+  return whole.SerializeAsString();
+}
+
+// A bucket's POST naming its PRE, read one after the other into one view (the diff's evidence does): the PRE the
+// view holds is the target, not read and decoded again. Shown by spoiling the target on disk once it is held: the
+// view still resolves the reference to the values it read, a fresh view (or another reader) reads the spoilt bytes.
+TEST(ValuesFrom, AReferenceNamingTheFrameAViewHoldsTakesItsValuesThere) {
+  testing::TempDir dir;
+  const std::string path = dir.File("rank-00001.gtrace"), copy = dir.File("rank-00002.gtrace");
+  const pb::RunInfo run = LargeRun();
+  std::vector<WrittenFrame> written;
+  {
+    auto w = TraceWriter::Open(path, run);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->WriteBucket(LargeRecord(run), &written).ok());
+    ASSERT_GE(written.size(), 3u);
+    ASSERT_TRUE((*w)->WriteBucketValuesOf(Meta(0, 0, pb::POST_REDUCE, 1), written).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  testing::WriteBytes(copy, testing::ReadBytes(path));
+  std::vector<std::pair<uint64_t, uint64_t>> refs;  // (reference, target)
+  std::map<uint64_t, std::string> expected;         // reference -> its record, read by a fresh view
+  auto r = TraceReader::Open(path);
+  auto other = TraceReader::Open(copy);
+  ASSERT_TRUE(r.ok() && other.ok());
+  Frame f;
+  while ((*r)->Next(&f)) {
+    if (f.bucket && f.bucket->values_from() != 0) refs.emplace_back(f.offset, f.bucket->values_from());
+  }
+  ASSERT_EQ(refs.size(), written.size());
+  for (auto [ref, target] : refs) {
+    RecordView fresh;
+    ASSERT_TRUE((*r)->ReadView(ref, &fresh).ok());
+    expected[ref] = Whole(fresh);
+  }
+  // Held frames that are not what the reference names: read as any reference.
+  RecordView view;
+  ASSERT_TRUE((*r)->ReadView(refs[1].second, &view).ok());
+  ASSERT_TRUE((*r)->ReadView(refs[0].first, &view).ok());
+  EXPECT_EQ(Whole(view), expected[refs[0].first]);
+
+  // Every target held, then spoilt in both files, then its reference read into the view holding it.
+  std::string bytes = testing::ReadBytes(path);
+  std::vector<RecordView> held(refs.size()), other_held(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    ASSERT_TRUE((*r)->ReadView(refs[i].second, &held[i]).ok());
+    ASSERT_TRUE((*r)->ReadView(refs[i].second, &other_held[i]).ok());
+    bytes[refs[i].second + format::kFrameHeaderSize + 100] ^= 0x5a;
+  }
+  testing::WriteBytes(path, bytes);
+  testing::WriteBytes(copy, bytes);
+  for (size_t i = 0; i < refs.size(); ++i) {
+    SCOPED_TRACE("reference at " + std::to_string(refs[i].first));
+    const Status st = (*r)->ReadView(refs[i].first, &held[i]);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(Whole(held[i]), expected[refs[i].first]);
+    EXPECT_EQ(held[i].record().values_from(), refs[i].second);
+    RecordView fresh;
+    EXPECT_EQ((*r)->ReadView(refs[i].first, &fresh).code(), Status::Code::kCorruption);
+    // The same frame held by this reader is not the other reader's: it reads its own (spoilt) target.
+    EXPECT_EQ((*other)->ReadView(refs[i].first, &other_held[i]).code(), Status::Code::kCorruption);
+  }
 }
 
 }  // namespace
