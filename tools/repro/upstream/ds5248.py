@@ -44,7 +44,7 @@ def rank(r):
             factor = (deepspeed.utils.safe_get_full_grad(p) * q.grad).sum() / (q.grad * q.grad).sum()
             if r == 0:
                 print(f"ZeRO-{STAGE} sp={SP} {name:20s} {pn:8s} grad = {factor:.4f} x full-sequence")
-    torch.distributed.destroy_process_group()  # as torch asks; rarely not enough (README: Exit aborts)
+    torch.distributed.destroy_process_group()  # as torch asks; not always enough (README: Exit aborts)
 
 if __name__ == "__main__":
     mp.spawn(rank, nprocs=SP)

@@ -46,7 +46,7 @@ def rank(r):
               f"residual {(got - factor * right).norm() / got.norm():.4f}")
         for k, w in enumerate(weights):
             print(f"ZeRO-{STAGE} gas={GAS} micro-step {k} weight = {round(float(w), 4) + 0.0:.4f}")  # no -0.0000
-    torch.distributed.destroy_process_group()  # as torch asks; rarely not enough (README: Exit aborts)
+    torch.distributed.destroy_process_group()  # as torch asks; not always enough (README: Exit aborts)
 
 if __name__ == "__main__":
     mp.spawn(rank, nprocs=WORLD)

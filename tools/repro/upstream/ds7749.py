@@ -52,7 +52,7 @@ def rank(r):
             if r == 0:
                 print(f"ZeRO-{STAGE} gas={GAS} returns {out:6s} {name:42s} grad = {factor:.4f} x the all-micro-step "
                       f"gradient, residual {(got - factor * right).norm() / got.norm():.4f}")
-    torch.distributed.destroy_process_group()  # as torch asks; rarely not enough (README: Exit aborts)
+    torch.distributed.destroy_process_group()  # as torch asks; not always enough (README: Exit aborts)
 
 if __name__ == "__main__":
     mp.spawn(rank, nprocs=WORLD)
