@@ -371,6 +371,29 @@ Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame)
   }
 }
 
+namespace {
+
+// `payload` as a writer lays a bucket record out (record_view.h): split, its skeleton parsed into *record within the
+// bucket record limits, one data view per slice. False: not that shape (outputs unusable).
+bool ParseSplit(const std::string& payload, std::string* skeleton, pb::BucketRecord* record,
+                std::vector<std::string_view>* data) {
+  record->Clear();
+  return SplitFullData(payload, skeleton, data) &&
+         ParseBounded(*skeleton, ParseLimitsFor(format::FrameType::kBucketRecord), record).ok() &&
+         data->size() == static_cast<size_t>(record->slices_size());
+}
+
+// A resolved reference's slices take the bytes `data` views in its target and the target's shuffle flags.
+void TakeTargetValues(const pb::BucketRecord& target, std::vector<std::string_view>* data, pb::BucketRecord* record,
+                      std::vector<std::string_view>* record_data) {
+  record_data->swap(*data);
+  for (int i = 0; i < record->slices_size(); ++i) {
+    record->mutable_slices(i)->mutable_full()->set_shuffled(target.slices(i).full().shuffled());
+  }
+}
+
+}  // namespace
+
 Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
                                    const std::vector<std::string_view>* ref_data, std::string* payload,
                                    std::string* skeleton, pb::BucketRecord* target, std::vector<std::string_view>* data,
@@ -412,11 +435,8 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
       return Status::Corruption(where + s.message());
     }
   }
-  const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
-  target->Clear();
   // Only the writer's shape (record_view.h): references are new in 1.6, and only a writer makes them.
-  if (!SplitFullData(*payload, skeleton, data) || !ParseBounded(*skeleton, limits, target).ok() ||
-      data->size() != static_cast<size_t>(target->slices_size())) {
+  if (!ParseSplit(*payload, skeleton, target, data)) {
     return Status::Corruption(where + "not a bucket record as a writer lays it out");
   }
   return CheckValuesFrom(where, ref, ref_data, *target, data);
@@ -447,12 +467,14 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
   thread_local std::string payload, skeleton;
   thread_local pb::BucketRecord ref;
   thread_local std::vector<std::string_view> ref_data;
-  const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
-  ref.Clear();
   if (!ReadStoredAt(offset, &stored).ok() || !DecodeBytes(offset, stored.header, stored.bytes, true, &payload).ok() ||
-      !SplitFullData(payload, &skeleton, &ref_data) || !ParseBounded(skeleton, limits, &ref).ok() ||
-      ref_data.size() != static_cast<size_t>(ref.slices_size()) || ref.values_from() != from) {
+      !ParseSplit(payload, &skeleton, &ref, &ref_data) || ref.values_from() != from) {
     return false;  // any failure is the usual way's to report
+  }
+  const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
+  if (const std::string why = ValuesFromPlaceProblem(offset, from); !why.empty()) {
+    *st = Status::Corruption(where + why);
+    return true;
   }
   // The view's frame becomes the target: its buffers move, and its bytes are viewed again where they now are.
   out->payload_.swap(out->target_payload_);
@@ -460,11 +482,6 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
   out->record_.Swap(&out->target_record_);
   out->frame_reader_ = 0;
   std::vector<std::string_view> data;
-  const std::string where = Where(offset) + "values_from " + std::to_string(from) + ": ";
-  if (const std::string why = ValuesFromPlaceProblem(offset, from); !why.empty()) {
-    *st = Status::Corruption(where + why);
-    return true;
-  }
   if (!SplitFullData(out->target_payload_, &out->target_skeleton_, &data) ||
       data.size() != static_cast<size_t>(out->target_record_.slices_size())) {
     *st = Status::Corruption(where + "not a bucket record as a writer lays it out");
@@ -474,10 +491,7 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
   out->payload_.assign(payload);
   out->skeleton_.assign(skeleton);
   out->record_.Swap(&ref);
-  out->data_.swap(data);
-  for (int i = 0; i < out->record_.slices_size(); ++i) {
-    out->record_.mutable_slices(i)->mutable_full()->set_shuffled(out->target_record_.slices(i).full().shuffled());
-  }
+  TakeTargetValues(out->target_record_, &data, &out->record_, &out->data_);
   if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
     *st = Status::Corruption(Where(offset) + s.message());
     return true;
@@ -674,13 +688,10 @@ Status TraceReader::DecodeView(StoredFrame& stored, RecordView* out, bool keep_t
 
 Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target) {
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
-  out->record_.Clear();
   out->frame_reader_ = 0;
   // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
   // shape SplitFullData takes, the payload is parsed whole: protobuf's results and messages.
-  const bool split = SplitFullData(out->payload_, &out->skeleton_, &out->data_) &&
-                     ParseBounded(out->skeleton_, limits, &out->record_).ok() &&
-                     out->data_.size() == static_cast<size_t>(out->record_.slices_size());
+  const bool split = ParseSplit(out->payload_, &out->skeleton_, &out->record_, &out->data_);
   if (!split) {
     out->record_.Clear();
     if (Status s = ParseBounded(out->payload_, limits, &out->record_); !s.ok()) return At(Where(offset), s);
@@ -691,10 +702,7 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target
     std::vector<std::string_view> data;
     GT_RETURN_IF_ERROR(ReadValuesFrom(offset, out->record_, &out->data_, &out->target_payload_, &out->target_skeleton_,
                                       &out->target_record_, &data, keep_target));
-    out->data_.swap(data);
-    for (int i = 0; i < out->record_.slices_size(); ++i) {
-      out->record_.mutable_slices(i)->mutable_full()->set_shuffled(out->target_record_.slices(i).full().shuffled());
-    }
+    TakeTargetValues(out->target_record_, &data, &out->record_, &out->data_);
   }
   if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
     return Status::Corruption(Where(offset) + s.message());
@@ -778,8 +786,7 @@ bool TraceReader::ReadPieces(uint64_t offset, uint64_t limit, std::string* paylo
           ZSTD_getFrameContentSize(piece.data(), n) != static_cast<unsigned long long>(h.raw_len)) {
         return false;
       }
-      SizeBuffer(payload, h.raw_len);  // only now: its pages are mapped at once (SizeBuffer)
-      to = {payload->data(), payload->size(), 0};
+      to = {payload->data(), payload->size(), 0};  // sized for the block walk above
     }
     crc = crc32c::Extend(crc, piece.data(), n);
     if (keep != nullptr) std::memcpy(keep->bytes.data() + at, piece.data(), n);
