@@ -202,14 +202,19 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
   return out;
 }
 
-// The parameters of one bucket to measure: the kSampleParams smallest of at
-// least kSampleMinNumel elements held wholly by the PRE frame (~4 MB) that
-// holds the most parameters, so each member decompresses about one frame and
-// sums a few thousand elements; then, for each parameter kind the bucket holds
-// that is not among them, the parameter of that kind spread over the fewest
-// frames. Several parameters, so that one whose gradient is zero up to
-// rounding (its divisor is noise) does not move the median.
+// The parameters of one bucket to measure: the smallest of at least
+// kSampleMinNumel elements held wholly by the PRE frame (~4 MB) that holds the
+// most parameters, at most kSampleParams of them and, past the
+// kSampleMinParams-th, only while they hold kSampleElements together, so each
+// member decompresses about one frame and sums a few thousand elements (a
+// frame's one 512x512 weight among its biases was 99 % of the evidence's sums:
+// docs/performance.md); then, for each parameter kind the bucket holds that is
+// not among them, the parameter of that kind spread over the fewest frames.
+// Several parameters, so that one whose gradient is zero up to rounding (its
+// divisor is noise) does not move the median.
 constexpr size_t kSampleParams = 8;
+constexpr size_t kSampleMinParams = 3;
+constexpr int64_t kSampleElements = 16384;
 constexpr int64_t kSampleMinNumel = 64;
 
 std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const FrameRef*>& frames) {
@@ -232,7 +237,12 @@ std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const Fram
     const bool x_big = numel(x) >= kSampleMinNumel, y_big = numel(y) >= kSampleMinNumel;
     return x_big != y_big ? x_big : numel(x) < numel(y);  // large enough first, then the smallest
   });
-  if (by_size.size() > kSampleParams) by_size.resize(kSampleParams);
+  size_t keep = 0;
+  for (int64_t held = 0; keep < by_size.size() && keep < kSampleParams; ++keep) {
+    held += numel(by_size[keep]);
+    if (keep >= kSampleMinParams && held > kSampleElements) break;
+  }
+  by_size.resize(keep);
   sample = std::set<int32_t>(by_size.begin(), by_size.end());
   auto kind = [&](int32_t id) { return id >= 0 && id < set.run().params_size() ? set.run().params(id).kind() : 0; };
   std::map<int, int32_t> fewest;  // kind -> its parameter over the fewest frames
