@@ -4,8 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <mutex>
-#include <thread>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -140,9 +141,17 @@ Status CompareUnit(const Sources& s, const Unit& unit, int64_t window, ReaderCac
   return whole.empty() ? Status::Ok() : CompareWhole(s, whole, readers, out);
 }
 
-// Gathers and compares every aligned parameter of `al` (y against x), a unit at a time on all threads.
+// Work that reads frames of its own, done by the comparison's threads beside its units (ParallelForBlocks
+// weighs it with them) rather than by a thread of its own.
+struct AlsoWork {
+  int64_t weight = 0;  // as a unit's: elements compared
+  std::function<void()> run;
+};
+
+// Gathers and compares every aligned parameter of `al` (y against x), a unit at a time on all threads, and
+// runs `also` among the units.
 Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, const DiffOptions& options,
-                  Progress* progress, std::vector<Compared>* out) {
+                  Progress* progress, std::vector<Compared>* out, const std::vector<AlsoWork>& also = {}) {
   Selection sel{al.step, al.phase};
   const Sources sources{x, y, SelectFrames(x, sel), SelectFrames(y, sel), al, CombineFor(al.phase)};
   std::vector<Unit> units = MakeUnits(al, sources.frames_x, sources.frames_y, options.unit_elements);
@@ -175,10 +184,15 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
     cache.Plan(x, unit_x);
     cache.Plan(y, unit_y);
   }
+  for (const AlsoWork& w : also) weight.push_back(w.weight);
   ParallelForBlocks(weight, threads, [&](size_t u, int worker) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!first_error.ok()) return;
+    }
+    if (u >= units.size()) {
+      also[u - units.size()].run();
+      return;
     }
     caches[worker].BeginUnit(u);
     streams[worker].BeginUnit(u);
@@ -431,42 +445,51 @@ Expected<std::vector<RenameRule>> ParseRenameRules(const std::vector<std::string
   return rules;
 }
 
+// Each side's reduction evidence the diff measures (explain.h tells a loss multiplier from a divisor with it).
+// A sharded diff of FINAL measures each side's in one shard only, A's in shard 0 and B's in shard 1 % N, where the
+// merge takes it from (merge.cc): repeated in every shard it was most of a shard's fixed cost
+// (docs/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
+struct SideEvidence {
+  std::optional<EvidenceJob> a, b;
+  std::vector<EvidenceJob*> jobs() {
+    std::vector<EvidenceJob*> out;
+    for (auto* j : {&a, &b}) {
+      if (j->has_value()) out.push_back(&**j);
+    }
+    return out;
+  }
+};
+
+bool SummedPhase(const Alignment& al) { return al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE; }
+
+SideEvidence PlanEvidence(const TraceSet& a, const TraceSet& b, const Alignment& al, const DiffOptions& options) {
+  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
+  const bool summed = SummedPhase(al);
+  const bool split = !summed && options.shard.n > 1;
+  auto job = [&](const TraceSet& set) {
+    EvidenceJob j;
+    j.set = &set;
+    j.step = al.step;
+    j.count_accumulating = summed;
+    return j;
+  };
+  SideEvidence e;
+  if (!split || options.shard.k == 0) e.a = job(a);
+  if (!split || options.shard.k == EvidenceShardB(options.shard.n)) e.b = job(b);
+  return e;
+}
+
 // What the judge needs to know of each side besides its gradients at the compared step: who
-// produced it, what its own reductions show (explain.h tells a loss multiplier from a divisor with
-// it), its reported grad norm, loss and tokens, with the notes and truncations that go with them.
+// produced it, what its own reductions show (`evidence`, measured), its reported grad norm, loss and
+// tokens, with the notes and truncations that go with them.
 void DescribeSides(const TraceSet& a, const TraceSet& b, const Alignment& al, const DiffOptions& options,
-                   Comparison* c) {
+                   SideEvidence&& evidence, Comparison* c) {
   c->a = SideOf(a);
   c->b = SideOf(b);
   c->a.reported_grad_norm = ReportedGradNorm(a, al.step);
   c->b.reported_grad_norm = ReportedGradNorm(b, al.step);
-  // Buckets that accumulate across micro-steps matter only to --phase pre/post.
-  int accumulating_a = 0, accumulating_b = 0;
-  const bool summed = al.phase == pb::PRE_REDUCE || al.phase == pb::POST_REDUCE;
-  // A sharded diff of FINAL measures each side's evidence in one shard only, A's in shard 0 and B's in shard
-  // 1 % N, where the merge takes it from (merge.cc): repeated in every shard it was most of a shard's fixed cost
-  // (docs/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
-  const bool split = !summed && options.shard.n > 1;
-  const bool want_a = !split || options.shard.k == 0,
-             want_b = !split || options.shard.k == EvidenceShardB(options.shard.n);
-  // Each side's evidence is a sample of a few frames, mostly one thread's work: with two threads or more, A's
-  // and B's are measured at once (their results do not depend on threads).
-  const int threads = ResolveThreads(options.threads);
-  const bool both = want_a && want_b && threads > 1;
-  std::thread side_a;
-  auto measure_a = [&](int t) {
-    c->a.reductions = CollectReductionEvidence(a, al.step, t, summed ? &accumulating_a : nullptr);
-  };
-  if (both) {
-    side_a = std::thread(measure_a, threads / 2);
-  } else if (want_a) {
-    measure_a(options.threads);
-  }
-  if (want_b) {
-    c->b.reductions = CollectReductionEvidence(b, al.step, both ? threads - threads / 2 : options.threads,
-                                               summed ? &accumulating_b : nullptr);
-  }
-  if (side_a.joinable()) side_a.join();
+  if (evidence.a) c->a.reductions = std::move(evidence.a->reductions);
+  if (evidence.b) c->b.reductions = std::move(evidence.b->reductions);
   if (options.bucket_view) {
     c->a.bucket_view = SideBucketView(a, al.step, options.rtol, options.threads);
     c->b.bucket_view = SideBucketView(b, al.step, options.rtol, options.threads);
@@ -477,9 +500,9 @@ void DescribeSides(const TraceSet& a, const TraceSet& b, const Alignment& al, co
   for (const auto& [side, set] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
     for (const std::string& n : set->inferences()) c->notes.push_back(std::string(side) + ": " + n);
   }
-  if (summed) {
-    NoteAccumulation(accumulating_a, "A", &c->notes);
-    NoteAccumulation(accumulating_b, "B", &c->notes);
+  if (SummedPhase(al)) {
+    NoteAccumulation(evidence.a ? evidence.a->accumulating_params : 0, "A", &c->notes);
+    NoteAccumulation(evidence.b ? evidence.b->accumulating_params : 0, "B", &c->notes);
   }
   AddTruncations(a, &c->truncations);
   AddTruncations(b, &c->truncations);
@@ -509,24 +532,12 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   if (options.rtol) noise = nullptr;  // --rtol overrides the measured tolerance
 
   Comparison c, sides;
-  // What the judge needs of each side (DescribeSides: its reductions' evidence is a sample of a few frames) is
-  // measured while the gradients are compared, in a thread of its own: measured first, in two threads (A's, B's),
-  // it left a core idle for part of its time. The comparison does not read it; its results do not depend on threads.
-  // Bucket views are a pass over every PRE and POST frame: with them it is measured first, on every thread.
-  std::thread describe;
-  struct JoinAtExit {
-    std::thread& t;
-    ~JoinAtExit() {
-      if (t.joinable()) t.join();
-    }
-  } join_describe{describe};
-  if (ResolveThreads(options.threads) > 1 && !options.bucket_view) {
-    DiffOptions one = options;
-    one.threads = 1;
-    describe = std::thread([&a, &b, &al, one, &sides] { DescribeSides(a, b, al, one, &sides); });
-  } else {
-    DescribeSides(a, b, al, options, &sides);
-  }
+  // Each side's evidence is measured by the comparison's threads among its units: in a thread of its own, beside
+  // the two workers on two cores, it slowed their first frames (the 1-rank bench diff 10 ms of wall, 14 ms of CPU
+  // more: docs/performance.md); measured first on every thread, it left a core idle for part of its time.
+  SideEvidence evidence = PlanEvidence(a, b, al, options);
+  std::vector<AlsoWork> also;
+  for (EvidenceJob* j : evidence.jobs()) also.push_back({j->Weight(), [j] { j->Run(); }});
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.rtol = options.rtol;
@@ -544,10 +555,10 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   uint64_t bytes = a.total_bytes() + b.total_bytes();
   Progress progress("gradtrace-diff: comparing", options.progress && Progress::Wanted(bytes));
   std::vector<Compared> compared;
-  GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared));
+  GT_RETURN_IF_ERROR(CompareAll(a, b, part, options, &progress, &compared, also));
   std::unordered_map<std::string, double> noise_by_name;
   if (noise != nullptr) GT_RETURN_IF_ERROR(MeasureNoise(a, *noise, *rules, options, part, &noise_by_name));
-  if (describe.joinable()) describe.join();
+  DescribeSides(a, b, al, options, std::move(evidence), &sides);
   c.a = std::move(sides.a);
   c.b = std::move(sides.b);
   c.notes = std::move(sides.notes);

@@ -47,6 +47,14 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   return out;
 }
 
+void EvidenceJob::Run() {
+  reductions = CollectReductionEvidence(*set, step, 1, count_accumulating ? &accumulating_params : nullptr);
+}
+
+int64_t EvidenceJob::Weight() const {
+  return HasReductionsAt(*set, step) ? static_cast<int64_t>(SampledBytes(*set, step) / 8) : 0;
+}
+
 std::vector<BucketCell> SideBucketView(const TraceSet& set, int64_t step, std::optional<double> rtol, int threads) {
   if (!HasReductionsAt(set, step)) return {};
   SelfOptions options;

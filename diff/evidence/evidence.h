@@ -24,6 +24,21 @@ namespace gradtrace::diff {
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params);
 
+// One side's CollectReductionEvidence on one thread, run as a work item of the
+// diff's comparison (beside its two workers on two cores, a thread of its own
+// slowed their first frames).
+struct EvidenceJob {
+  const TraceSet* set = nullptr;
+  int64_t step = 0;
+  bool count_accumulating = false;            // CollectReductionEvidence's accumulating_params wanted
+  std::vector<ReductionEvidence> reductions;  // Run's results
+  int accumulating_params = 0;
+  void Run();
+  // Its share of work in a comparison's units (elements compared, each two 4-byte values read): the bytes its
+  // sample decompresses / 8. Counting accumulation reads more: the pool's stealing evens that out.
+  int64_t Weight() const;
+};
+
 // The per-rank x per-bucket view of `set` at `step` (TraceSide.bucket_view)
 // from a full --self pass, the cells `gradtrace-diff --self SET --step STEP
 // [--rtol X]` shows: every reduction, not the evidence's sample, so the diff

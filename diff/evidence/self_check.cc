@@ -864,6 +864,24 @@ void AddSelfNotes(const TraceSet& set, Report* report) {
 
 }  // namespace
 
+uint64_t SampledBytes(const TraceSet& set, int64_t step) {
+  Report unused;  // the catalogue's findings: SelfCheckSet reports them
+  StepReductions reductions = CollectReductions(set, step, &unused);
+  SampleReductions(set, &reductions);
+  const std::set<std::pair<int, int32_t>> none;
+  const ReductionPass pass{set, reductions, none};
+  std::set<const FrameRef*> read;
+  for (const auto& [key, reduction] : reductions.reductions) {
+    for (const auto& [member, frames] : CollectPreInputs(pass, key, reduction.sample).frames) {
+      read.insert(frames.begin(), frames.end());
+    }
+    read.insert(reduction.post.begin(), reduction.post.end());
+  }
+  uint64_t bytes = 0;
+  for (const FrameRef* f : read) bytes += f->raw_bytes;
+  return bytes;
+}
+
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
   Report report = SelfReport(set, options);
   const double rtol = report.tolerance.rtol;

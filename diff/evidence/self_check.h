@@ -43,6 +43,9 @@ struct SelfOptions {
 };
 
 Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options);
+// The decompressed bytes of the frames a sampled pass (SelfOptions.sample) at `step` reads, from the catalogue:
+// what its work is, for a scheduler to weigh it against other work.
+uint64_t SampledBytes(const TraceSet& set, int64_t step);
 Expected<Report> RunSelfCheck(const std::string& dir, const SelfOptions& options);
 
 // --self without --step: every step with PRE_REDUCE and POST_REDUCE records,

@@ -247,6 +247,20 @@ TEST(DiffEngine, ThreadsAndUnitSizeDoNotChangeResults) {
     EXPECT_EQ(x.params[i].name, y.params[i].name);
     EXPECT_DOUBLE_EQ(x.params[i].metrics.scale, y.params[i].metrics.scale);
   }
+  // Each side's evidence: measured inline on one thread, among the comparison's units on several.
+  for (auto [ex, ey] : {std::pair{&x.a.reductions, &y.a.reductions}, std::pair{&x.b.reductions, &y.b.reductions}}) {
+    ASSERT_EQ(ex->size(), ey->size());
+    for (size_t i = 0; i < ex->size(); ++i) {
+      EXPECT_EQ((*ex)[i].param_kind, (*ey)[i].param_kind);
+      EXPECT_EQ((*ex)[i].group_size, (*ey)[i].group_size);
+      EXPECT_DOUBLE_EQ((*ex)[i].measured, (*ey)[i].measured);
+    }
+  }
+  ASSERT_EQ(y.b.reductions.size(), 1u);
+  EXPECT_EQ(y.b.reductions[0].group_size, 4);          // dp 2 x sp 2
+  EXPECT_NEAR(y.b.reductions[0].measured, 2.0, 1e-4);  // ds-4530 divides by dp only
+  EXPECT_EQ(x.verdict, y.verdict);
+  EXPECT_EQ(x.summary, y.summary);
 }
 
 TEST(DiffEngine, StepSelection) {
