@@ -263,6 +263,23 @@ TEST(DiffEngine, ThreadsAndUnitSizeDoNotChangeResults) {
   EXPECT_EQ(x.summary, y.summary);
 }
 
+// A's and B's catalogues load at once on several threads; the error named is still A's when both fail, B's when
+// only B does, on any thread count.
+TEST(DiffEngine, LoadErrorsNameASetFirst) {
+  const std::string good = Synth("ref", Reference());
+  const std::string missing_a = good + "-no-a", missing_b = good + "-no-b";
+  for (int threads : {1, 2, 4}) {
+    DiffOptions o;
+    o.threads = threads;
+    auto both = RunDiff(missing_a, missing_b, o);
+    ASSERT_FALSE(both.ok());
+    EXPECT_EQ(both.status().message(), missing_a + ": no such directory") << threads;
+    auto only_b = RunDiff(good, missing_b, o);
+    ASSERT_FALSE(only_b.ok());
+    EXPECT_EQ(only_b.status().message(), missing_b + ": no such directory") << threads;
+  }
+}
+
 TEST(DiffEngine, StepSelection) {
   auto spec = Reference();
   spec.steps = 3;
