@@ -21,4 +21,9 @@ namespace gradtrace::capture {
 pb::Slice HostSlice(const pb::ParamInfo& param, int64_t offset, const at::Tensor& values, pb::DType dtype,
                     const CaptureMode& mode, const std::vector<int64_t>& positions);
 
+// How many intra-op threads HostSlice's block loop runs on (at most
+// at::get_num_threads()): more than one only where host_slice.cc is built with
+// OpenMP, as torch is (at::parallel_for is header code). A test holds it to that.
+int HostSliceThreads();
+
 }  // namespace gradtrace::capture
