@@ -264,6 +264,26 @@ TEST(SelfCheck, ExpertParallelByRecordedKind) {
   EXPECT_EQ(bad.summary.find('#'), std::string::npos) << bad.summary;
 }
 
+// The sampled pass (SelfOptions.sample) of `set`, each parameter it measured checked against the full pass: present
+// there, with the same divisor. `full_params`: how many parameters the full pass measured.
+std::vector<SelfParam> SampledMatchingFull(const TraceSet& set, size_t* full_params = nullptr) {
+  SelfOptions full, sampled;
+  sampled.sample = true;
+  auto all = SelfCheckSet(set, full), few = SelfCheckSet(set, sampled);
+  EXPECT_TRUE(all.ok() && few.ok());
+  if (!all.ok() || !few.ok()) return {};
+  for (const auto& p : few->self_params) {
+    auto same = std::find_if(all->self_params.begin(), all->self_params.end(),
+                             [&](const SelfParam& q) { return q.name == p.name; });
+    EXPECT_NE(same, all->self_params.end()) << p.name;
+    if (same != all->self_params.end()) {
+      EXPECT_NEAR(p.divisor, same->divisor, 1e-9 * same->divisor) << p.name;
+    }
+  }
+  if (full_params != nullptr) *full_params = all->self_params.size();
+  return few->self_params;
+}
+
 // The diff's evidence pass (SelfOptions.sample) measures a few parameters per bucket, read from about one
 // PRE frame per member: on buckets spanning several ~4 MB frames (each parameter 128x the default, all in
 // one bucket) it measures fewer parameters than --self, every one with --self's divisor, and each kind.
@@ -274,20 +294,13 @@ TEST(SelfCheck, SampledPassMeasuresFewParametersWithTheFullDivisors) {
   spec.run_id = "sampled";
   auto set = TraceSet::Load(Synth("sampled", spec));
   ASSERT_TRUE(set.ok()) << set.status().message();
-  SelfOptions full;
-  SelfOptions sampled;
-  sampled.sample = true;
-  auto all = SelfCheckSet(*set, full), few = SelfCheckSet(*set, sampled);
-  ASSERT_TRUE(all.ok() && few.ok());
-  ASSERT_EQ(all->self_params.size(), 14u);
-  EXPECT_LT(few->self_params.size(), all->self_params.size());
+  size_t full_params = 0;
+  const std::vector<SelfParam> few = SampledMatchingFull(*set, &full_params);
+  ASSERT_EQ(full_params, 14u);
+  EXPECT_LT(few.size(), full_params);
   std::set<std::string> kinds;
-  for (const auto& p : few->self_params) {
+  for (const auto& p : few) {
     kinds.insert(p.param_kind);
-    auto same = std::find_if(all->self_params.begin(), all->self_params.end(),
-                             [&](const SelfParam& q) { return q.name == p.name; });
-    ASSERT_NE(same, all->self_params.end()) << p.name;
-    EXPECT_NEAR(p.divisor, same->divisor, 1e-9 * same->divisor) << p.name;
     EXPECT_NEAR(p.divisor, p.param_kind == "expert" ? 2.0 : 4.0, 1e-4) << p.name;
   }
   EXPECT_EQ(kinds, (std::set<std::string>{"dense", "expert"}));
@@ -304,19 +317,9 @@ TEST(SelfCheck, SampledPassSumsTheSmallestParametersOfTheFrame) {
     spec.run_id = label;
     auto set = TraceSet::Load(Synth(label, spec));
     EXPECT_TRUE(set.ok()) << set.status().message();
-    SelfOptions full, sampled;
-    sampled.sample = true;
-    auto all = SelfCheckSet(*set, full), few = SelfCheckSet(*set, sampled);
-    EXPECT_TRUE(all.ok() && few.ok());
     std::set<std::string> names;
-    for (const auto& p : few->self_params) {
+    for (const auto& p : SampledMatchingFull(*set)) {
       names.insert(p.name);
-      auto same = std::find_if(all->self_params.begin(), all->self_params.end(),
-                               [&](const SelfParam& q) { return q.name == p.name; });
-      EXPECT_NE(same, all->self_params.end()) << p.name;
-      if (same != all->self_params.end()) {
-        EXPECT_NEAR(p.divisor, same->divisor, 1e-9 * same->divisor) << p.name;
-      }
       EXPECT_NEAR(p.divisor, 2.0, 1e-4) << p.name;
     }
     return names;
