@@ -348,6 +348,15 @@ std::optional<Finding> PipelineFinding(double scale, const SideFacts& a, const S
   return std::nullopt;
 }
 
+// B's recorded loss per data-parallel replica over A's, when both recorded one and it equals `scale`
+// (within 1e-3 relative).
+std::optional<double> LossRatio(const SideFacts& a, const SideFacts& b, double scale) {
+  if (a.loss_per_replica <= 0 || b.loss_per_replica <= 0) return std::nullopt;
+  const double ratio = b.loss_per_replica / a.loss_per_replica;
+  if (std::fabs(ratio - scale) > 1e-3 * scale) return std::nullopt;
+  return ratio;
+}
+
 }  // namespace
 
 Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b,
@@ -378,18 +387,24 @@ Finding ExplainFactor(double scale, const std::string& param_kind, const SideFac
     f = CauseFromCandidates(scale, param_kind, a, b, ctol);
     side = f.side == "A" ? &a : &b;
   }
+  // No layout degree fits, but the losses each side recorded differ by the factor: the loss passed to
+  // backward carries it (a sum over samples or tokens where the other side takes a mean, a hand-written scale).
+  const bool scaled_loss = f.cause == Cause::kUnexplained && !Near(scale, 1, ctol) && LossRatio(a, b, scale);
+  if (scaled_loss) {
+    f.cause = Cause::kLossMultiplier;
+    f.side = scale > 1 ? "B" : "A";
+    side = f.side == "A" ? &a : &b;
+  }
   f.param_kind = param_kind;
   f.predicted = predicted;
   f.prediction_differs = predicted && !Near(scale, *predicted, ctol);
   // A factor of an A-side atom means A carries the error (B/A = 1/x(A)): the finding in A's direction.
   f.factor = f.side == "A" ? 1 / scale : scale;
   Read(*side, used, &f);
+  if (scaled_loss) f.reading = Reading::kLossScaledOutsideLayout;
   // The recorded losses confirm a loss multiplier when their ratio is the factor (they never refute one:
   // a producer's loss values may be scaled for logging).
-  if (f.cause == Cause::kLossMultiplier && a.loss_per_replica > 0 && b.loss_per_replica > 0) {
-    const double ratio = b.loss_per_replica / a.loss_per_replica;
-    if (std::fabs(ratio - scale) <= 1e-3 * scale) f.loss_ratio = ratio;
-  }
+  if (f.cause == Cause::kLossMultiplier) f.loss_ratio = LossRatio(a, b, scale);
   return f;
 }
 

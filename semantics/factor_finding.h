@@ -61,6 +61,7 @@ enum class Reading {
   kLocalMeanOverShard,         // the same, in a framework whose history is not cited
   kLossTimesSplit,             // a loss multiplied by the split while the reduction is right
   kLossMultiplied,             // any other dimension (or a bare factor)
+  kLossScaledOutsideLayout,    // no layout degree fits, but the recorded losses carry the factor
   // Cause::kPredivide
   kPredivide,  // up: multiplied back though never divided; down: divided and never multiplied back
   // Cause::kReductionDivisor

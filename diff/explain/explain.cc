@@ -84,6 +84,10 @@ constexpr Sentence kSentences[] = {
      "sequence's valid tokens",
      nullptr, nullptr},
     {Reading::kLossMultiplied, "{who}'s loss is multiplied by {dim_or_factor}", nullptr, nullptr},
+    {Reading::kLossScaledOutsideLayout,
+     "{who}'s loss passed to backward is scaled by {dim_or_factor}, which no layout degree gives (e.g. a sum over "
+     "samples or tokens where a mean is meant)",
+     nullptr, nullptr},
     {Reading::kPredivide, "{who} multiplies back the gradient_predivide_factor that was never divided out",
      "{who} pre-divides by gradient_predivide_factor and never multiplies back", nullptr},
     {Reading::kExpertTpCopies,

@@ -17,7 +17,8 @@ and numpy arrays. See python/README.md.
 Capturing live training (each imports torch only when used):
 ``gradtrace.ddp_adapter.attach``, ``gradtrace.fsdp2_adapter.attach``,
 ``gradtrace.manual_adapter.attach``, ``gradtrace.hf_adapter.GradtraceCallback``,
-``gradtrace.deepspeed_adapter.attach``; the shared writer ``gradtrace.RankRecorder`` and
+``gradtrace.deepspeed_adapter.attach``, ``gradtrace.lightning_adapter.GradtraceCallback`` and
+``gradtrace.lightning_adapter.attach_fabric``; the shared writer ``gradtrace.RankRecorder`` and
 ``gradtrace.Layout``.
 
 Subpackages: ``gradtrace.codec`` (the codec wrapper above), ``gradtrace.adapters`` (the adapters, which
@@ -33,7 +34,7 @@ from .codec.dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
 from .codec.trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
 
 # The adapters and their shared parts, by the names they are documented under: they live in gradtrace.adapters.
-_ADAPTER_MODULES = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter",
+_ADAPTER_MODULES = ("ddp_adapter", "fsdp2_adapter", "manual_adapter", "hf_adapter", "deepspeed_adapter", "lightning_adapter",
                     "rank_recorder", "layout", "adapter_base", "loss_recipes")
 _ADAPTER_NAMES = {"RankRecorder": "rank_recorder", "Layout": "layout"}
 

@@ -125,3 +125,32 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     assert p.returncode == 2 and message in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("gradtrace-versions: ")
     assert not (tmp_path / "envs").exists()
+
+
+def test_a_failed_diff_is_never_a_change(tmp_path):
+    # 0.1.5 trains a 3x3 convolution, 0.2.0 and 0.2.1 a 5x5 one: 0.1.5 -> 0.2.0 cannot be compared (different
+    # models), 0.2.0 -> 0.2.1 is the same computation (plain SSIM did not change: the module docstring above).
+    p = command(tmp_path, "--package", "pytorch-msssim", "--script", SCRIPTS / "msssim_model_by_release.py",
+                "--releases", "0.1.5,0.2.0,0.2.1", "--reference", "first", "--json", tmp_path / "s.json",
+                "--markdown", tmp_path / "s.md")
+    res = json.loads((tmp_path / "s.json").read_text())
+    assert p.returncode == 1, p.stdout + p.stderr  # the reference diffs of 0.2.x failed: not all the same
+    assert [r["status"] for r in res["rows"]] == ["ok", "ok", "ok"]
+    failed = row(res, "0.2.0")["vs_previous"]
+    assert failed["previous"] == "0.1.5" and "different models" in failed["error"]
+    assert row(res, "0.2.1")["vs_previous"]["verdict"] == "match"
+    assert "transition" not in res
+    assert "First release at which anything changed" not in p.stdout
+    assert "No change was measured. Not compared (the diff failed, so nothing was measured): 0.1.5 -> 0.2.0." \
+        in p.stdout
+    md = (tmp_path / "s.md").read_text()
+    assert "NOT COMPARED with 0.1.5: diff failed" in md and "CHANGED" not in md
+
+
+def test_a_bisect_whose_ends_cannot_be_compared_says_so(tmp_path):
+    p = command(tmp_path, "--package", "pytorch-msssim", "--script", SCRIPTS / "msssim_model_by_release.py",
+                "--bisect", "0.1.5", "0.2.1")
+    assert p.returncode == 1, p.stdout + p.stderr  # RunFailed: as when BAD does not run
+    last = p.stderr.strip().splitlines()[-1]
+    assert "GOOD 0.1.5 and BAD 0.2.1 could not be compared (the diff failed:" in last and "different models" in last
+    assert "First bad release" not in p.stdout

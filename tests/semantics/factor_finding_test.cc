@@ -197,6 +197,35 @@ TEST(FactorFinding, EvidenceMakesCpALossMultiplierTheLossesConfirm) {
   EXPECT_FALSE(sum.loss_ratio.has_value());
 }
 
+// Issue 41 (a LightningModule that sums its per-sample losses, 4 per micro-batch, dp 2 x gas 2 against one
+// device): 4.000 matches no degree (dp 2, gas 2, world 2), but the recorded losses per replica differ by 4:
+// a loss multiplier by a bare factor, named on the side whose loss is larger; unrecorded losses leave it
+// unexplained, and losses that do not carry the factor do not make one up.
+TEST(FactorFinding, RecordedLossesNameAFactorNoDegreeGives) {
+  pb::Config one = Cfg(1, 1, "", "local-mean"), ddp = Cfg(2, 1, "mean", "local-mean");
+  ddp.set_gas(2);
+  SideFacts a = Side(one, "lightning"), b = Side(ddp, "pytorch-ddp");
+  EXPECT_EQ(ExplainFactor(4.0, "dense", a, b, 1e-4).cause, Cause::kUnexplained);
+  a.loss_per_replica = 0.8426;
+  b.loss_per_replica = 4 * 0.8426;
+  const Finding f = ExplainFactor(4.0, "dense", a, b, 1e-4);
+  EXPECT_EQ(f.cause, Cause::kLossMultiplier);
+  EXPECT_EQ(f.reading, Reading::kLossScaledOutsideLayout);
+  EXPECT_EQ(f.side, "B");
+  EXPECT_EQ(f.dimension, "");
+  EXPECT_EQ(f.expression, "");
+  ASSERT_TRUE(f.loss_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*f.loss_ratio, 4.0);
+  // The other way round: A's loss is the scaled one, B/A = 1/4.
+  const Finding down = ExplainFactor(0.25, "dense", b, a, 1e-4);
+  EXPECT_EQ(down.cause, Cause::kLossMultiplier);
+  EXPECT_EQ(down.side, "A");
+  EXPECT_DOUBLE_EQ(down.factor, 4.0);
+  // Losses that do not carry the factor (a true unexplained 4.000) stay unexplained.
+  b.loss_per_replica = 3 * 0.8426;
+  EXPECT_EQ(ExplainFactor(4.0, "dense", a, b, 1e-4).cause, Cause::kUnexplained);
+}
+
 // DeepSpeed PR #5259: expert gradients averaged over edp (dp 4 / ep 2) are ep = 2 x too large; the PRs are
 // cited for DeepSpeed traces.
 TEST(FactorFinding, ExpertsAveragedOverEdpNameEp) {

@@ -1,10 +1,12 @@
 """What every PyTorch adapter does the same way: count micro-steps at the model's forward, write
-FINAL before the optimizer step and the optimizer-step StepInfo after it (or at an explicit
-``step()``), carry the grad norm the user reports, and undo its hooks on ``close()``."""
+FINAL when the gradients the optimizer step uses are final (before the step, or after its closure's
+first evaluation: gradtrace.adapters.step_protocol) and the optimizer-step StepInfo after it (or at an
+explicit ``step()``), carry the grad norm the user reports, and undo its hooks on ``close()``."""
 
 from __future__ import annotations
 
-from .rank_recorder import RankRecorder, optimizer_hooks
+from .rank_recorder import RankRecorder
+from .step_protocol import optimizer_hooks
 
 
 class Capture:
@@ -19,12 +21,24 @@ class Capture:
         self.optimizer = optimizer
         self._handles = []
         self._grad_norm = None
+        self._forward_handle = None
         if model is not None:
-            self._handles.append(model.register_forward_pre_hook(
-                lambda _module, args, kwargs: recorder.begin_micro_step(args, kwargs), with_kwargs=True))
+            self._forward_handle = model.register_forward_pre_hook(
+                lambda _module, args, kwargs: recorder.begin_micro_step(args, kwargs), with_kwargs=True)
+            self._handles.append(self._forward_handle)
         if optimizer is not None:
             recorder.optimizer = optimizer
-            self._handles += optimizer_hooks(optimizer, self._before_optimizer, self._after_optimizer)
+            self._handles += optimizer_hooks(optimizer, self._before_optimizer, self._after_optimizer,
+                                            recorder.reevaluation, recorder)
+
+    def count_micro_steps_by_caller(self) -> None:
+        """The caller numbers micro-steps (``recorder.begin_micro_step`` once per micro-batch) instead of
+        the model's forward: for loops that run a micro-batch without calling the model's forward, as
+        Lightning's single-device Trainer does (``training_step`` directly)."""
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._handles.remove(self._forward_handle)
+            self._forward_handle = None
 
     @property
     def path(self) -> str:

@@ -60,7 +60,7 @@ def hook_name(hook) -> str:
 
 class DDPCapture(Capture):
     def __init__(self, model, out_dir, optimizer=None, *, hook=None, hook_state=None, divisor=None, groups=None,
-                 layout=None, **options):
+                 layout=None, names_from=None, **options):
         import torch
 
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -74,17 +74,20 @@ class DDPCapture(Capture):
         if not isinstance(model, DistributedDataParallel):
             raise TypeError("gradtrace.ddp_adapter.attach: expected a DistributedDataParallel model (wrap the model "
                             f"with DDP first), got {type(model).__name__}")
+        # The module whose parameter names the trace uses: DDP's own, or one it wraps further down (Lightning's
+        # LightningModule under its _LightningModuleWrapperBase), so that one-device and DDP traces diff without renames.
+        named = (names_from if names_from is not None else model.module).named_parameters
         group = model.process_group
         groups = {"dp": group, **(groups or {})}
         if info is not None:
             groups = pp.layout_groups(info, groups)
-        layout = make_layout(options, groups, layout, params=model.module.named_parameters())
+        layout = make_layout(options, groups, layout, params=named())
         # torch's own hooks are known: their communication dtype and that they divide by the group size.
         known = KNOWN_HOOKS.get(hook_name(hook)) if hook is not None else None
         comm_dtype = options.pop("comm_dtype", None)
         if comm_dtype is None and known is not None:
             comm_dtype = known
-        recorder = RankRecorder(model.module.named_parameters(), out_dir, framework="pytorch-ddp",
+        recorder = RankRecorder(named(), out_dir, framework="pytorch-ddp",
                                 framework_version=torch.__version__.split("+")[0], layout=layout,
                                 optimizer=optimizer,
                                 config={"scaling": "mean" if hook is None or hook_name(hook) in KNOWN_HOOKS else "",
@@ -196,7 +199,8 @@ def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
     inside the recording one), ``divisor`` (what your hook divides by, recorded on POST_REDUCE),
     ``comm_dtype`` (the dtype your hook communicates in, e.g. "bf16"; torch's fp16/bf16 compression
     hooks and wrappers are recognised without it and recorded with their name, PowerSGD's too),
-    ``groups`` (more named process groups), layout overrides (``dp``, ``gas``, ``rules``, ... or
+    ``groups`` (more named process groups), ``names_from`` (the module whose parameter names the trace
+    uses, default ``model.module``: a module DDP wraps further down), layout overrides (``dp``, ``gas``, ``rules``, ... or
     ``layout=``), and the RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``,
     ``loss``, ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
     ``model`` may also be a torch.distributed.pipelining schedule or PipelineStage whose one stage per rank

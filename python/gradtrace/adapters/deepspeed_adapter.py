@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from . import deepspeed_zero3
+from . import deepspeed_pipe, deepspeed_zero3
 from . import loss_recipes, no_gradient
 from .deepspeed_divisors import declared_divisor
 from .layout import Layout
@@ -125,6 +125,9 @@ class DeepSpeedCapture:
         self.unrecordable: dict[str, str] = {}  # phase -> why this DeepSpeed version cannot record it
         self.rank = tdist.get_rank() if tdist.is_initialized() else 0
         self.world = tdist.get_world_size() if tdist.is_initialized() else 1
+        # PipelineEngine: one stage per rank, driven by train_batch's schedule (gradtrace.adapters.deepspeed_pipe)
+        self.pipeline = deepspeed_pipe.pipeline_info(engine) if deepspeed_pipe.is_pipeline_engine(engine) else None
+        self._forwards = 0  # PipelineEngine: forward passes (micro-batches) of this step so far
         self._index_params(engine)
 
         stage = int(_call(engine, "zero_optimization_stage", 0) or 0)
@@ -132,6 +135,8 @@ class DeepSpeedCapture:
         self._install_hooks(stage)
 
         groups = self._groups(engine, mpu)
+        if self.pipeline is not None:
+            groups["pp"] = deepspeed_pipe.pipe_ranks(engine)
         sp, dp = len(groups["sp"]), len(groups["dp"])
         ds_version, torch_version = deepspeed.__version__, torch.__version__.split("+")[0]
         self.ds_version = ds_version
@@ -151,7 +156,9 @@ class DeepSpeedCapture:
             layout=layout, packages=("deepspeed", *packages), mode=mode, run_id=run_id, config=cfg,
             extra=self._run_extra(engine, ds_version, stage, extra),
             producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
-            shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite)
+            shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite, pipeline=self.pipeline)
+        if self.pipeline is not None:  # ids in the whole model's table, which every stage's trace names
+            self.param_ids = dict(self.recorder.ids)
         self.path = self.recorder.path
         self.writer = self.recorder.writer
         for phase, why in self.unrecordable.items():
@@ -245,6 +252,13 @@ class DeepSpeedCapture:
                 self.unrecordable["POST_REDUCE"] = why
         else:
             deepspeed_zero3.install(self, opt)
+        if self.pipeline is not None:  # train_batch's schedule: engine.backward and engine.step are never called
+            try:
+                from deepspeed.utils import safe_get_full_grad  # noqa: F401
+            except ImportError:
+                self.unrecordable["FINAL"] = "deepspeed.utils.safe_get_full_grad does not exist"
+            deepspeed_pipe.install(self, eng)
+            return
         # Micro-steps are numbered by engine.backward: accelerate (Trainer) calls engine.step() only at
         # the accumulation boundary, so counting non-boundary step() calls would leave every micro-step 0.
         self._patch(eng, "backward", self._wrap_backward)
@@ -435,9 +449,11 @@ class DeepSpeedCapture:
         # collectives, so agree on it first (one small all-reduce) and skip such parameters.
         has = torch.tensor([1 if p.grad is not None else 0 for p in self.params], dtype=torch.int32)
         lo, hi = has.clone(), has.clone()
-        if tdist.is_initialized() and self.world > 1:
-            tdist.all_reduce(lo, op=tdist.ReduceOp.MIN)
-            tdist.all_reduce(hi, op=tdist.ReduceOp.MAX)
+        # The ranks that hold these parameters: all of them, or a pipeline stage's data-parallel replicas.
+        group = self.engine.grid.get_data_parallel_group() if self.pipeline is not None else None
+        if tdist.is_initialized() and tdist.get_world_size(group) > 1:
+            tdist.all_reduce(lo, op=tdist.ReduceOp.MIN, group=group)
+            tdist.all_reduce(hi, op=tdist.ReduceOp.MAX, group=group)
         slices, skipped = [], []
         for k, p in enumerate(self.params):
             if int(lo[k]) != int(hi[k]):
@@ -447,7 +463,8 @@ class DeepSpeedCapture:
             if g is None:
                 skipped.append(self.names[id(p)])
                 continue
-            slices.append({"param_id": k, "offset": 0, "values": g.detach().float().reshape(-1).cpu()})
+            slices.append({"param_id": self.param_ids[id(p)], "offset": 0,
+                           "values": g.detach().float().reshape(-1).cpu()})
         if skipped:
             log.warning("gradtrace: FINAL of step %d lacks %d parameters (no full gradient): %s", self.step,
                         len(skipped), ", ".join(skipped[:5]))
@@ -472,6 +489,32 @@ class DeepSpeedCapture:
             self._bucket_id = 0
             return result
         return step
+
+    # ---- PipelineEngine (gradtrace.adapters.deepspeed_pipe) ---------------------------------------
+
+    def pipeline_forward_begins(self):
+        self.micro = self._forwards
+        self._bucket_id = 0
+
+    def pipeline_forward_done(self):
+        """After a micro-batch's forward: the last stage's loss (before DeepSpeed divides it by gas)."""
+        self._forwards += 1
+        loss = getattr(self.engine, "loss", None)
+        if self.engine.is_last_stage() and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self.record_step(loss, 0)
+
+    def pipeline_final(self):
+        if "FINAL" in self.wanted and "FINAL" not in self.unrecordable:
+            self._capture_final()
+
+    def pipeline_step_done(self):
+        lrs = _call(self.engine, "get_lr", None) or [None]
+        self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0], step=self.step,
+                                           micro=self.micro)
+        self._check_recorded()
+        self.step += 1
+        self._forwards = 0
+        self._bucket_id = 0
 
     def _wrap_backward(self, original):
         def backward(*args, **kwargs):

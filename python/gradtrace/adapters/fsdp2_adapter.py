@@ -190,7 +190,7 @@ class FSDP2Capture(Capture):
         # An AVG reduce-scatter divides by the shard group; under HSDP the replicas' all-reduce divides again
         # by a factor this hook does not see, so nothing is declared there (--self measures it).
         divisor = float(world) if _is_avg(op) and self.group == "dp" else 0.0
-        self._pending.append((bucket_id, mine, numel, divisor))
+        self._pending.append((self.recorder.micro, bucket_id, mine, numel, divisor))
         return work
 
     def _mixed_precision(self):
@@ -210,12 +210,14 @@ class FSDP2Capture(Capture):
     def flush(self) -> None:
         """Writes the POST_REDUCE records whose reduce-scatter FSDP has finished."""
         pending, self._pending = self._pending, []
-        for bucket_id, mine, numel, divisor in pending:
+        for micro, bucket_id, mine, numel, divisor in pending:
             pieces = [x for pid, shape, index, out, seg, n in mine
                       for x in block_pieces(pid, out[seg:seg + n], shape, index)]
             held = sum(n for *_, n in mine)
+            # The micro-step that made it: a caller counting micro-steps (Lightning's on_train_batch_start) may
+            # have begun the next one before this forward's flush.
             self.recorder.write_bucket("POST_REDUCE", pieces, group=self.group, bucket_id=bucket_id, bucket_numel=numel,
-                                       partition_count=held, divisor=divisor)
+                                       partition_count=held, divisor=divisor, micro=micro)
 
     # ---- FINAL ---------------------------------------------------------------------------------
 

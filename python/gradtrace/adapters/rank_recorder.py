@@ -28,6 +28,7 @@ import sys
 import time
 import uuid
 import warnings
+from contextlib import contextmanager
 
 from .. import _gtcodec
 from .._gtcodec import locked_by_writer
@@ -251,6 +252,7 @@ class RankRecorder:
         self.micro = 0
         self._last_micro = 0
         self._forward_seen = False
+        self._reevaluating = False  # inside a later closure evaluation of the step (reevaluation())
         self._wanted_step = step_filter(steps)
         # steps=[...]: the steps asked for by number, checked at close (steps=N is an upper bound)
         self._requested = sorted({int(x) for x in steps}) if steps is not None and not isinstance(steps, int) else []
@@ -367,7 +369,17 @@ class RankRecorder:
     @property
     def capturing(self) -> bool:
         """Whether the current optimizer step is one the ``steps`` filter selects."""
-        return self.writer is not None and self._wanted_step(self.step)
+        return self.writer is not None and self._wanted_step(self.step) and not self._reevaluating
+
+    @contextmanager
+    def reevaluation(self):
+        """A later closure evaluation inside the same optimizer step (LBFGS; gradtrace.adapters.step_protocol):
+        nothing of it is recorded and no micro-step is counted."""
+        self._reevaluating = True
+        try:
+            yield
+        finally:
+            self._reevaluating = False
 
     def wants(self, phase: str) -> bool:
         return phase in self.phases and self.capturing
@@ -378,16 +390,19 @@ class RankRecorder:
     # ---- frames --------------------------------------------------------------------------------
 
     def write_bucket(self, phase: str, pieces, *, group: str = "", bucket_id: int = 0, bucket_numel: int = 0,
-                     partition_offset: int = 0, partition_count: int = 0, divisor: float = 0.0) -> None:
-        """One BucketRecord of the current (step, micro-step). ``pieces``: (param id, element offset,
-        values tensor) in bucket order; parameters outside the ``params`` regex are left out."""
+                     partition_offset: int = 0, partition_count: int = 0, divisor: float = 0.0,
+                     micro: int | None = None) -> None:
+        """One BucketRecord of the current step and micro-step (``micro``: an earlier micro-step of this step,
+        for a record read after the next one began). ``pieces``: (param id, element offset, values tensor) in
+        bucket order; parameters outside the ``params`` regex are left out."""
         if not self.wants(phase) or self.disabled is not None:
             return
         slices = [{"param_id": pid, "offset": int(off), "values": values}
                   for pid, off, values in pieces if self._written[pid] and values.numel() > 0]
         if not slices:
             return
-        self.writer.write_bucket({"step": self.step, "micro_step": self.micro, "bucket_id": int(bucket_id),
+        self.writer.write_bucket({"step": self.step, "micro_step": self.micro if micro is None else int(micro),
+                                  "bucket_id": int(bucket_id),
                                   "phase": phase, "group": group, "bucket_numel": int(bucket_numel),
                                   "partition_offset": int(partition_offset), "partition_count": int(partition_count),
                                   "divisor": float(divisor), "slices": slices})
@@ -428,6 +443,8 @@ class RankRecorder:
         """Called at each forward of the model: the second and later forwards before an optimizer
         step are micro-steps 1, 2, ... ``args``/``kwargs``: the forward's inputs, whose first tensor's
         moments go into the optimizer-step StepInfo (FORMAT.md 4.1: tells different data apart)."""
+        if self._reevaluating:
+            return
         if self._forward_seen:
             self.micro += 1
         self._forward_seen = True
@@ -557,14 +574,3 @@ def _number(x) -> float:
     if hasattr(x, "detach"):
         return float(x.detach().float().item())
     return float(x)
-
-
-def optimizer_hooks(optimizer, before, after) -> list:
-    """Runs ``before()`` ahead of every ``optimizer.step`` and ``after()`` behind it (torch's
-    step hooks: the optimizer's class is not changed). A wrapper that is no torch optimizer itself
-    (Accelerate's AcceleratedOptimizer, which skips the step while accumulating) is unwrapped to the
-    optimizer it steps. Returns the handles."""
-    while not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return [optimizer.register_step_pre_hook(lambda *_: before()),
-            optimizer.register_step_post_hook(lambda *_: after())]

@@ -1,7 +1,7 @@
 """Binary search for the first bad release, as git bisect does it (gradtrace-versions --bisect).
 
 `releases` is the ordered list from GOOD to BAD (both included); `verdict(release)` runs a release and says
-"good" (same gradients as GOOD), "bad" (changed) or "skip" (its env or its run failed). Only the releases
+"good" (same gradients as GOOD), "bad" (changed) or "skip" (its env, its run or its diff failed: nothing measured). Only the releases
 the search visits are run. A skipped release is left out and the search goes on with a neighbour, so the
 answer may be a range: every release between the last good and the first bad was skipped.
 """

@@ -227,7 +227,11 @@ def run_bisect(study, good, bad, universe):
     b = study.capture(bad, study.layout, study.cfg, "BAD")
     if b["status"] != "ok":
         raise RunFailed(f"BAD release {bad} did not run: {b.get('error')}")
-    if study.compare(g, b)["verdict"] == "match":
+    ends = study.compare(g, b)
+    if ends.get("error"):
+        raise RunFailed(f"GOOD {good} and BAD {bad} could not be compared (the diff failed: {ends['error']}): "
+                        "nothing to bisect")
+    if ends["verdict"] == "match":
         raise RunFailed(f"GOOD {good} and BAD {bad} give the same gradients: nothing to bisect")
     runs = {good: g, bad: b}
     step = [0]
@@ -239,7 +243,10 @@ def run_bisect(study, good, bad, universe):
         runs[rel] = r
         if r["status"] != "ok":
             return "skip"
-        return "good" if study.compare(g, r)["verdict"] == "match" else "bad"
+        cmp = study.compare(g, r)
+        if cmp.get("error"):  # nothing measured: neither good nor bad
+            return "skip"
+        return "good" if cmp["verdict"] == "match" else "bad"
 
     found = bisect_mod.bisect(cands, verdict)
     ref, desc = study.reference([good, bad])

@@ -35,15 +35,29 @@ def groups_text(cmp) -> str:
     return "; ".join(parts) or cmp.get("verdict", "-")
 
 
-def changed(row) -> bool:
-    """True when the row ran and its gradients differ from its predecessor's (or the comparison failed)."""
+def compare_failed(row) -> bool:
+    """True when the row ran but its comparison with its predecessor failed (the diff refused the pair, e.g.
+    different models): nothing was measured, so it is no change."""
     prev = row.get("vs_previous")
-    return row.get("status") == "ok" and bool(prev) and prev.get("verdict") != "match"
+    return row.get("status") == "ok" and bool(prev) and bool(prev.get("error"))
+
+
+def changed(row) -> bool:
+    """True when the row ran and the diff measured gradients that differ from its predecessor's; a failed
+    comparison (:func:`compare_failed`) is not a change."""
+    prev = row.get("vs_previous")
+    return (row.get("status") == "ok" and bool(prev) and not prev.get("error")
+            and prev.get("verdict") not in (None, "match"))
 
 
 def transitions(rows) -> list:
-    """Every (previous, release) at which anything changed, oldest first."""
+    """Every (previous, release) at which the gradients measurably changed, oldest first."""
     return [(r["vs_previous"]["previous"], r["release"]) for r in rows if changed(r)]
+
+
+def failed_comparisons(rows) -> list:
+    """Every (previous, release) whose comparison failed, oldest first."""
+    return [(r["vs_previous"]["previous"], r["release"]) for r in rows if compare_failed(r)]
 
 
 def against(result) -> str:
@@ -62,8 +76,12 @@ def table_rows(rows, versus: str = "vs previous"):
                          fmt(r.get("seconds"), ".0f")])
             continue
         prev = r.get("vs_previous")
-        pv = "-" if not prev else ("same" if prev.get("verdict") == "match" else
-                                   f"CHANGED vs {prev['previous']}: {groups_text(prev)}")
+        if not prev:
+            pv = "-"
+        elif prev.get("error"):
+            pv = f"NOT COMPARED with {prev['previous']}: {groups_text(prev)}"
+        else:
+            pv = "same" if prev.get("verdict") == "match" else f"CHANGED vs {prev['previous']}: {groups_text(prev)}"
         body.append([r["release"], groups_text(r.get("vs_reference")), pv, fmt(r.get("loss"), ".6g"),
                      fmt(r.get("grad_norm"), ".6g"),
                      "cached" if r.get("cached") else fmt(r.get("seconds"), ".0f")])
@@ -94,11 +112,16 @@ def conclusion(result) -> str:
         return (f"First bad release is one of {', '.join(b['skipped_between'] + [b['first_bad_or_skipped']])} "
                 f"(after {b['last_good']}): the releases between could not be run.")
     ts = transitions(result["rows"])
+    failed = failed_comparisons(result["rows"])
+    unmeasured = ("" if not failed else " Not compared (the diff failed, so nothing was measured): "
+                  + ", ".join(f"{md_text(a)} -> {md_text(b)}" for a, b in failed) + ".")
     if not ts:
+        if failed:
+            return "No change was measured." + unmeasured
         return "Nothing changed between the releases compared."
     first = ts[0]
     more = "" if len(ts) == 1 else " Later changes: " + ", ".join(f"{a} -> {b}" for a, b in ts[1:]) + "."
-    return f"First release at which anything changed: **{first[1]}** (after {first[0]}).{more}"
+    return f"First release at which anything changed: **{first[1]}** (after {first[0]}).{more}{unmeasured}"
 
 
 def markdown(result) -> str:
