@@ -13,24 +13,25 @@ bool NearFactor(double x, double want, double ctol) {
 
 std::vector<Candidate> ScaleCandidates(const pb::Config& a, const pb::Config& b) {
   std::vector<Candidate> out;
-  out.push_back({"1", 1.0, "one", false, 'B', 0});
+  out.push_back({"1", 1.0, Dimension::kOne, false, 'B', 0});
   for (const auto& atom : ConfigDegrees()) {
     double va = atom.get(a), vb = atom.get(b);
-    std::string k = atom.name;
+    const Dimension k = atom.dim;
+    const std::string n = DimensionName(k);
     if (vb > 1) {
-      out.push_back({k + "(B)", vb, k, false, 'B', 1});
-      out.push_back({"1/" + k + "(B)", 1 / vb, k, true, 'B', 2});
+      out.push_back({n + "(B)", vb, k, false, 'B', 1});
+      out.push_back({"1/" + n + "(B)", 1 / vb, k, true, 'B', 2});
     }
     if (va > 1) {
-      out.push_back({k + "(A)", va, k, false, 'A', 1});
-      out.push_back({"1/" + k + "(A)", 1 / va, k, true, 'A', 2});
+      out.push_back({n + "(A)", va, k, false, 'A', 1});
+      out.push_back({"1/" + n + "(A)", 1 / va, k, true, 'A', 2});
     }
     // A division by gas applied twice too often (DeepSpeed #7749); only that direction: a factor of
     // gas^2 upward is as likely gas x dp, which the candidates do not name.
-    if (k == "gas" && vb > 1) out.push_back({"1/" + k + "(B)^2", 1 / (vb * vb), k, true, 'B', 3, true});
+    if (k == Dimension::kGas && vb > 1) out.push_back({"1/" + n + "(B)^2", 1 / (vb * vb), k, true, 'B', 3, true});
     if (va > 1 && vb > 1 && va != vb) {
-      out.push_back({k + "(B)/" + k + "(A)", vb / va, k, false, 'R', 3});
-      out.push_back({k + "(A)/" + k + "(B)", va / vb, k, true, 'R', 3});
+      out.push_back({n + "(B)/" + n + "(A)", vb / va, k, false, 'R', 3});
+      out.push_back({n + "(A)/" + n + "(B)", va / vb, k, true, 'R', 3});
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& x, const Candidate& y) {

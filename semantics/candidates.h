@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dimension.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::semantics {
@@ -13,7 +14,7 @@ namespace gradtrace::semantics {
 struct Candidate {
   std::string expr;  // "sp(B)", "1/dp(A)", "gas(B)/gas(A)", "1"
   double value = 0;
-  std::string kind;  // "one" or a degree name (degrees.h)
+  Dimension kind = Dimension::kOne;  // kOne or a degree (degrees.h)
   bool reciprocal = false;
   char side = 'B';       // whose config the atom comes from ('A', 'B', or 'R' for a B/A ratio)
   int complexity = 0;    // lower is preferred: 0 one, 1 atom, 2 reciprocal, 3 ratio or square

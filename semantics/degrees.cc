@@ -26,28 +26,28 @@ Degrees DegreesOf(const pb::Config& c) {
 
 const std::vector<Degree>& ConfigDegrees() {
   static const std::vector<Degree> kDegrees = {
-      {"sp", [](const pb::Config& c) { return double(c.sp()); }},
-      {"cp", [](const pb::Config& c) { return double(c.cp()); }},
-      {"dp", [](const pb::Config& c) { return double(c.dp()); }},
-      {"tp", [](const pb::Config& c) { return double(c.tp()); }},
-      {"replicate", [](const pb::Config& c) { return double(c.replicate()); }},
-      {"world", [](const pb::Config& c) { return double(c.world()); }},
-      {"gas", [](const pb::Config& c) { return double(c.gas()); }},
-      {"pp_microbatches", [](const pb::Config& c) { return double(c.pp_microbatches()); }},
-      {"predivide", [](const pb::Config& c) { return c.gradient_predivide_factor(); }},
-      {"ep", [](const pb::Config& c) { return double(c.ep_size()); }},
-      {"edp", [](const pb::Config& c) { return double(c.edp()); }},
-      {"experts", [](const pb::Config& c) { return double(c.moe_experts()); }},
+      {Dimension::kSp, [](const pb::Config& c) { return double(c.sp()); }},
+      {Dimension::kCp, [](const pb::Config& c) { return double(c.cp()); }},
+      {Dimension::kDp, [](const pb::Config& c) { return double(c.dp()); }},
+      {Dimension::kTp, [](const pb::Config& c) { return double(c.tp()); }},
+      {Dimension::kReplicate, [](const pb::Config& c) { return double(c.replicate()); }},
+      {Dimension::kWorld, [](const pb::Config& c) { return double(c.world()); }},
+      {Dimension::kGas, [](const pb::Config& c) { return double(c.gas()); }},
+      {Dimension::kPpMicrobatches, [](const pb::Config& c) { return double(c.pp_microbatches()); }},
+      {Dimension::kPredivide, [](const pb::Config& c) { return c.gradient_predivide_factor(); }},
+      {Dimension::kEp, [](const pb::Config& c) { return double(c.ep_size()); }},
+      {Dimension::kEdp, [](const pb::Config& c) { return double(c.edp()); }},
+      {Dimension::kExperts, [](const pb::Config& c) { return double(c.moe_experts()); }},
   };
   return kDegrees;
 }
 
-int DegreeRank(const std::string& name) {
+int DegreeRank(Dimension dim) {
   const auto& all = ConfigDegrees();
   for (size_t i = 0; i < all.size(); ++i) {
-    if (name == all[i].name) return static_cast<int>(i) + 1;
+    if (dim == all[i].dim) return static_cast<int>(i) + 1;
   }
-  return name == "one" ? 0 : static_cast<int>(all.size()) + 1;
+  return dim == Dimension::kOne ? 0 : static_cast<int>(all.size()) + 1;
 }
 
 }  // namespace gradtrace::semantics

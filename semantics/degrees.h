@@ -2,9 +2,9 @@
 // diff's candidate factors, --self's divisor words and the predictions use.
 #pragma once
 
-#include <string>
 #include <vector>
 
+#include "dimension.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::semantics {
@@ -19,12 +19,12 @@ Degrees DegreesOf(const pb::Config& c);
 
 // One named quantity of a configuration a scale factor may equal.
 struct Degree {
-  const char* name;  // "sp", "cp", "dp", "tp", "replicate", "world", "gas", "pp_microbatches", "predivide", "ep", ...
+  Dimension dim;  // sp, cp, dp, tp, replicate, world, gas, pp_microbatches, predivide, ep, edp, experts
   double (*get)(const pb::Config&);
 };
 // In order of preference when several equal a factor.
 const std::vector<Degree>& ConfigDegrees();
-// Position of `name` in that order (unknown names last).
-int DegreeRank(const std::string& name);
+// Position of `dim` in that order (kOne first, any other last).
+int DegreeRank(Dimension dim);
 
 }  // namespace gradtrace::semantics

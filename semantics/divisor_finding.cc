@@ -74,32 +74,33 @@ std::string ExpressionOf(DivisorRule rule, const MeasuredDivisor& m, const pb::C
 
 // The parallel dimension the matched rule follows; a divisor that is right follows none, except where the
 // rule names the dimension whatever the expected divisor.
-std::string DimensionOf(DivisorRule rule, const MeasuredDivisor& m, const pb::Config& c, bool right) {
+Dimension DimensionOf(DivisorRule rule, const MeasuredDivisor& m, const pb::Config& c, bool right) {
   const auto deg = DegreesOf(c);
+  const Dimension none = Dimension::kNone;
   switch (rule) {
     case DivisorRule::kPartialSumsAveraged:
     case DivisorRule::kCopiesAdded:
-      return m.group == "tp" ? "tp" : "";  // the model-parallel group's dimension
+      return m.group == "tp" ? Dimension::kTp : none;  // the model-parallel group's dimension
     case DivisorRule::kExpertsOverEdp:
-      return "ep";
+      return Dimension::kEp;
     case DivisorRule::kGroupMean:
-      return !right && (deg.sp > 1 || deg.cp > 1) ? (deg.sp > 1 ? "sp" : "cp") : "";
+      return !right && (deg.sp > 1 || deg.cp > 1) ? (deg.sp > 1 ? Dimension::kSp : Dimension::kCp) : none;
     case DivisorRule::kShardOnly:
-      return right ? "" : "replicate";
+      return right ? none : Dimension::kReplicate;
     case DivisorRule::kDpOnlyOverSp:
-      return right ? "" : "sp";
+      return right ? none : Dimension::kSp;
     case DivisorRule::kDpOnlyOverCp:
-      return right ? "" : "cp";
+      return right ? none : Dimension::kCp;
     case DivisorRule::kSum:
-      return "world";
+      return Dimension::kWorld;
     case DivisorRule::kDividedTwice:
-      return "dp";
+      return Dimension::kDp;
     case DivisorRule::kSpOnly:
-      return "sp";
+      return Dimension::kSp;
     case DivisorRule::kAlsoGas:
-      return "gas";
+      return Dimension::kGas;
     default:
-      return "";
+      return none;
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "cause.h"
 #include "deepspeed_releases.h"
+#include "dimension.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::semantics {
@@ -50,7 +51,7 @@ struct DivisorFinding {
   DivisorRule rule = DivisorRule::kUnmatched;
   Cause cause = Cause::kUnexplained;      // kNone when the divisor is what the layout needs
   std::string expression;                 // "dp", "group size / replicate", ...; "" for kUnmatched
-  std::string dimension;                  // the parallel dimension it follows, "" when none
+  Dimension dimension = Dimension::kNone;  // the parallel dimension it follows
   bool right = false;                     // the divisor is the expected one
   double multiple = 1;                    // expected / divisor: FINAL as a multiple of the mean-loss gradient
   bool with_replicas = false;             // HSDP: the group's POST_REDUCE also sums over its replicas

@@ -29,29 +29,27 @@ std::string DeepSpeedVersion(const pb::Config& c) {
   return p.ok() ? p->deepspeed_version : "";
 }
 
-// The split dimension's name: "sp", "cp", or "sp x cp".
-std::string SplitName(const pb::Config& c) {
+// The split dimension: sp, cp, or both.
+Dimension SplitOf(const pb::Config& c) {
   const auto d = DegreesOf(c);
-  if (d.cp > 1 && d.sp > 1) return "sp x cp";
-  return d.cp > 1 ? "cp" : "sp";
+  if (d.cp > 1 && d.sp > 1) return Dimension::kSpCp;
+  return d.cp > 1 ? Dimension::kCp : Dimension::kSp;
 }
 
-bool IsSplit(const std::string& dimension) { return dimension == "sp" || dimension == "cp" || dimension == "sp x cp"; }
-
-// The degree of `c` (or its reciprocal) equal to `factor`, by the one degree list.
-std::string DegreeEqualTo(double factor, const pb::Config& c, double ctol, const std::string& prefer = "") {
-  if (!prefer.empty()) {
+// The degree of `c` (or its reciprocal) equal to `factor`, by the one degree list; `prefer` first.
+Dimension DegreeEqualTo(double factor, const pb::Config& c, double ctol, Dimension prefer = Dimension::kNone) {
+  if (prefer != Dimension::kNone) {
     for (const auto& d : ConfigDegrees()) {
-      if (prefer == d.name && d.get(c) > 1 && (Near(factor, d.get(c), ctol) || Near(factor, 1 / d.get(c), ctol))) {
-        return d.name;
+      if (prefer == d.dim && d.get(c) > 1 && (Near(factor, d.get(c), ctol) || Near(factor, 1 / d.get(c), ctol))) {
+        return d.dim;
       }
     }
   }
   for (const auto& d : ConfigDegrees()) {
     const double v = d.get(c);
-    if (v > 1 && (Near(factor, v, ctol) || Near(factor, 1 / v, ctol))) return d.name;
+    if (v > 1 && (Near(factor, v, ctol) || Near(factor, 1 / v, ctol))) return d.dim;
   }
-  return "";
+  return Dimension::kNone;
 }
 
 // Whether the side's reductions of `kind` divide by exactly their group size.
@@ -82,15 +80,15 @@ Finding CauseFromPrediction(const Prediction& p, const pb::Config& cfg, pb::Para
   Finding f;
   if (p.double_division && !Near(p.reduction_factor, 1, ctol)) {
     f.cause = Cause::kDoubleDivision;
-    f.dimension = "dp";
+    f.dimension = Dimension::kDp;
   } else if (!Near(p.reduction_factor, 1, ctol)) {
     f.cause = StillTheFrameworksDivisor(cfg, kind, p, ctol) ? Cause::kLossMultiplier : Cause::kReductionDivisor;
-    f.dimension = DegreeEqualTo(p.reduction_factor, cfg, ctol, kind == pb::EXPERT ? "ep" : "");
+    f.dimension = DegreeEqualTo(p.reduction_factor, cfg, ctol, kind == pb::EXPERT ? Dimension::kEp : Dimension::kNone);
   } else {
     f.cause = Cause::kLossMultiplier;
     const auto d = DegreesOf(cfg);
     if (Near(p.loss_factor, d.split(), ctol) && d.split() > 1) {
-      f.dimension = SplitName(cfg);
+      f.dimension = SplitOf(cfg);
     } else {
       f.dimension = DegreeEqualTo(p.loss_factor, cfg, ctol);
     }
@@ -109,21 +107,21 @@ std::optional<double> ReductionOff(const SideFacts& s, const std::string& kind, 
   return std::nullopt;
 }
 
-// The split dimension ("sp", "cp") a side's dense reductions leave out: their
-// group is smaller than dp x sp x cp by that degree. "" when none.
-std::string MissingGroupDimension(const SideFacts& s) {
+// The split dimension (sp, cp) a side's dense reductions leave out: their
+// group is smaller than dp x sp x cp by that degree. kNone when none.
+Dimension MissingGroupDimension(const SideFacts& s) {
   const auto d = DegreesOf(s.config);
   for (const auto& e : s.reductions) {
     if (e.param_kind != "dense" && !e.param_kind.empty()) continue;
     if (e.group_size <= 0) continue;
     const int full = d.dp * d.split();
-    if (e.group_size >= full || full % e.group_size != 0) return "";
+    if (e.group_size >= full || full % e.group_size != 0) return Dimension::kNone;
     const int left_out = full / e.group_size;
-    if (d.sp > 1 && left_out == d.sp) return "sp";
-    if (d.cp > 1 && left_out == d.cp) return "cp";
-    return "";
+    if (d.sp > 1 && left_out == d.sp) return Dimension::kSp;
+    if (d.cp > 1 && left_out == d.cp) return Dimension::kCp;
+    return Dimension::kNone;
   }
-  return "";
+  return Dimension::kNone;
 }
 
 // Whether the side's expert reductions run over a group of edp x tp ranks (tp copies of each expert).
@@ -135,7 +133,7 @@ bool ExpertGroupSpansTp(const SideFacts& s) {
   return false;
 }
 
-bool LossDimension(const std::string& d) { return d == "sp" || d == "cp" || d == "gas"; }
+bool LossDimension(Dimension d) { return d == Dimension::kSp || d == Dimension::kCp || d == Dimension::kGas; }
 
 // What both sides' own reductions of a kind show (ReductionOff).
 struct Evidence {
@@ -157,15 +155,16 @@ const Candidate& PickCandidate(const std::vector<Candidate>& matches, const std:
   const std::optional<double>& owner_off = ev.Off(best->side);
   if (kind == "expert" && owner_off && *owner_off != 1.0 && ExpertGroupSpansTp(best->side == 'A' ? a : b)) {
     for (const auto& m : matches) {
-      if (m.kind == "tp" && Near(m.value, *owner_off, ctol)) {
+      if (m.kind == Dimension::kTp && Near(m.value, *owner_off, ctol)) {
         best = &m;
         break;
       }
     }
   }
   for (const auto& m : matches) {
-    if (best->kind == "tp" && kind == "expert") break;
-    if ((ev.Right(m.side) && LossDimension(m.kind)) || (kind == "expert" && (m.kind == "ep" || m.kind == "edp"))) {
+    if (best->kind == Dimension::kTp && kind == "expert") break;
+    if ((ev.Right(m.side) && LossDimension(m.kind)) ||
+        (kind == "expert" && (m.kind == Dimension::kEp || m.kind == Dimension::kEdp))) {
       best = &m;
       break;
     }
@@ -177,8 +176,9 @@ const Candidate& PickCandidate(const std::vector<Candidate>& matches, const std:
 Cause CauseOfCandidate(const Candidate& best, const std::string& kind, const SideFacts& a, const SideFacts& b,
                        const Evidence& ev, double ctol) {
   const std::optional<double>& off = ev.Off(best.side);
-  if (best.kind == "predivide") return Cause::kPredivide;
-  if (kind == "expert" && (best.kind == "ep" || best.kind == "edp" || best.kind == "experts")) {
+  if (best.kind == Dimension::kPredivide) return Cause::kPredivide;
+  if (kind == "expert" &&
+      (best.kind == Dimension::kEp || best.kind == Dimension::kEdp || best.kind == Dimension::kExperts)) {
     return Cause::kReductionDivisor;
   }
   if (ev.Right(best.side) && LossDimension(best.kind)) return Cause::kLossMultiplier;
@@ -188,7 +188,10 @@ Cause CauseOfCandidate(const Candidate& best, const std::string& kind, const Sid
     return IsPlainMean(best.side == 'A' ? a : b, kind, ctol) && kind != "expert" ? Cause::kLossMultiplier
                                                                                  : Cause::kReductionDivisor;
   }
-  if (best.kind == "gas" || best.kind == "cp" || (best.kind == "sp" && !best.reciprocal)) return Cause::kLossMultiplier;
+  if (best.kind == Dimension::kGas || best.kind == Dimension::kCp ||
+      (best.kind == Dimension::kSp && !best.reciprocal)) {
+    return Cause::kLossMultiplier;
+  }
   return Cause::kReductionDivisor;
 }
 
@@ -214,7 +217,7 @@ Finding CauseFromCandidates(double scale, const std::string& kind, const SideFac
     f.dimension = best.kind;
     return f;
   }
-  if (best.kind == "one") {
+  if (best.kind == Dimension::kOne) {
     f.cause = Cause::kNone;
     return f;
   }
@@ -227,16 +230,16 @@ Finding CauseFromCandidates(double scale, const std::string& kind, const SideFac
 // The reading of a loss multiplier on side `s` (the fix for a split one).
 void ReadLossMultiplier(const SideFacts& s, Finding* f) {
   const pb::Config& cfg = s.config;
-  const std::string& dim = f->dimension;
-  if (dim == "gas") {
+  const Dimension dim = f->dimension;
+  if (dim == Dimension::kGas) {
     f->reading = Reading::kGasLoss;
   } else if (!IsSplit(dim)) {
     f->reading = Reading::kLossMultiplied;
   } else if (!f->Up()) {
     f->reading =
         IsPlainMean(s, f->param_kind, 1e-3) ? Reading::kSplitLossForPlainMean : Reading::kSplitLossDividedAgain;
-  } else if (cfg.loss() == "local-mean" || cfg.loss() == "alst-tutorial" || dim == "sp") {
-    f->fix = SplitFix(cfg.loss(), dim);
+  } else if (cfg.loss() == "local-mean" || cfg.loss() == "alst-tutorial" || dim == Dimension::kSp) {
+    f->fix = SplitFix(cfg.loss(), DimensionName(dim));
     const std::string version = DeepSpeedVersion(cfg);
     if (!s.deepspeed) {
       f->reading = Reading::kLocalMeanOverShard;
@@ -247,31 +250,33 @@ void ReadLossMultiplier(const SideFacts& s, Finding* f) {
       if (version.empty() || HasPr4530(version)) f->change = DeepSpeedChange::kPr4530;
     }
   } else {
-    f->fix = SplitFix(cfg.loss(), dim);
+    f->fix = SplitFix(cfg.loss(), DimensionName(dim));
     f->reading = Reading::kLossTimesSplit;
   }
 }
 
 // The reading of a reduction divisor on side `s`.
 void ReadReductionDivisor(const SideFacts& s, Finding* f) {
-  const std::string &dim = f->dimension, &kind = f->param_kind;
-  if (kind == "expert" && dim == "tp") {
+  const Dimension dim = f->dimension;
+  const std::string& kind = f->param_kind;
+  const bool expert_dim = dim == Dimension::kEp || dim == Dimension::kEdp;
+  if (kind == "expert" && dim == Dimension::kTp) {
     f->reading = Reading::kExpertTpCopies;
-  } else if (kind == "mixed" && (dim == "ep" || dim == "edp")) {
+  } else if (kind == "mixed" && expert_dim) {
     f->reading = Reading::kAllDividedByEdp;
-  } else if (kind == "expert" && (dim == "ep" || dim == "edp" || dim == "experts" || f->Up())) {
+  } else if (kind == "expert" && (expert_dim || dim == Dimension::kExperts || f->Up())) {
     f->reading = Reading::kExpertsAveragedOverEdp;
     if (s.deepspeed) f->change = DeepSpeedChange::kPrs5259And6546;
-  } else if (dim == "replicate") {
+  } else if (dim == Dimension::kReplicate) {
     f->reading = Reading::kReplicateLeftOut;
-  } else if (dim == "dp") {
+  } else if (dim == Dimension::kDp) {
     f->reading = Reading::kDpDivisor;
-  } else if (dim == "world") {
+  } else if (dim == Dimension::kWorld) {
     f->reading = Reading::kWorldDivisor;
-  } else if (dim == "sp" || dim == "cp") {
+  } else if (dim == Dimension::kSp || dim == Dimension::kCp) {
     const bool twice = !f->Up() && s.config.loss() == "local-mean-div-sp";
     f->reading = twice ? Reading::kSpDividedTwice : Reading::kSplitDivisor;
-  } else if (dim == "tp") {
+  } else if (dim == Dimension::kTp) {
     f->reading = Reading::kTpDivisor;
   } else {
     f->reading = Reading::kOtherDivisor;
@@ -287,7 +292,7 @@ void Read(const SideFacts& s, const Prediction* p, Finding* f) {
       f->reading = Reading::kMatches;
       return;
     case Cause::kDoubleDivision:
-      if (f->dimension == "gas") {
+      if (f->dimension == Dimension::kGas) {
         f->reading = Reading::kGasDividedTwice;
         if (s.deepspeed) f->change = DeepSpeedChange::kIssue7749;
         return;
@@ -318,7 +323,7 @@ void Read(const SideFacts& s, const Prediction* p, Finding* f) {
 std::string PredictedExpression(double scale, const Finding& f, const pb::Config& a, const pb::Config& b, double ctol) {
   const auto matches = MatchFactor(scale, ScaleCandidates(a, b), ctol);
   for (const auto& m : matches) {
-    if (m.kind == f.dimension || (f.dimension == "sp x cp" && m.kind == "sp")) return m.expr;
+    if (m.kind == f.dimension || (f.dimension == Dimension::kSpCp && m.kind == Dimension::kSp)) return m.expr;
   }
   return matches.empty() ? "" : matches.front().expr;
 }
@@ -339,7 +344,7 @@ std::optional<Finding> PipelineFinding(double scale, const SideFacts& a, const S
     f.cause = Cause::kPipelineScheduleScaling;
     f.reading = Reading::kPipelineSchedule;
     f.side = s == &b ? "B" : "A";
-    f.dimension = "pp_microbatches";
+    f.dimension = Dimension::kPpMicrobatches;
     f.fix = up ? "scale_grads=True on the schedule (for a mean loss per micro-batch), or a loss_fn divided by the "
                  "micro-batches with scale_grads=False"
                : "either the loss_fn's division by the micro-batches or the schedule's scale_grads=True, not both";
@@ -422,8 +427,8 @@ Finding ExplainMismatch(const SideFacts& a, const SideFacts& b) {
   }
   // A reduction group that leaves out a split dimension: those ranks keep their own partial gradients.
   for (const SideFacts* s : {&b, &a}) {
-    const std::string missing = MissingGroupDimension(*s);
-    if (missing.empty()) continue;
+    const Dimension missing = MissingGroupDimension(*s);
+    if (missing == Dimension::kNone) continue;
     f.cause = Cause::kIncompleteGroup;
     f.reading = Reading::kIncompleteGroup;
     f.side = s == &b ? "B" : "A";
@@ -436,7 +441,9 @@ Finding ExplainMismatch(const SideFacts& a, const SideFacts& b) {
     f.cause = Cause::kTokenNormalisation;
     f.reading = Reading::kTokenNormalisation;
     f.side = s == &b ? "B" : "A";
-    f.dimension = s->config.gas() > 1 ? "gas" : DegreesOf(s->config).split() > 1 ? "sp" : "dp";
+    f.dimension = s->config.gas() > 1                ? Dimension::kGas
+                  : DegreesOf(s->config).split() > 1 ? Dimension::kSp
+                                                     : Dimension::kDp;
     return f;
   }
   return f;

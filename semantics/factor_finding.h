@@ -19,6 +19,7 @@
 
 #include "cause.h"
 #include "deepspeed_releases.h"
+#include "dimension.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::semantics {
@@ -87,7 +88,7 @@ enum class Reading {
 struct Finding {
   Cause cause = Cause::kUnexplained;
   Reading reading = Reading::kUnmatched;
-  std::string dimension;            // a degree name (degrees.h), "sp x cp", or "" when none
+  Dimension dimension = Dimension::kNone;  // a degree (degrees.h), kSpCp, or kNone
   std::string param_kind;           // the kind judged: "dense", "expert", "tp-shard", "replicated", "mixed"
   std::string side;                 // whose configuration carries it: "A", "B", "" (both, or none)
   std::string expression;           // the candidate the factor equals (candidates.h), "" when none

@@ -146,7 +146,7 @@ std::string ExplainDivisor(double d, int count, int total, const SelfParam& p, c
   std::string ctx = " (group '" + p.group + "'" + (f.with_replicas ? " with its replicas" : "") + " of " +
                     std::to_string(p.group_size) + " ranks, scaling '" + c.scaling() + "', loss '" + c.loss() +
                     "', which needs " + FormatFixed(p.expected) + ")";
-  g->cause = semantics::CauseName(f.cause);
+  g->cause = f.cause;
   g->dimension = f.dimension;
   g->expression = f.expression;
   g->param_kind = p.param_kind;
@@ -618,7 +618,7 @@ void NameInconsistent(const pb::Config& config, Group* g) {
   g->kind = "inconsistent";
   g->count = static_cast<int>(g->params.size());
   const semantics::Cause cause = semantics::InconsistentReductionCause(config);
-  g->cause = semantics::CauseName(cause);
+  g->cause = cause;
   g->explanation = std::to_string(g->count) + (g->count == 1 ? " parameter" : " parameters") +
                    ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
                    "disagree (residual above tolerance): no divisor is claimed";

@@ -160,16 +160,19 @@ std::string FindingWords(const semantics::Finding& f, const TraceSide& carrier) 
   const std::string group = GroupWords(f.param_kind);
   std::map<std::string, std::string> words = {
       {"who", f.side.empty() ? "B" : f.side},
-      {"dim", f.dimension},
+      {"dim", semantics::DimensionName(f.dimension)},
       {"on", group.empty() ? "" : " on the " + group},
       {"fix", f.fix},
       {"cite", CiteChange(s.cite, f.change)},
-      {"dim_or_factor", f.dimension.empty() ? FormatFixed(f.factor) : f.dimension},
+      {"dim_or_factor",
+       f.dimension == semantics::Dimension::kNone ? FormatFixed(f.factor) : semantics::DimensionName(f.dimension)},
       {"divisor", FormatFixed(f.divisor_once)},
       {"these", f.param_kind == "expert" ? "expert" : "these"},
-      {"degree", f.dimension == "sp" ? "sequence" : "context"},
+      {"degree", f.dimension == semantics::Dimension::kSp ? "sequence" : "context"},
       {"hook", carrier.config.comm_hook()},
-      {"shards", f.dimension == "gas" ? "gas micro-batches" : f.dimension + " shards"},
+      {"shards", f.dimension == semantics::Dimension::kGas
+                     ? std::string("gas micro-batches")
+                     : semantics::DimensionName(f.dimension) + std::string(" shards")},
       {"min", std::to_string(carrier.valid_tokens_min)},
       {"max", std::to_string(carrier.valid_tokens_max)},
       {"n", std::to_string(carrier.config.pp_microbatches())},
@@ -222,7 +225,7 @@ void AddScaleGroups(const std::vector<ParamResult>& params, const TraceSide& a, 
     g.explanation = ExplainScale(*g.scale, g.count, total, semantics::ExplainedKind(kinds, b.config), a, b, ctol, &k);
     g.expression = k.expression;
     g.cause = k.cause;
-    g.dimension = k.dimension == "sp x cp" ? "sp" : k.dimension;
+    g.dimension = k.dimension == semantics::Dimension::kSpCp ? semantics::Dimension::kSp : k.dimension;
     g.side = k.side;
     g.predicted = k.predicted;
     groups->push_back(std::move(g));
@@ -247,7 +250,7 @@ void AddProblemGroups(const std::vector<ParamResult>& params, const TraceSide& a
     const char* are = g.count == 1 ? " is" : " are";
     if (v == Verdict::kMismatch) {
       const semantics::Finding f = semantics::ExplainMismatch(Facts(a), Facts(b));
-      g.cause = semantics::CauseName(f.cause);
+      g.cause = f.cause;
       g.side = f.side;
       g.dimension = f.dimension;
       g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)" +
@@ -299,7 +302,7 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
   const semantics::Finding f = semantics::ExplainFactor(scale, param_kind, Facts(a), Facts(b), ctol);
   Cause k;
   k.expression = f.expression;
-  k.cause = semantics::CauseName(f.cause);
+  k.cause = f.cause;
   k.dimension = f.dimension;
   k.side = f.side;
   k.predicted = f.predicted;

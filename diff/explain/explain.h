@@ -31,8 +31,8 @@ double ClusterTolerance(double rtol);
 // parameters: " prefix). Fills a Group's cause, dimension, side, predicted, expression.
 struct Cause {
   std::string expression;  // the candidate the factor equals ("" none)
-  std::string cause;       // Group::cause
-  std::string dimension;
+  semantics::Cause cause = semantics::Cause::kUnexplained;
+  semantics::Dimension dimension = semantics::Dimension::kNone;
   std::string side;
   std::optional<double> predicted;
   std::string why;  // words

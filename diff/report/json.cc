@@ -42,8 +42,8 @@ Json GroupJson(const Group& g) {
   j["expression"] = g.expression;
   j["explanation"] = g.explanation;
   j["params"] = g.params;
-  j["cause"] = g.cause;
-  j["dimension"] = g.dimension;
+  j["cause"] = g.cause ? semantics::CauseName(*g.cause) : "";
+  j["dimension"] = semantics::DimensionName(g.dimension);
   j["param_kind"] = g.param_kind;
   j["side"] = g.side;
   j["predicted"] = g.predicted ? NumberOrNull(*g.predicted) : Json(nullptr);

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "cause.h"
 #include "compare/metrics.h"
 #include "compare/tolerance.h"
+#include "dimension.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::diff {
@@ -46,12 +48,11 @@ struct Group {
   std::string explanation;  // one sentence for a user
   std::vector<std::string> params;
   // The cause in machine-readable form (since schema 1.2; REPORT_SCHEMA.md "groups[]"):
-  std::string cause;       // "none", "loss-multiplier", "reduction-divisor", "double-division",
-                           // "token-normalisation", "predivide", "unexplained"; "" for missing/nonfinite
-  std::string dimension;   // the parallel dimension it follows: "sp", "cp", "dp", "tp", "ep", "edp", "gas", "world",
-                           // "predivide", "" when none
-  std::string param_kind;  // the group's parameters: "dense", "expert", "tp-shard", "replicated", "mixed", ""
-  std::string side;        // whose configuration carries the cause: "A", "B", "" (none or both)
+  // semantics::CauseName spells it; none for missing/nonfinite groups ("" in JSON)
+  std::optional<semantics::Cause> cause;
+  semantics::Dimension dimension = semantics::Dimension::kNone;  // the parallel dimension it follows (DimensionName)
+  std::string param_kind;           // the group's parameters: "dense", "expert", "tp-shard", "replicated", "mixed", ""
+  std::string side;                 // whose configuration carries the cause: "A", "B", "" (none or both)
   std::optional<double> predicted;  // B/A (diff) or the divisor (self) the recorded layouts predict
 };
 

@@ -51,8 +51,8 @@ TEST(Cause, ExpertGradientsTwiceAtEp2) {
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->count, 2);
   EXPECT_EQ(g->param_kind, "expert");
-  EXPECT_EQ(g->dimension, "ep");
-  EXPECT_EQ(g->cause, "reduction-divisor");
+  EXPECT_EQ(g->dimension, semantics::Dimension::kEp);
+  EXPECT_EQ(g->cause, semantics::Cause::kReductionDivisor);
   EXPECT_EQ(g->side, "B");
   EXPECT_EQ(g->expression, "ep(B)");
   EXPECT_TRUE(Has(g->explanation, "expert-data-parallel")) << g->explanation;
@@ -60,7 +60,7 @@ TEST(Cause, ExpertGradientsTwiceAtEp2) {
   const Group* dense = ScaleGroup(r, 1.0);
   ASSERT_NE(dense, nullptr);
   EXPECT_EQ(dense->param_kind, "dense");
-  EXPECT_EQ(dense->cause, "none");
+  EXPECT_EQ(dense->cause, semantics::Cause::kNone);
   // Headline: the finding (2 expert parameters), not the larger matching group.
   EXPECT_EQ(r.groups.front().explanation, g->explanation);
   EXPECT_EQ(r.summary, g->explanation);
@@ -84,8 +84,8 @@ TEST(Cause, ContextParallelLossTimesCp) {
   const Group& g = r.groups.front();
   EXPECT_NEAR(*g.scale, 2.0, 1e-4);
   EXPECT_EQ(g.expression, "cp(B)");
-  EXPECT_EQ(g.dimension, "cp");
-  EXPECT_EQ(g.cause, "loss-multiplier");
+  EXPECT_EQ(g.dimension, semantics::Dimension::kCp);
+  EXPECT_EQ(g.cause, semantics::Cause::kLossMultiplier);
   EXPECT_EQ(g.side, "B");
   EXPECT_TRUE(Has(g.explanation, "loss is multiplied by cp")) << g.explanation;
   EXPECT_TRUE(Has(g.explanation, "divide the loss by cp")) << g.explanation;
@@ -113,7 +113,7 @@ TEST(Cause, DeepSpeed0126MoeDoubleDivision) {
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->count, 2);
   EXPECT_EQ(g->param_kind, "expert");
-  EXPECT_EQ(g->cause, "double-division");
+  EXPECT_EQ(g->cause, semantics::Cause::kDoubleDivision);
   EXPECT_EQ(g->side, "B");
   ASSERT_TRUE(g->predicted.has_value());
   EXPECT_DOUBLE_EQ(*g->predicted, 0.5);
@@ -123,7 +123,7 @@ TEST(Cause, DeepSpeed0126MoeDoubleDivision) {
   EXPECT_EQ(r.summary, g->explanation);
   const Group* dense = ScaleGroup(r, 1.0);
   ASSERT_NE(dense, nullptr);
-  EXPECT_EQ(dense->cause, "none");
+  EXPECT_EQ(dense->cause, semantics::Cause::kNone);
 }
 
 // The #5248 case still reads as before, with the recipe to use.
@@ -132,8 +132,8 @@ TEST(Cause, Issue5248UnderDs4530) {
   EXPECT_EQ(r.verdict, "scaled");
   ASSERT_EQ(r.groups.size(), 1u);
   const Group& g = r.groups.front();
-  EXPECT_EQ(g.dimension, "sp");
-  EXPECT_EQ(g.cause, "loss-multiplier");
+  EXPECT_EQ(g.dimension, semantics::Dimension::kSp);
+  EXPECT_EQ(g.cause, semantics::Cause::kLossMultiplier);
   EXPECT_TRUE(Has(g.explanation,
                   "the per-rank loss is a local mean and the reduction divides by dp only (DeepSpeed "
                   "ZeRO-1/2 since #4530)"))

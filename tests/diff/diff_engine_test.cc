@@ -40,8 +40,8 @@ TEST(DiffEngine, Issue5248Sp2IsScaledBySp) {
             "B/A = 2.000 = sp(B) for all 14 parameters: the per-rank loss is a local mean and the reduction divides by "
             "dp only (DeepSpeed ZeRO-1/2 since #4530); use backward(loss / sp) (local-mean-div-sp) or a loss weighted "
             "by the whole sequence's valid tokens");
-  EXPECT_EQ(r.groups[0].cause, "loss-multiplier");
-  EXPECT_EQ(r.groups[0].dimension, "sp");
+  EXPECT_EQ(r.groups[0].cause, semantics::Cause::kLossMultiplier);
+  EXPECT_EQ(r.groups[0].dimension, semantics::Dimension::kSp);
   EXPECT_EQ(CountVerdict(r, Verdict::kScaled), 14);
   for (const auto& p : r.params) {
     EXPECT_EQ(p.metrics.basis, Basis::kFull) << p.name;

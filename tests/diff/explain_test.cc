@@ -53,8 +53,8 @@ TEST(Explain, Issue5248SentenceForSp2) {
             "dp only (DeepSpeed ZeRO-1/2 since #4530); use backward(loss / sp) (local-mean-div-sp) or a loss weighted "
             "by the whole sequence's valid tokens");
   EXPECT_EQ(cause.expression, "sp(B)");
-  EXPECT_EQ(cause.cause, "loss-multiplier");
-  EXPECT_EQ(cause.dimension, "sp");
+  EXPECT_EQ(cause.cause, semantics::Cause::kLossMultiplier);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kSp);
   EXPECT_EQ(cause.side, "B");
   EXPECT_DOUBLE_EQ(*cause.predicted, 2.0);
 }
@@ -82,8 +82,8 @@ TEST(Explain, DividedBySpTwice) {
   std::string s = ExplainScale(0.5, 3, 14, "dense", Side(Cfg(1, 1, "mean", "local-mean")),
                                Side(Cfg(1, 2, "mean", "local-mean-div-sp")), 1e-4, &cause);
   EXPECT_EQ(cause.expression, "1/sp(B)");
-  EXPECT_EQ(cause.cause, "reduction-divisor");
-  EXPECT_EQ(cause.dimension, "sp");
+  EXPECT_EQ(cause.cause, semantics::Cause::kReductionDivisor);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kSp);
   EXPECT_NE(s.find("for 3 of 14 parameters"), std::string::npos) << s;
   EXPECT_NE(s.find("divides by sp twice"), std::string::npos) << s;
 }
@@ -94,7 +94,7 @@ TEST(Explain, UnexplainedFactorSaysSo) {
   std::string s = ExplainScale(1.7, 14, 14, "dense", Side(Cfg(1, 1, "mean", "local-mean")),
                                Side(Cfg(1, 2, "ds-4530", "local-mean")), 1e-4, &cause);
   EXPECT_TRUE(cause.expression.empty());
-  EXPECT_EQ(cause.cause, "unexplained");
+  EXPECT_EQ(cause.cause, semantics::Cause::kUnexplained);
   EXPECT_NE(s.find("matches no expression"), std::string::npos) << s;
 }
 
@@ -132,7 +132,7 @@ TEST(Explain, PlainPytorchCitesNoDeepSpeedHistory) {
                                Side(Cfg(1, 2, "", "local-mean"), "pytorch"), 1e-4, &cause);
   EXPECT_EQ(s.find('#'), std::string::npos) << s;
   EXPECT_EQ(s.find("DeepSpeed"), std::string::npos) << s;
-  EXPECT_EQ(cause.dimension, "sp");
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kSp);
   EXPECT_NE(s.find("backward(loss / sp)"), std::string::npos) << s;
   // The same factor under a DeepSpeed policy cites the PR.
   s = ExplainScale(2.0, 14, 14, "dense", Side(Cfg(1, 1, "mean", "local-mean")),
@@ -149,18 +149,18 @@ TEST(Explain, DeclaredDivisorIsBelieved) {
   TraceSide a = Side(c, "pytorch"), b = Side(c, "pytorch");
   b.reductions = {{"dense", 4, /*measured=*/4.0, /*declared=*/2.0, /*expected=*/2.0}};
   Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, "loss-multiplier");
-  EXPECT_EQ(cause.dimension, "cp");
+  EXPECT_EQ(cause.cause, semantics::Cause::kLossMultiplier);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kCp);
   // Declaring nothing, the measured divisor (1, a sum, not the 2 needed) makes it a reduction divisor.
   b.reductions = {{"dense", 4, 1.0, 0.0, 2.0}};
   cause = ExplainCause(2.0, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, "reduction-divisor");
+  EXPECT_EQ(cause.cause, semantics::Cause::kReductionDivisor);
   // A plain mean over the group (4, what DDP does) where the recipe needs 2: the loss is scaled for
   // another reduction (VeOmni PR #338), so the loss carries the factor.
   b.reductions = {{"dense", 4, 4.0, 0.0, 2.0}};
   cause = ExplainCause(0.5, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, "loss-multiplier");
-  EXPECT_EQ(cause.dimension, "cp");
+  EXPECT_EQ(cause.cause, semantics::Cause::kLossMultiplier);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kCp);
 }
 
 // PyTorch #155903 (HSDP, format 1.3's replicate degree): the reduce-scatter divides by the shard
@@ -172,14 +172,14 @@ TEST(Explain, HsdpDivideFactorNamesTheReplicateDegree) {
   TraceSide a = Side(ref, "pytorch"), b = Side(hsdp, "pytorch");
   b.reductions = {{"dense", 4, /*measured=*/2.0, /*declared=*/2.0, /*expected=*/4.0}};
   Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, "reduction-divisor");
-  EXPECT_EQ(cause.dimension, "replicate");
+  EXPECT_EQ(cause.cause, semantics::Cause::kReductionDivisor);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kReplicate);
   EXPECT_EQ(cause.expression, "replicate(B)");
   EXPECT_NE(cause.why.find("HSDP replicas"), std::string::npos) << cause.why;
   // Without the replicate degree nothing in the configurations is 2.
   hsdp.set_replicate(0);
   b.config = hsdp;
-  EXPECT_EQ(ExplainCause(2.0, "dense", a, b, 1e-4).cause, "unexplained");
+  EXPECT_EQ(ExplainCause(2.0, "dense", a, b, 1e-4).cause, semantics::Cause::kUnexplained);
 }
 
 // DeepSpeed #7749 (0.18.3, ZeRO-2): every gradient divided by gas^2 more than needed: 1/16 at gas 4
@@ -189,13 +189,13 @@ TEST(Explain, DivisionByGasTwiceIsNamed) {
   c.set_gas(4);
   TraceSide a = Side(c, "deepspeed"), b = Side(c, "deepspeed");
   Cause cause = ExplainCause(1.0 / 16, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, "double-division");
-  EXPECT_EQ(cause.dimension, "gas");
+  EXPECT_EQ(cause.cause, semantics::Cause::kDoubleDivision);
+  EXPECT_EQ(cause.dimension, semantics::Dimension::kGas);
   EXPECT_EQ(cause.expression, "1/gas(B)^2");
   EXPECT_NE(cause.why.find("#7749"), std::string::npos) << cause.why;
   b.framework = "pytorch";
   EXPECT_EQ(ExplainCause(1.0 / 16, "dense", a, b, 1e-4).why.find("#7749"), std::string::npos);
-  EXPECT_EQ(ExplainCause(16.0, "dense", a, b, 1e-4).cause, "unexplained");
+  EXPECT_EQ(ExplainCause(16.0, "dense", a, b, 1e-4).cause, semantics::Cause::kUnexplained);
 }
 
 TEST(Explain, GroupsClusterByScale) {
@@ -215,8 +215,8 @@ TEST(Explain, GroupsClusterByScale) {
   EXPECT_EQ(groups[1].count, 3);
   EXPECT_NEAR(*groups[1].scale, 2.0, 1e-6);
   EXPECT_EQ(groups[1].expression, "sp(B)");
-  EXPECT_EQ(groups[1].cause, "loss-multiplier");
-  EXPECT_EQ(groups[2].cause, "none");
+  EXPECT_EQ(groups[1].cause, semantics::Cause::kLossMultiplier);
+  EXPECT_EQ(groups[2].cause, semantics::Cause::kNone);
 }
 
 }  // namespace

@@ -101,8 +101,8 @@ TEST(FormatFixtures, Version12To15LayoutNamesTheExpertDivisor) {
     EXPECT_NEAR(2.0, *g.scale, 1e-6);
     EXPECT_EQ(2, g.count);
     EXPECT_EQ("expert", g.param_kind);
-    EXPECT_EQ("ep", g.dimension);
-    EXPECT_EQ("reduction-divisor", g.cause);
+    EXPECT_EQ(g.dimension, semantics::Dimension::kEp);
+    EXPECT_EQ(g.cause, semantics::Cause::kReductionDivisor);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "cause.h"
 #include "compare/metrics.h"
+#include "dimension.h"
 #include "report/report.h"
 
 namespace gradtrace::diff {
@@ -36,6 +37,22 @@ TEST(ReportEnums, CausesAreTheSchemasCauses) {
     named.insert(semantics::CauseName(static_cast<semantics::Cause>(c)));
   }
   EXPECT_EQ(named, Enum(Schema()["$defs"]["group"]["properties"]["cause"]));
+}
+
+// Groups name a dimension by DimensionName, except kOne (the candidate "1": B matches A, no dimension) and kSpCp
+// (a group follows sp when the split is over both).
+TEST(ReportEnums, DimensionsAreTheSchemasDimensions) {
+  std::set<std::string> named;
+  for (int d = 0; d <= static_cast<int>(semantics::Dimension::kExperts); ++d) {
+    const auto dim = static_cast<semantics::Dimension>(d);
+    if (dim == semantics::Dimension::kOne || dim == semantics::Dimension::kSpCp || dim == semantics::Dimension::kNone) {
+      continue;
+    }
+    named.insert(semantics::DimensionName(dim));
+    EXPECT_EQ(semantics::DimensionNamed(semantics::DimensionName(dim)), dim);  // names read back
+  }
+  EXPECT_EQ(named, Enum(Schema()["$defs"]["group"]["properties"]["dimension"]));
+  EXPECT_FALSE(semantics::DimensionNamed("sp x tp").has_value());
 }
 
 TEST(ReportEnums, VerdictsAreTheSchemasVerdicts) {

@@ -257,8 +257,8 @@ TEST(SelfCheck, ExpertParallelByRecordedKind) {
   // The headline is the expert group's finding, named by dimension and group, with no DeepSpeed history.
   ASSERT_FALSE(bad.groups.empty());
   EXPECT_EQ(bad.groups.front().param_kind, "expert");
-  EXPECT_EQ(bad.groups.front().cause, "reduction-divisor");
-  EXPECT_EQ(bad.groups.front().dimension, "ep");
+  EXPECT_EQ(bad.groups.front().cause, semantics::Cause::kReductionDivisor);
+  EXPECT_EQ(bad.groups.front().dimension, semantics::Dimension::kEp);
   EXPECT_EQ(bad.summary, bad.groups.front().explanation);
   EXPECT_NE(bad.summary.find("expert-data-parallel"), std::string::npos) << bad.summary;
   EXPECT_EQ(bad.summary.find('#'), std::string::npos) << bad.summary;

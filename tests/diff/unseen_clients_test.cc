@@ -106,7 +106,7 @@ TEST(UnseenClients, GasIsInferredFromTheRecordedMicroSteps) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_FALSE(r->groups.empty());
   EXPECT_NEAR(4.0, *r->groups[0].scale, 1e-6);
-  EXPECT_EQ("gas", r->groups[0].dimension) << r->groups[0].explanation;
+  EXPECT_EQ(r->groups[0].dimension, semantics::Dimension::kGas) << r->groups[0].explanation;
   EXPECT_EQ(4, r->b.config.gas());
   bool said = false;
   for (const Finding& f : r->findings) said |= f.message.find("B: gas 4 inferred from the 4 micro-steps") == 0;
@@ -199,7 +199,7 @@ TEST(UnseenClients, PowerSgdMismatchIsNamedAsLossyCompression) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ("mismatch", r->verdict);
   ASSERT_FALSE(r->groups.empty());
-  EXPECT_EQ("lossy-compression", r->groups[0].cause);
+  EXPECT_EQ(r->groups[0].cause, semantics::Cause::kLossyCompression);
   EXPECT_EQ("B", r->groups[0].side);
 }
 

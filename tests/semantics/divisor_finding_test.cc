@@ -41,7 +41,7 @@ TEST(DivisorFinding, GroupOverSpIsDpOnly) {
   EXPECT_EQ(f.rule, DivisorRule::kDpOnlyOverSp);
   EXPECT_EQ(f.expression, "dp");
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   EXPECT_FALSE(f.right);
   EXPECT_DOUBLE_EQ(f.multiple, 2.0);
   ASSERT_TRUE(f.change.has_value());
@@ -51,7 +51,7 @@ TEST(DivisorFinding, GroupOverSpIsDpOnly) {
   const DivisorFinding right = ExplainDivisor(Measured(2, 4, 2), Cfg(2, 2, "local-mean-div-sp"), true, 1e-3);
   EXPECT_EQ(right.cause, Cause::kNone);
   EXPECT_TRUE(right.right);
-  EXPECT_EQ(right.dimension, "");
+  EXPECT_EQ(right.dimension, semantics::Dimension::kNone);
 }
 
 TEST(DivisorFinding, GroupMean) {
@@ -62,7 +62,7 @@ TEST(DivisorFinding, GroupMean) {
   // Where loss / sp needs 2: the mean divides by sp once more.
   const DivisorFinding off = ExplainDivisor(Measured(4, 4, 2), Cfg(2, 2, "local-mean-div-sp"), false, 1e-3);
   EXPECT_EQ(off.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(off.dimension, "sp");
+  EXPECT_EQ(off.dimension, semantics::Dimension::kSp);
   EXPECT_DOUBLE_EQ(off.multiple, 0.5);
 }
 
@@ -72,7 +72,7 @@ TEST(DivisorFinding, GroupOverSpSquaredIsTheDoubleDivision) {
   EXPECT_EQ(f.rule, DivisorRule::kDividedTwice);
   EXPECT_EQ(f.expression, "(group size / sp)^2");
   EXPECT_EQ(f.cause, Cause::kDoubleDivision);
-  EXPECT_EQ(f.dimension, "dp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kDp);
   ASSERT_TRUE(f.change.has_value());
   EXPECT_EQ(*f.change, DeepSpeedChange::kPr4957);
   // dp 2 x sp 2: 4 x sp = 8 is the group size x sp.
@@ -93,7 +93,7 @@ TEST(DivisorFinding, HsdpShardGroupOnlyLeavesOutReplicate) {
   EXPECT_EQ(f.rule, DivisorRule::kShardOnly);
   EXPECT_EQ(f.expression, "group size / replicate");
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(f.dimension, "replicate");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kReplicate);
   EXPECT_TRUE(f.with_replicas);
   EXPECT_TRUE(SumsOverReplicas(c, "shard"));
   EXPECT_FALSE(SumsOverReplicas(c, "replicate"));
@@ -105,7 +105,7 @@ TEST(DivisorFinding, ExpertsOverEdp) {
   const DivisorFinding f = ExplainDivisor(Measured(2, 2, 4, "edp", "expert"), Cfg(4, 1, "token-weighted"), true, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kExpertsOverEdp);
   EXPECT_EQ(f.expression, "edp group size");
-  EXPECT_EQ(f.dimension, "ep");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kEp);
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
   EXPECT_DOUBLE_EQ(f.multiple, 2.0);
   ASSERT_TRUE(f.change.has_value());
@@ -124,7 +124,7 @@ TEST(DivisorFinding, ModelParallelPartialSumsAndCopies) {
   m.divisor = 2;
   DivisorFinding f = ExplainDivisor(m, Cfg(2, 1, "local-mean"), false, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kPartialSumsAveraged);
-  EXPECT_EQ(f.dimension, "tp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kTp);
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
   m.identical_inputs = true;
   m.divisor = 1;
@@ -132,19 +132,19 @@ TEST(DivisorFinding, ModelParallelPartialSumsAndCopies) {
   f = ExplainDivisor(m, Cfg(2, 1, "local-mean"), false, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kCopiesAdded);
   EXPECT_EQ(f.expression, "1");
-  EXPECT_EQ(f.dimension, "tp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kTp);
 }
 
 TEST(DivisorFinding, SumGasAndNothing) {
   DivisorFinding f = ExplainDivisor(Measured(1, 4, 4), Cfg(4, 1, "local-mean"), false, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kSum);
-  EXPECT_EQ(f.dimension, "world");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kWorld);
   pb::Config gas = Cfg(4, 1, "local-mean");
   gas.set_gas(4);
   f = ExplainDivisor(Measured(16, 4, 4), gas, false, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kAlsoGas);
   EXPECT_EQ(f.expression, "group size x gas");
-  EXPECT_EQ(f.dimension, "gas");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kGas);
   f = ExplainDivisor(Measured(3.3, 4, 4), Cfg(4, 1, "local-mean"), false, 1e-3);
   EXPECT_EQ(f.rule, DivisorRule::kUnmatched);
   EXPECT_EQ(f.expression, "");

@@ -70,7 +70,7 @@ TEST(FactorFinding, Sp4LocalMeanUnderDs4530IsALossMultiplierInSp) {
   const Finding f = ExplainFactor(4.0, "dense", Side(Cfg(1, 1, "mean", "local-mean")),
                                   Side(Cfg(2, 4, "ds-4530", "local-mean")), 1e-4);
   EXPECT_EQ(f.cause, Cause::kLossMultiplier);
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   EXPECT_EQ(f.side, "B");
   EXPECT_EQ(f.expression, "sp(B)");
   ASSERT_TRUE(f.predicted.has_value());
@@ -93,7 +93,7 @@ TEST(FactorFinding, PlainPytorchLocalMeanCitesNoDeepSpeedChange) {
   const Finding f = ExplainFactor(2.0, "dense", Side(Cfg(1, 1, "mean", "local-mean"), "pytorch"),
                                   Side(Cfg(1, 2, "", "local-mean"), "pytorch"), 1e-4);
   EXPECT_EQ(f.cause, Cause::kLossMultiplier);
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   EXPECT_EQ(f.reading, Reading::kLocalMeanOverShard);
   EXPECT_FALSE(f.change.has_value());
   EXPECT_FALSE(f.predicted.has_value());  // no policy recorded: matched by candidates
@@ -118,7 +118,7 @@ TEST(FactorFinding, Pr4957MoeDoubleDivision) {
   b.set_scaling("deepspeed@0.12.6");
   const Finding f = ExplainFactor(0.5, "expert", Side(a), Side(b), 1e-4);
   EXPECT_EQ(f.cause, Cause::kDoubleDivision);
-  EXPECT_EQ(f.dimension, "dp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kDp);
   EXPECT_EQ(f.side, "B");
   EXPECT_EQ(f.param_kind, "expert");
   ASSERT_TRUE(f.predicted.has_value());
@@ -141,7 +141,7 @@ TEST(FactorFinding, HsdpReplicateIsTheReductionsDivisor) {
   const SideFacts a = Side(Cfg(1, 1, "", "mean"), "pytorch");
   const Finding f = ExplainFactor(2.0, "dense", a, b, 1e-4);
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(f.dimension, "replicate");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kReplicate);
   EXPECT_EQ(f.expression, "replicate(B)");
   EXPECT_EQ(f.side, "B");
   EXPECT_EQ(f.reading, Reading::kReplicateLeftOut);
@@ -160,7 +160,7 @@ TEST(FactorFinding, GasSquaredCitesIssue7749) {
   c.set_gas(4);
   const Finding f = ExplainFactor(1.0 / 16, "dense", Side(c, "deepspeed"), Side(c, "deepspeed"), 1e-4);
   EXPECT_EQ(f.cause, Cause::kDoubleDivision);
-  EXPECT_EQ(f.dimension, "gas");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kGas);
   EXPECT_EQ(f.expression, "1/gas(B)^2");
   EXPECT_EQ(f.reading, Reading::kGasDividedTwice);
   ASSERT_TRUE(f.change.has_value());
@@ -185,7 +185,7 @@ TEST(FactorFinding, EvidenceMakesCpALossMultiplierTheLossesConfirm) {
   b.loss_per_replica = 3.0;
   const Finding f = ExplainFactor(2.0, "dense", a, b, 1e-4);
   EXPECT_EQ(f.cause, Cause::kLossMultiplier);
-  EXPECT_EQ(f.dimension, "cp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kCp);
   EXPECT_EQ(f.expression, "cp(B)");
   EXPECT_EQ(f.reading, Reading::kLossTimesSplit);
   ASSERT_TRUE(f.loss_ratio.has_value());
@@ -212,7 +212,7 @@ TEST(FactorFinding, RecordedLossesNameAFactorNoDegreeGives) {
   EXPECT_EQ(f.cause, Cause::kLossMultiplier);
   EXPECT_EQ(f.reading, Reading::kLossScaledOutsideLayout);
   EXPECT_EQ(f.side, "B");
-  EXPECT_EQ(f.dimension, "");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kNone);
   EXPECT_EQ(f.expression, "");
   ASSERT_TRUE(f.loss_ratio.has_value());
   EXPECT_DOUBLE_EQ(*f.loss_ratio, 4.0);
@@ -236,7 +236,7 @@ TEST(FactorFinding, ExpertsAveragedOverEdpNameEp) {
   mean.set_scaling("mean");
   const Finding f = ExplainFactor(2.0, "expert", Side(c, "pytorch"), Side(mean, "pytorch"), 1e-4);
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(f.dimension, "ep");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kEp);
   EXPECT_EQ(f.expression, "ep(B)");
   EXPECT_EQ(f.reading, Reading::kExpertsAveragedOverEdp);
   EXPECT_FALSE(f.change.has_value());
@@ -250,7 +250,7 @@ TEST(FactorFinding, LossDividedBySpAndAMeanOverSpIsSpTwice) {
   const Finding f = ExplainFactor(0.5, "dense", Side(Cfg(1, 1, "mean", "local-mean")),
                                   Side(Cfg(1, 2, "mean", "local-mean-div-sp")), 1e-4);
   EXPECT_EQ(f.cause, Cause::kReductionDivisor);
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   EXPECT_EQ(f.expression, "1/sp(B)");
   EXPECT_FALSE(f.Up());
   EXPECT_EQ(f.reading, Reading::kSpDividedTwice);
@@ -267,12 +267,12 @@ TEST(MismatchFinding, LossyCompressionThenIncompleteGroupThenTokens) {
   Finding f = ExplainMismatch(a, b);
   EXPECT_EQ(f.cause, Cause::kTokenNormalisation);
   EXPECT_EQ(f.side, "B");
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   // Dense reductions over dp only (2 of dp x sp = 4 ranks): the sp ranks keep their own partial gradients.
   b.reductions = {{"dense", 2, 2.0, 2.0}};
   f = ExplainMismatch(a, b);
   EXPECT_EQ(f.cause, Cause::kIncompleteGroup);
-  EXPECT_EQ(f.dimension, "sp");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kSp);
   // PowerSGD on A: an approximation, said first.
   a.config.set_comm_hook("powerSGD_hook");
   f = ExplainMismatch(a, b);
@@ -324,7 +324,7 @@ TEST(FactorFinding, UnscaledScheduleIsNMicroBatchesOnTheSideThatCarriesIt) {
   EXPECT_EQ(f.cause, Cause::kPipelineScheduleScaling);
   EXPECT_EQ(f.reading, Reading::kPipelineSchedule);
   EXPECT_EQ(f.side, "B");
-  EXPECT_EQ(f.dimension, "pp_microbatches");
+  EXPECT_EQ(f.dimension, semantics::Dimension::kPpMicrobatches);
   EXPECT_EQ(f.expression, "pp_microbatches(B)");
   ASSERT_TRUE(f.predicted.has_value());
   EXPECT_DOUBLE_EQ(*f.predicted, 4.0);

@@ -5,7 +5,7 @@ with gradient accumulation: the model and data of ds_pipe.py, captured with grad
         --config tools/repro/upstream/ds_pipe.json --sp 1 --dp 2 --releases 0.18.0,0.19.2,0.19.8
 
 WORLD_SIZE ranks are that many pipeline stages (--dp 2: two stages, data-parallel degree 1), one optimizer step
-of gas micro-batches (the config's, GRADTRACE_CONFIG) through engine.train_batch. On one rank (the command's
+of gas (the config's, GRADTRACE_CONFIG) micro-batches of 4 samples through engine.train_batch. On one rank (the command's
 single-rank reference) the same 3-linear-layer model trains unpipelined as an nn.Sequential (its parameters are
 named as PipelineModule names them: "0.weight", ...) on the same samples at once, gas 1, through a DeepSpeedEngine.
 """
@@ -20,7 +20,9 @@ from torch.nn.functional import cross_entropy
 import gradtrace
 
 CONFIG = json.load(open(os.environ["GRADTRACE_CONFIG"]))
-GAS, MB = CONFIG["gradient_accumulation_steps"], CONFIG["train_micro_batch_size_per_gpu"]
+# 4 samples per micro-batch, whatever the config says: for the single-rank reference the command multiplies the
+# config's micro-batch by --dp, which here counts pipeline stages, not data-parallel replicas.
+GAS, MB = CONFIG["gradient_accumulation_steps"], 4
 
 
 def layers():
@@ -51,7 +53,8 @@ else:
     from deepspeed.pipe import PipelineModule
 
     net = PipelineModule(layers=layers(), num_stages=stages, loss_fn=cross_entropy, partition_method="uniform")
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=CONFIG)
+    cfg = {**CONFIG, "train_micro_batch_size_per_gpu": MB}
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
     cap = gradtrace.deepspeed_adapter.attach(engine, out, loss_recipe="local-mean")
     engine.train_batch(data_iter=iter([(x[k * MB:(k + 1) * MB], y[k * MB:(k + 1) * MB]) for k in range(GAS)]))
 cap.close()
