@@ -22,6 +22,8 @@ const char* CauseName(Cause cause) {
       return "token-normalisation";
     case Cause::kPipelineScheduleScaling:
       return "pp-schedule-scaling";
+    case Cause::kAmbiguous:
+      return "ambiguous";
     case Cause::kUnexplained:
       return "unexplained";
   }

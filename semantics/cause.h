@@ -18,12 +18,13 @@ enum class Cause {
   kTokenNormalisation,       // a loss normalised per micro-batch or shard, not by the total valid tokens
   kPipelineScheduleScaling,  // a pipeline schedule's scale_grads does not match how the loss reduces (x or /
                              // n_microbatches)
+  kAmbiguous,                // several causes predict the factor and nothing in the traces rules all but one out
   kUnexplained,              // no rule fits
 };
 
 // "none", "loss-multiplier", "reduction-divisor", "double-division",
 // "predivide", "lossy-compression", "incomplete-group", "token-normalisation",
-// "pp-schedule-scaling", "unexplained".
+// "pp-schedule-scaling", "ambiguous", "unexplained".
 const char* CauseName(Cause cause);
 
 }  // namespace gradtrace::semantics

@@ -49,13 +49,13 @@ enum class DivisorRule {
 
 struct DivisorFinding {
   DivisorRule rule = DivisorRule::kUnmatched;
-  Cause cause = Cause::kUnexplained;      // kNone when the divisor is what the layout needs
-  std::string expression;                 // "dp", "group size / replicate", ...; "" for kUnmatched
+  Cause cause = Cause::kUnexplained;       // kNone when the divisor is what the layout needs
+  std::string expression;                  // "dp", "group size / replicate", ...; "" for kUnmatched
   Dimension dimension = Dimension::kNone;  // the parallel dimension it follows
-  bool right = false;                     // the divisor is the expected one
-  double multiple = 1;                    // expected / divisor: FINAL as a multiple of the mean-loss gradient
-  bool with_replicas = false;             // HSDP: the group's POST_REDUCE also sums over its replicas
-  std::optional<DeepSpeedChange> change;  // the DeepSpeed change behind it; DeepSpeed runs only
+  bool right = false;                      // the divisor is the expected one
+  double multiple = 1;                     // expected / divisor: FINAL as a multiple of the mean-loss gradient
+  bool with_replicas = false;              // HSDP: the group's POST_REDUCE also sums over its replicas
+  std::optional<DeepSpeedChange> change;   // the DeepSpeed change behind it; DeepSpeed runs only
 };
 
 // The finding for divisor `m` of a run with configuration `c`, divisors equal

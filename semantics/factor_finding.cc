@@ -353,6 +353,142 @@ std::optional<Finding> PipelineFinding(double scale, const SideFacts& a, const S
   return std::nullopt;
 }
 
+// The causes a degree candidate can stand for: a loss that over-counts the dimension, or a reduction that
+// divides by it wrongly (gas: only the loss; the others of the layout are not candidates here).
+std::vector<Cause> CausesOf(Dimension d) {
+  switch (d) {
+    case Dimension::kGas:
+      return {Cause::kLossMultiplier};
+    case Dimension::kSp:
+    case Dimension::kCp:
+    case Dimension::kDp:
+    case Dimension::kTp:
+    case Dimension::kWorld:
+      return {Cause::kLossMultiplier, Cause::kReductionDivisor};
+    default:
+      return {};
+  }
+}
+
+// Every cause the degree candidates of side `side` (the one the rules chose: B before A) stand for in a
+// dense factor, each read as its own finding and marked with what rules it out: a reduction divisor on a
+// side whose reductions divide as its layout needs, a loss multiple on a side whose reductions alone are off
+// by the factor. Empty when a candidate is no degree cause (1, predivide, gas^2, a ratio of the two
+// configurations) or fewer than two causes fit.
+std::vector<Finding> Alternatives(double scale, const std::string& kind, const SideFacts& a, const SideFacts& b,
+                                  const Finding& chosen, double ctol) {
+  std::vector<Finding> out;
+  if (kind == "expert" || kind == "mixed") return out;  // experts: the ep/edp rules decide (PickCandidate)
+  const char side = chosen.side == "A" ? 'A' : 'B';
+  const SideFacts& carrier = side == 'A' ? a : b;
+  const auto matches = MatchFactor(scale, ScaleCandidates(a.config, b.config), ctol);
+  const std::optional<double> off = ReductionOff(carrier, kind, ctol);
+  const bool plain = IsPlainMean(carrier, kind, ctol);
+  const bool local_mean = carrier.config.loss() == "local-mean" || carrier.config.loss() == "alst-tutorial";
+  for (const auto& m : matches) {
+    if (m.side == 'R' || m.squared || CausesOf(m.kind).empty()) return {};
+    if (m.side != side) continue;
+    // world when another degree gives the factor (the others are 1): the same group, not a cause of its own
+    const bool also_a_degree = m.kind == Dimension::kWorld && std::any_of(matches.begin(), matches.end(), [&](auto& o) {
+                                 return o.kind != Dimension::kWorld && o.side == m.side;
+                               });
+    if (also_a_degree) continue;
+    for (const Cause cause : CausesOf(m.kind)) {
+      // A local mean per shard over-counts by the split: read as a loss multiple, not also as a divisor
+      if (local_mean && IsSplit(m.kind) && cause == Cause::kReductionDivisor) continue;
+      Finding c;
+      c.cause = cause;
+      c.dimension = m.kind;
+      c.side = std::string(1, side);
+      c.expression = m.expr;
+      c.param_kind = kind;
+      c.factor = side == 'A' ? 1 / scale : scale;
+      Read(carrier, nullptr, &c);
+      const bool off_by_factor = off && *off != 1.0 && Near(*off, c.factor, ctol);
+      if (cause == Cause::kReductionDivisor && off && *off == 1.0) c.ruled_out = RuledOut::kReductionsAsNeeded;
+      if (cause == Cause::kReductionDivisor && off && *off != 1.0 && plain) {
+        c.ruled_out = RuledOut::kPlainMeanConvention;
+      }
+      if (cause == Cause::kLossMultiplier && off_by_factor && !plain) c.ruled_out = RuledOut::kReductionsCarryFactor;
+      out.push_back(std::move(c));
+    }
+  }
+  // A recorded local-mean recipe over a split gives the factor by itself: every other candidate would add to it.
+  const bool recipe = local_mean && std::any_of(out.begin(), out.end(), [](const Finding& c) {
+                        return IsSplit(c.dimension) && c.ruled_out == RuledOut::kNo;
+                      });
+  for (auto& c : out) {
+    if (recipe && !IsSplit(c.dimension) && c.ruled_out == RuledOut::kNo) c.ruled_out = RuledOut::kRecipeGivesFactor;
+  }
+  // Reductions measured off by the factor are one cause whatever degree equals it: the rules' dimension names it.
+  if (off && *off != 1.0) {
+    std::vector<Finding> kept;
+    for (auto& c : out) {
+      const bool other_divisor =
+          c.cause == Cause::kReductionDivisor && c.ruled_out == RuledOut::kNo && c.dimension != chosen.dimension;
+      if (!other_divisor || chosen.cause != Cause::kReductionDivisor) kept.push_back(std::move(c));
+    }
+    out = std::move(kept);
+  }
+  if (out.size() < 2) out.clear();
+  return out;
+}
+
+// The rerun that separates the alternatives left: double a degree that some of them follow and others do not
+// (gas first: it needs no more ranks), each predicting its B/A after it; or, when they differ only in cause
+// (a loss multiple or a divisor of one dimension), recording the reductions.
+void NameRerun(double scale, const SideFacts& a, const SideFacts& b, Finding* f) {
+  std::vector<Finding*> left;
+  for (auto& alt : f->alternatives) {
+    if (alt.ruled_out == RuledOut::kNo) left.push_back(&alt);
+  }
+  for (const Dimension d : {Dimension::kGas, Dimension::kDp, Dimension::kSp, Dimension::kCp, Dimension::kTp}) {
+    const Finding* follows = nullptr;
+    bool other = false;
+    for (const Finding* alt : left) {
+      if (alt->dimension == d) follows = alt;
+      if (alt->dimension != d) other = true;
+    }
+    if (follows == nullptr || !other) continue;
+    const SideFacts& s = follows->side == "A" ? a : b;
+    double value = 1;
+    for (const auto& degree : ConfigDegrees()) {
+      if (degree.dim == d) value = degree.get(s.config);
+    }
+    f->rerun = d;
+    f->rerun_side = follows->side;
+    f->rerun_value = static_cast<int>(2 * value);
+    for (Finding* alt : left) {
+      const bool reciprocal = alt->expression.rfind("1/", 0) == 0;
+      alt->rerun_factor = alt->dimension != d ? scale : reciprocal ? scale / 2 : scale * 2;
+    }
+    return;
+  }
+  f->rerun_with_reductions = true;
+}
+
+// Settles a finding whose factor several causes fit: the one the traces leave, or kAmbiguous with the rerun.
+void Settle(double scale, const SideFacts& a, const SideFacts& b, std::vector<Finding> alternatives, Finding* f) {
+  const auto left = std::count_if(alternatives.begin(), alternatives.end(),
+                                  [](const Finding& x) { return x.ruled_out == RuledOut::kNo; });
+  if (left == 0) return;  // the evidence contradicts every candidate: the rules' own choice stands
+  if (left == 1) {
+    Finding chosen = *std::find_if(alternatives.begin(), alternatives.end(),
+                                   [](const Finding& x) { return x.ruled_out == RuledOut::kNo; });
+    chosen.alternatives = std::move(alternatives);
+    *f = std::move(chosen);
+    return;
+  }
+  Finding amb;
+  amb.cause = Cause::kAmbiguous;
+  amb.reading = Reading::kAmbiguous;
+  amb.param_kind = f->param_kind;
+  amb.factor = scale;
+  amb.alternatives = std::move(alternatives);
+  NameRerun(scale, a, b, &amb);
+  *f = std::move(amb);
+}
+
 // B's recorded loss per data-parallel replica over A's, when both recorded one and it equals `scale`
 // (within 1e-3 relative).
 std::optional<double> LossRatio(const SideFacts& a, const SideFacts& b, double scale) {
@@ -390,7 +526,18 @@ Finding ExplainFactor(double scale, const std::string& param_kind, const SideFac
     f.expression = PredictedExpression(scale, f, a.config, b.config, ctol);
   } else {
     f = CauseFromCandidates(scale, param_kind, a, b, ctol);
+    f.param_kind = param_kind;
     side = f.side == "A" ? &a : &b;
+    if (f.cause == Cause::kLossMultiplier || f.cause == Cause::kReductionDivisor) {
+      auto alternatives = Alternatives(scale, param_kind, a, b, f, ctol);
+      if (!alternatives.empty()) Settle(scale, a, b, std::move(alternatives), &f);
+      if (f.cause == Cause::kAmbiguous) {
+        f.predicted = predicted;
+        f.prediction_differs = predicted && !Near(scale, *predicted, ctol);
+        return f;
+      }
+      side = f.side == "A" ? &a : &b;
+    }
   }
   // No layout degree fits, but the losses each side recorded differ by the factor: the loss passed to
   // backward carries it (a sum over samples or tokens where the other side takes a mean, a hand-written scale).

@@ -83,22 +83,44 @@ enum class Reading {
   kTokenNormalisation,
   // Cause::kPipelineScheduleScaling
   kPipelineSchedule,  // up: a mean loss per micro-batch, scale_grads=False; down: the loss / n and scale_grads=True
+  // Cause::kAmbiguous: the alternatives each read as their own sentence
+  kAmbiguous,
+};
+
+// What in the traces rules a candidate cause out: the reductions of the side that would carry it.
+enum class RuledOut {
+  kNo,                     // nothing the traces hold
+  kReductionsAsNeeded,     // a reduction divisor: that side's reductions divide as its layout needs
+  kReductionsCarryFactor,  // a loss multiple: that side's reductions alone are off by the whole factor
+  kPlainMeanConvention,    // a reduction divisor: that side's reductions are the plain mean over their group (the
+                           // convention a loss is written for), so the loss is what is off
+  kRecipeGivesFactor,      // that side's recorded loss recipe (a local mean per shard) over-counts by the split already
 };
 
 struct Finding {
   Cause cause = Cause::kUnexplained;
   Reading reading = Reading::kUnmatched;
   Dimension dimension = Dimension::kNone;  // a degree (degrees.h), kSpCp, or kNone
-  std::string param_kind;           // the kind judged: "dense", "expert", "tp-shard", "replicated", "mixed"
-  std::string side;                 // whose configuration carries it: "A", "B", "" (both, or none)
-  std::string expression;           // the candidate the factor equals (candidates.h), "" when none
-  std::optional<double> predicted;  // B/A the two configurations predict (predict.h)
-  bool prediction_differs = false;  // there is a prediction and the factor is not it
-  double factor = 1;                // the factor in the direction of the side carrying it (A/B for side "A")
-  std::string fix;                  // the recipe for a loss that over-counts its split ranks (loss_recipes.h SplitFix)
+  std::string param_kind;                  // the kind judged: "dense", "expert", "tp-shard", "replicated", "mixed"
+  std::string side;                        // whose configuration carries it: "A", "B", "" (both, or none)
+  std::string expression;                  // the candidate the factor equals (candidates.h), "" when none
+  std::optional<double> predicted;         // B/A the two configurations predict (predict.h)
+  bool prediction_differs = false;         // there is a prediction and the factor is not it
+  double factor = 1;                       // the factor in the direction of the side carrying it (A/B for side "A")
+  std::string fix;  // the recipe for a loss that over-counts its split ranks (loss_recipes.h SplitFix)
   std::optional<DeepSpeedChange> change;  // the DeepSpeed change behind it; DeepSpeed sides only
   double divisor_once = 0;                // kMoeBucketDividedTwice: the divisor applied each time
   std::optional<double> loss_ratio;       // a loss multiplier the recorded losses confirm: B's / A's
+  // When more than one cause predicts the factor (equal degrees: dp = gas; a loss multiple or a divisor in one
+  // dimension), every one of them, as a Finding of its own, in preference order: the finding is the one the
+  // traces leave (the others ruled out), or kAmbiguous when several are left, with the rerun that separates them.
+  std::vector<Finding> alternatives;
+  RuledOut ruled_out = RuledOut::kNo;  // as an alternative: what rules it out
+  std::optional<double> rerun_factor;  // as an alternative: the B/A it predicts after the rerun
+  Dimension rerun = Dimension::kNone;  // kAmbiguous: the degree of side `rerun_side` to change; kNone: none does
+  std::string rerun_side;              // "A" or "B"
+  int rerun_value = 0;                 // that degree in the rerun
+  bool rerun_with_reductions = false;  // kAmbiguous in one dimension: recording PRE/POST would separate them
   bool Up() const { return factor > 1; }
 };
 

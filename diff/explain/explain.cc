@@ -84,6 +84,7 @@ constexpr Sentence kSentences[] = {
      "sequence's valid tokens",
      nullptr, nullptr},
     {Reading::kLossMultiplied, "{who}'s loss is multiplied by {dim_or_factor}", nullptr, nullptr},
+    {Reading::kAmbiguous, "several causes fit", nullptr, nullptr},  // AmbiguityWords says which
     {Reading::kLossScaledOutsideLayout,
      "{who}'s loss passed to backward is scaled by {dim_or_factor}, which no layout degree gives (e.g. a sum over "
      "samples or tokens where a mean is meant)",
@@ -228,6 +229,8 @@ void AddScaleGroups(const std::vector<ParamResult>& params, const TraceSide& a, 
     g.dimension = k.dimension == semantics::Dimension::kSpCp ? semantics::Dimension::kSp : k.dimension;
     g.side = k.side;
     g.predicted = k.predicted;
+    g.candidates = std::move(k.candidates);
+    g.rerun = std::move(k.rerun);
     groups->push_back(std::move(g));
     i = j;
   }
@@ -296,6 +299,85 @@ std::string CiteChange(const char* text, const std::optional<semantics::DeepSpee
 
 bool CitesDeepSpeed(const TraceSide& s) { return semantics::CitesDeepSpeed(s.producer, s.framework, s.config); }
 
+namespace {
+
+const char* CauseWords(semantics::Cause c) {
+  return c == semantics::Cause::kLossMultiplier ? "a loss multiple" : "a reduction divisor";
+}
+
+std::string RuledOutBy(const semantics::Finding& alt) {
+  switch (alt.ruled_out) {
+    case semantics::RuledOut::kReductionsAsNeeded:
+      return alt.side + "'s reductions divide as its layout needs";
+    case semantics::RuledOut::kReductionsCarryFactor:
+      return alt.side + "'s reductions alone are off by the whole factor";
+    case semantics::RuledOut::kPlainMeanConvention:
+      return alt.side + "'s reductions are the plain mean over their group, the convention a loss is written for";
+    case semantics::RuledOut::kRecipeGivesFactor:
+      return alt.side + "'s recorded loss recipe, a local mean per shard, over-counts by the split already";
+    case semantics::RuledOut::kNo:
+      break;
+  }
+  return "";
+}
+
+// The candidates of a finding several causes fit (semantics::Finding::alternatives), their sentences and the
+// rerun that separates those the traces leave.
+void AlternativesInto(const semantics::Finding& f, const TraceSide& a, const TraceSide& b, Cause* k) {
+  for (const auto& alt : f.alternatives) {
+    CandidateCause c;
+    c.cause = alt.cause;
+    c.dimension = alt.dimension;
+    c.side = alt.side;
+    c.expression = alt.expression;
+    c.explanation = FindingWords(alt, alt.side == "A" ? a : b);
+    c.ruled_out_by = RuledOutBy(alt);
+    c.rerun_predicts = alt.rerun_factor;
+    k->candidates.push_back(std::move(c));
+  }
+  if (f.rerun != semantics::Dimension::kNone) {
+    std::string predicts;
+    std::set<std::string> said;
+    for (const auto& c : k->candidates) {
+      if (!c.rerun_predicts || !said.insert(c.expression).second) continue;
+      predicts += (predicts.empty() ? "" : ", ") + c.expression + " predicts " + FormatFixed(*c.rerun_predicts);
+    }
+    k->rerun = "rerun " + f.rerun_side + " with " + semantics::DimensionName(f.rerun) + " " +
+               std::to_string(f.rerun_value) + ": " + predicts;
+  } else if (f.rerun_with_reductions) {
+    const std::string who = f.alternatives.empty() ? "B" : f.alternatives.front().side;
+    k->rerun = "record " + who + "'s reductions (PRE_REDUCE and POST_REDUCE): gradtrace-diff --self then measures " +
+               "its divisor, which tells a loss multiple from a reduction divisor";
+  }
+}
+
+// "; ruled out by the traces: dp(B) as a reduction divisor (B's reductions divide as its layout needs)".
+std::string RuledOutWords(const Cause& k) {
+  std::string out;
+  for (const auto& c : k.candidates) {
+    if (c.ruled_out_by.empty()) continue;
+    out += (out.empty() ? "; ruled out by the traces: " : ", ") + c.expression + " as " + CauseWords(c.cause) + " (" +
+           c.ruled_out_by + ")";
+  }
+  return out;
+}
+
+// Cause kAmbiguous: every candidate left, in words, what rules the others out, and the rerun.
+std::string AmbiguityWords(const Cause& k) {
+  std::string left;
+  int n = 0;
+  for (const auto& c : k.candidates) {
+    if (!c.ruled_out_by.empty()) continue;
+    left += (left.empty() ? "" : "; or ") + c.expression + " as " + CauseWords(c.cause) + ": " + c.explanation;
+    ++n;
+  }
+  std::string out = std::to_string(n) + " causes fit and the traces do not tell them apart: " + left + RuledOutWords(k);
+  if (!k.rerun.empty()) out += "; to tell them apart, " + k.rerun;
+  return out;
+}
+
+}  // namespace
+
 double ClusterTolerance(double rtol) { return std::clamp(10 * rtol, 1e-6, 0.01); }
 
 Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol) {
@@ -306,7 +388,12 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
   k.dimension = f.dimension;
   k.side = f.side;
   k.predicted = f.predicted;
-  k.why = FindingWords(f, f.side == "A" ? a : b);
+  AlternativesInto(f, a, b, &k);
+  if (f.cause == semantics::Cause::kAmbiguous) {
+    k.why = AmbiguityWords(k);
+  } else {
+    k.why = FindingWords(f, f.side == "A" ? a : b) + RuledOutWords(k);
+  }
   if (f.prediction_differs) k.why += "; the configurations predict B/A = " + FormatFixed(*f.predicted);
   if (f.loss_ratio) {
     k.why +=

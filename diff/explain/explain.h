@@ -36,6 +36,8 @@ struct Cause {
   std::string side;
   std::optional<double> predicted;
   std::string why;  // words
+  std::vector<CandidateCause> candidates;  // Group::candidates
+  std::string rerun;                       // Group::rerun
 };
 Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol);
 

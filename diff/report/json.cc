@@ -47,6 +47,17 @@ Json GroupJson(const Group& g) {
   j["param_kind"] = g.param_kind;
   j["side"] = g.side;
   j["predicted"] = g.predicted ? NumberOrNull(*g.predicted) : Json(nullptr);
+  j["candidates"] = Json::array();
+  for (const auto& c : g.candidates) {
+    j["candidates"].push_back({{"cause", semantics::CauseName(c.cause)},
+                               {"dimension", semantics::DimensionName(c.dimension)},
+                               {"side", c.side},
+                               {"expression", c.expression},
+                               {"explanation", c.explanation},
+                               {"ruled_out_by", c.ruled_out_by},
+                               {"rerun_predicts", c.rerun_predicts ? NumberOrNull(*c.rerun_predicts) : Json(nullptr)}});
+  }
+  j["rerun"] = g.rerun;
   return j;
 }
 

@@ -16,7 +16,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.5";
+inline constexpr char kReportSchemaVersion[] = "1.6";
 
 // diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
 // setup differs (different initial weights or data: not a gradient verdict).
@@ -39,6 +39,17 @@ struct ParamResult {
   bool zero = false;  // matched only by the absolute floor: zero up to rounding, no scale to group by
 };
 
+// One cause that predicts a group's factor when several do (since schema 1.6; REPORT_SCHEMA.md "groups[]").
+struct CandidateCause {
+  semantics::Cause cause = semantics::Cause::kUnexplained;
+  semantics::Dimension dimension = semantics::Dimension::kNone;
+  std::string side;                      // whose configuration would carry it: "A", "B"
+  std::string expression;                // the candidate, e.g. "gas(B)"
+  std::string explanation;               // its sentence
+  std::string ruled_out_by;              // the evidence in the traces that rules it out; "" when nothing does
+  std::optional<double> rerun_predicts;  // the B/A it predicts after the group's rerun
+};
+
 // Parameters sharing a scale factor (or a problem), and what explains it.
 struct Group {
   std::string kind;             // "scale", "mismatch", "missing", "nonfinite"
@@ -54,6 +65,10 @@ struct Group {
   std::string param_kind;           // the group's parameters: "dense", "expert", "tp-shard", "replicated", "mixed", ""
   std::string side;                 // whose configuration carries the cause: "A", "B", "" (none or both)
   std::optional<double> predicted;  // B/A (diff) or the divisor (self) the recorded layouts predict
+  // Every cause that predicts the factor when more than one does (cause "ambiguous" when the traces leave
+  // several, else the one left and those they rule out); empty otherwise.
+  std::vector<CandidateCause> candidates;
+  std::string rerun;  // cause "ambiguous": the rerun that would tell the candidates left apart; "" otherwise
 };
 
 // A problem that is not one parameter's verdict: truncated file, replicas disagreeing.

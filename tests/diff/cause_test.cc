@@ -83,15 +83,18 @@ TEST(Cause, ContextParallelLossTimesCp) {
   ASSERT_EQ(r.groups.size(), 1u);
   const Group& g = r.groups.front();
   EXPECT_NEAR(*g.scale, 2.0, 1e-4);
-  EXPECT_EQ(g.expression, "cp(B)");
-  EXPECT_EQ(g.dimension, semantics::Dimension::kCp);
-  EXPECT_EQ(g.cause, semantics::Cause::kLossMultiplier);
-  EXPECT_EQ(g.side, "B");
-  EXPECT_TRUE(Has(g.explanation, "loss is multiplied by cp")) << g.explanation;
+  // dp = cp = 2: a loss multiple (the divisors are ruled out by B's own reductions), x cp or x dp (issue 41).
+  EXPECT_EQ(g.cause, semantics::Cause::kAmbiguous);
+  EXPECT_TRUE(Has(g.explanation, "cp(B) as a loss multiple: B's loss is multiplied by cp")) << g.explanation;
   EXPECT_TRUE(Has(g.explanation, "divide the loss by cp")) << g.explanation;
-  EXPECT_FALSE(Has(g.explanation, "sums the data-parallel")) << g.explanation;
-  EXPECT_TRUE(Has(g.explanation, "the recorded losses agree (B's loss per data-parallel replica is 2.000 x A's)"))
+  EXPECT_TRUE(Has(g.explanation, "or dp(B) as a loss multiple: B's loss is multiplied by dp")) << g.explanation;
+  EXPECT_TRUE(Has(g.explanation,
+                  "ruled out by the traces: cp(B) as a reduction divisor (B's reductions divide as its "
+                  "layout needs), dp(B) as a reduction divisor"))
       << g.explanation;
+  EXPECT_TRUE(Has(g.explanation, "to tell them apart, rerun B with dp 4: cp(B) predicts 2.000, dp(B) predicts 4.000"))
+      << g.explanation;
+  EXPECT_EQ(g.rerun, "rerun B with dp 4: cp(B) predicts 2.000, dp(B) predicts 4.000");
   // The evidence: B's own reductions divide as its layout needs.
   ASSERT_FALSE(r.b.reductions.empty());
   EXPECT_NEAR(r.b.reductions.front().measured, 2.0, 1e-4);

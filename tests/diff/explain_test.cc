@@ -149,8 +149,13 @@ TEST(Explain, DeclaredDivisorIsBelieved) {
   TraceSide a = Side(c, "pytorch"), b = Side(c, "pytorch");
   b.reductions = {{"dense", 4, /*measured=*/4.0, /*declared=*/2.0, /*expected=*/2.0}};
   Cause cause = ExplainCause(2.0, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, semantics::Cause::kLossMultiplier);
-  EXPECT_EQ(cause.dimension, semantics::Dimension::kCp);
+  // A loss multiple, not a divisor (both divisors ruled out); x cp or x dp the traces cannot tell (issue 41).
+  EXPECT_EQ(cause.cause, semantics::Cause::kAmbiguous);
+  ASSERT_EQ(cause.candidates.size(), 4u);
+  for (const auto& c : cause.candidates) {
+    EXPECT_EQ(c.ruled_out_by.empty(), c.cause == semantics::Cause::kLossMultiplier) << c.expression;
+  }
+  EXPECT_EQ(cause.rerun, "rerun B with dp 4: cp(B) predicts 2.000, dp(B) predicts 4.000");
   // Declaring nothing, the measured divisor (1, a sum, not the 2 needed) makes it a reduction divisor.
   b.reductions = {{"dense", 4, 1.0, 0.0, 2.0}};
   cause = ExplainCause(2.0, "dense", a, b, 1e-4);
@@ -159,8 +164,13 @@ TEST(Explain, DeclaredDivisorIsBelieved) {
   // another reduction (VeOmni PR #338), so the loss carries the factor.
   b.reductions = {{"dense", 4, 4.0, 0.0, 2.0}};
   cause = ExplainCause(0.5, "dense", a, b, 1e-4);
-  EXPECT_EQ(cause.cause, semantics::Cause::kLossMultiplier);
-  EXPECT_EQ(cause.dimension, semantics::Dimension::kCp);
+  EXPECT_EQ(cause.cause, semantics::Cause::kAmbiguous);  // a loss multiple: / cp or / dp
+  for (const auto& c : cause.candidates) {
+    EXPECT_EQ(
+        c.cause == semantics::Cause::kReductionDivisor,
+        c.ruled_out_by == "B's reductions are the plain mean over their group, the convention a loss is written for")
+        << c.expression;
+  }
 }
 
 // PyTorch #155903 (HSDP, format 1.3's replicate degree): the reduce-scatter divides by the shard

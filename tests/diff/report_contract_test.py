@@ -47,12 +47,14 @@ def outputs():
                                                                   "ds-4530", "--loss", "local-mean"],
              "sp4": ["--dp", "2", "--sp", "4", "--zero-stage", "2", "--scaling", "ds-4530", "--loss", "local-mean",
                      "--steps", "2"],
-             "norm": ["--reported-grad-norm", "1.5", "--steps", "2"], "bad": ["--dp", "2", "--scramble", "head.weight"]}
+             "norm": ["--reported-grad-norm", "1.5", "--steps", "2"], "bad": ["--dp", "2", "--scramble", "head.weight"],
+             "amb": ["--dp", "2", "--gas", "2", "--loss-multiplier", "2"]}
     for name, args in synth.items():
         run(SYNTH, w / name, *args, expect={0})
     run(DIFF, w / "ref", w / "sp2", "--json", w / "diff.json", "--html", w / "diff.html", expect={1})
     run(DIFF, "--self", w / "sp4", "--json", w / "self.json", expect={0, 1})
     run(DIFF, w / "ref", w / "norm", "--json", w / "norm.json", expect={0, 1})
+    run(DIFF, w / "ref", w / "amb", "--json", w / "amb.json", expect={1})  # dp = gas: candidates and a rerun
     run(DIFF, w / "ref", w / "bad", "--noise", w / "ref2", "--json", w / "noise.json", expect={1})
     run(DIFF, w / "norm", w / "norm", "--step", "all", "--json", w / "steps.json", expect={0})
     run(DIFF, "--self", w / "sp4", "--step", "all", "--json", w / "self-steps.json", expect={0, 1})
@@ -61,7 +63,8 @@ def outputs():
             expect={0})
     run(DIFF, "--merge", w / "part-0.json", w / "part-1.json", "--json", w / "merged.json", expect={1})
     load = lambda f: (f, json.loads((w / f).read_text()))
-    return {"report": [load(f) for f in ("diff.json", "self.json", "norm.json", "noise.json", "merged.json")],
+    return {"report": [load(f) for f in ("diff.json", "self.json", "norm.json", "noise.json", "merged.json",
+                                         "amb.json")],
             "steps": [load("steps.json"), load("self-steps.json")],
             "partial": [load("part-0.json"), load("part-1.json")]}
 
@@ -188,6 +191,7 @@ DOCUMENTED = {
     "report.schema.json#/$defs/trace/properties/reductions/items": (TOP, ("row", "trace_a")),
     "report.schema.json#/$defs/param": ("`params[]`", ("table", 0)),
     "report.schema.json#/$defs/group": ("`groups[]`", ("prose",)),
+    "report.schema.json#/$defs/candidate_cause": ("`groups[]`", ("row", "candidates")),
     "report.schema.json#/$defs/self_param": ("`self_params[]`", ("prose",)),
     "report.schema.json#/$defs/bucket_cell": ("Per-rank x per-bucket view", ("table", 0)),
     "steps.schema.json#": ("Every step", ("table", 0)),

@@ -1,10 +1,10 @@
 """DeepSpeed's PipelineEngine captured by gradtrace.deepspeed_adapter (gradtrace.adapters.deepspeed_pipe), with the
-installed release, through the version command as a user runs it: tools/repro/upstream/ds_pipe_versions.py on 2
-ranks = 2 pipeline stages, gas 4 (tools/repro/upstream/ds_pipe.json), against the command's single-rank reference
+installed release, through the version command as a user runs it: tools/repro/ds_pipe/capture.py on 2
+ranks = 2 pipeline stages, gas 4 (tools/repro/ds_pipe/ds_pipe.json), against the command's single-rank reference
 (the same layers as an nn.Sequential, all 16 samples at once, gas 1). DeepSpeed 0.19.8 gives each stage the
 mean gradient over the micro-batches (measured without gradtrace: tools/repro/upstream/ds_pipe.py prints 1.0000
 for every parameter of both stages), so the diff must say 1.000 for all 6 parameters, joined across the stages.
-Releases whose pipelines scaled wrongly are a documented sweep (tools/repro/upstream/README.md), not a test.
+Releases whose pipelines scaled wrongly are a documented sweep (tools/repro/ds_pipe/README.md), not a test.
 """
 
 import json
@@ -17,8 +17,8 @@ import gradtrace
 
 from conftest import BUILD, ROOT, deepspeed_env
 
-SCRIPT = ROOT / "tools" / "repro" / "upstream" / "ds_pipe_versions.py"
-CONFIG = ROOT / "tools" / "repro" / "upstream" / "ds_pipe.json"
+SCRIPT = ROOT / "tools" / "repro" / "ds_pipe" / "capture.py"
+CONFIG = ROOT / "tools" / "repro" / "ds_pipe" / "ds_pipe.json"
 DIFF = BUILD / "bin" / "gradtrace-diff"
 
 

@@ -87,6 +87,21 @@ def test_ds7749_repro_divides_by_gas_once(stage, tmp_path):
         assert residual == pytest.approx(0.0, abs=1e-4), (key, rows)
 
 
+LINE_PIPE = re.compile(r"^deepspeed \S+ gas=(\d+) stage (\d) (\S+)\s+grad = ([0-9.]+) x the one-process gradient, "
+                       r"residual ([0-9.]+)$")
+
+
+def test_ds_pipe_repro_averages_over_micro_batches_on_every_stage(tmp_path):
+    """Two stages, gas 4: every parameter of both stages gets the one-process mean-loss gradient (0.18.0 printed
+    4.0000 everywhere, 0.18.5-0.19.2 0.2500 on stage 0: tools/repro/ds_pipe/README.md)."""
+    rows = {m[3]: (int(m[2]), float(m[4]), float(m[5])) for m in map(LINE_PIPE.match, _run("ds_pipe.py", (4,), tmp_path))
+            if m and m[1] == "4"}
+    assert {n: s for n, (s, _, _) in rows.items()} == {"0.weight": 0, "0.bias": 0, "2.weight": 0, "2.bias": 0,
+                                                       "4.weight": 1, "4.bias": 1}, rows
+    for name, (_, factor, residual) in rows.items():
+        assert factor == pytest.approx(1.0, abs=1e-4) and residual == pytest.approx(0.0, abs=1e-4), (name, rows)
+
+
 def test_upstream_repros_import_no_gradtrace():
     for path in UPSTREAM.glob("*.py"):
         assert not re.search(r"^\s*(import|from)\s+gradtrace", path.read_text(), re.M), path

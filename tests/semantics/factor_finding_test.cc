@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -174,7 +175,8 @@ TEST(FactorFinding, GasSquaredCitesIssue7749) {
 }
 
 // Megatron-LM #673: B's reduction divides as its layout needs (declared 2 = expected 2), so a factor of cp = dp
-// = 2 is a loss multiplier in cp; the recorded losses (2 x A's per replica) confirm it.
+// = 2 is a loss multiple, never a divisor: the evidence rules both divisors out. Which loss multiple, x cp (the
+// bug) or x dp, the traces cannot tell (issue 41): both are left, and a rerun with dp 4 separates them.
 TEST(FactorFinding, EvidenceMakesCpALossMultiplierTheLossesConfirm) {
   pb::Config c = Cfg(2, 1, "", "token-weighted");
   c.set_cp(2);
@@ -184,12 +186,37 @@ TEST(FactorFinding, EvidenceMakesCpALossMultiplierTheLossesConfirm) {
   a.loss_per_replica = 1.5;
   b.loss_per_replica = 3.0;
   const Finding f = ExplainFactor(2.0, "dense", a, b, 1e-4);
-  EXPECT_EQ(f.cause, Cause::kLossMultiplier);
-  EXPECT_EQ(f.dimension, semantics::Dimension::kCp);
-  EXPECT_EQ(f.expression, "cp(B)");
-  EXPECT_EQ(f.reading, Reading::kLossTimesSplit);
-  ASSERT_TRUE(f.loss_ratio.has_value());
-  EXPECT_DOUBLE_EQ(*f.loss_ratio, 2.0);
+  EXPECT_EQ(f.cause, Cause::kAmbiguous);
+  ASSERT_EQ(f.alternatives.size(), 4u);
+  for (const auto& alt : f.alternatives) {
+    EXPECT_EQ(alt.side, "B");
+    EXPECT_EQ(alt.ruled_out, alt.cause == Cause::kReductionDivisor ? RuledOut::kReductionsAsNeeded : RuledOut::kNo);
+  }
+  EXPECT_EQ(f.rerun, semantics::Dimension::kDp);
+  EXPECT_EQ(f.rerun_side, "B");
+  EXPECT_EQ(f.rerun_value, 4);
+  for (const auto& alt : f.alternatives) {
+    if (alt.ruled_out != RuledOut::kNo) continue;
+    ASSERT_TRUE(alt.rerun_factor.has_value());
+    EXPECT_DOUBLE_EQ(*alt.rerun_factor, alt.dimension == semantics::Dimension::kDp ? 4.0 : 2.0);
+  }
+  // With cp 2 and dp 4 only cp gives the factor: a loss multiplier in cp, which the recorded losses confirm.
+  c.set_dp(4);
+  c.set_world(8);
+  a.config = b.config = c;
+  b.reductions = {{"dense", 8, 4.0, 4.0}};
+  const Finding one = ExplainFactor(2.0, "dense", a, b, 1e-4);
+  EXPECT_EQ(one.cause, Cause::kLossMultiplier);
+  EXPECT_EQ(one.dimension, semantics::Dimension::kCp);
+  EXPECT_EQ(one.expression, "cp(B)");
+  EXPECT_EQ(one.reading, Reading::kLossTimesSplit);
+  ASSERT_TRUE(one.loss_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*one.loss_ratio, 2.0);
+  ASSERT_EQ(one.alternatives.size(), 2u);  // cp as a loss multiple (left) and as a divisor (ruled out)
+  EXPECT_EQ(one.alternatives[1].ruled_out, RuledOut::kReductionsAsNeeded);
+  c.set_dp(2);
+  c.set_world(4);
+  a.config = b.config = c;
   // A sum (believed 1 where 2 is needed) makes the same factor a reduction divisor.
   b.reductions = {{"dense", 4, 1.0, 2.0}};
   const Finding sum = ExplainFactor(2.0, "dense", a, b, 1e-4);
@@ -224,6 +251,91 @@ TEST(FactorFinding, RecordedLossesNameAFactorNoDegreeGives) {
   // Losses that do not carry the factor (a true unexplained 4.000) stay unexplained.
   b.loss_per_replica = 3 * 0.8426;
   EXPECT_EQ(ExplainFactor(4.0, "dense", a, b, 1e-4).cause, Cause::kUnexplained);
+}
+
+// Issue 41: the causes a factor fits are all reported when several fit. dp = gas = 2 with B's reductions right
+// (the accelerate + DeepSpeed report: a loss x the number of processes): the divisor in dp is ruled out, the
+// loss x dp and the loss not divided by gas are left; a rerun with gas 4 separates them (gas 4.000, dp 2.000).
+TEST(FactorFinding, DpEqualToGasIsAmbiguousWithARerun) {
+  pb::Config ref = Cfg(1, 1, "mean", "local-mean"), b = Cfg(2, 1, "mean", "local-mean");
+  b.set_gas(2);
+  SideFacts sb = Side(b);
+  sb.reductions = {{"dense", 2, 2.0, 2.0}};
+  const Finding f = ExplainFactor(2.0, "dense", Side(ref), sb, 1e-4);
+  EXPECT_EQ(f.cause, Cause::kAmbiguous);
+  EXPECT_EQ(f.reading, Reading::kAmbiguous);
+  std::vector<std::string> left, out;
+  for (const auto& alt : f.alternatives) {
+    (alt.ruled_out == RuledOut::kNo ? left : out).push_back(alt.expression + " " + CauseName(alt.cause));
+  }
+  EXPECT_EQ(left, (std::vector<std::string>{"dp(B) loss-multiplier", "gas(B) loss-multiplier"}));
+  EXPECT_EQ(out, (std::vector<std::string>{"dp(B) reduction-divisor"}));
+  EXPECT_EQ(f.rerun, semantics::Dimension::kGas);
+  EXPECT_EQ(f.rerun_value, 4);
+  for (const auto& alt : f.alternatives) {
+    if (alt.ruled_out == RuledOut::kNo) {
+      EXPECT_DOUBLE_EQ(*alt.rerun_factor, alt.dimension == Dimension::kGas ? 4 : 2);
+    }
+  }
+  // Without reductions in the traces (FINAL only) the divisor in dp is left too.
+  const Finding bare = ExplainFactor(2.0, "dense", Side(ref), Side(b), 1e-4);
+  EXPECT_EQ(bare.cause, Cause::kAmbiguous);
+  EXPECT_EQ(std::count_if(bare.alternatives.begin(), bare.alternatives.end(),
+                          [](const Finding& x) { return x.ruled_out == RuledOut::kNo; }),
+            3);
+  // B's reductions summing without the mean carry the whole factor: a divisor in dp, the loss multiples ruled out.
+  sb.reductions = {{"dense", 2, 1.0, 2.0}};
+  const Finding sum = ExplainFactor(2.0, "dense", Side(ref), sb, 1e-4);
+  EXPECT_EQ(sum.cause, Cause::kReductionDivisor);
+  EXPECT_EQ(sum.dimension, Dimension::kDp);
+  for (const auto& alt : sum.alternatives) {
+    EXPECT_EQ(alt.ruled_out, alt.cause == Cause::kLossMultiplier ? RuledOut::kReductionsCarryFactor : RuledOut::kNo);
+  }
+}
+
+// sp = gas = 2: a token-weighted loss over sp shards does not over-count by itself, so sp x the loss and the loss
+// not divided by gas are both left; a local-mean recipe over the shards gives the factor by itself, which
+// rules the gas candidate out (the #5248 reading stays the one).
+TEST(FactorFinding, SpEqualToGasDependsOnTheRecordedRecipe) {
+  pb::Config ref = Cfg(1, 1, "mean", "token-weighted"), b = Cfg(1, 2, "mean", "token-weighted");
+  b.set_gas(2);
+  SideFacts sb = Side(b);
+  sb.reductions = {{"dense", 2, 2.0, 2.0}};
+  const Finding f = ExplainFactor(2.0, "dense", Side(ref), sb, 1e-4);
+  EXPECT_EQ(f.cause, Cause::kAmbiguous);
+  EXPECT_EQ(f.rerun, Dimension::kGas);
+  b.set_loss("local-mean");
+  ref.set_loss("local-mean");
+  sb.config = b;
+  const Finding recipe = ExplainFactor(2.0, "dense", Side(ref), sb, 1e-4);
+  EXPECT_EQ(recipe.cause, Cause::kLossMultiplier);
+  EXPECT_EQ(recipe.dimension, Dimension::kSp);
+  for (const auto& alt : recipe.alternatives) {
+    if (alt.dimension == Dimension::kGas) {
+      EXPECT_EQ(alt.ruled_out, RuledOut::kRecipeGivesFactor);
+    }
+  }
+}
+
+// tp = 2 against a loss doubled by hand (the TP work's open question): tp copies summed or the loss x 2? With
+// no reductions recorded both are left in one dimension, and only recording the reductions tells them apart;
+// with B's tp reductions right, the divisor is ruled out.
+TEST(FactorFinding, TpAgainstALossTimesTp) {
+  pb::Config ref = Cfg(1, 1, "mean", "local-mean"), b = Cfg(1, 1, "mean", "local-mean");
+  b.set_tp(2);
+  b.set_world(2);
+  const Finding bare = ExplainFactor(2.0, "tp-shard", Side(ref), Side(b), 1e-4);
+  EXPECT_EQ(bare.cause, Cause::kAmbiguous);
+  EXPECT_EQ(bare.rerun, Dimension::kNone);
+  EXPECT_TRUE(bare.rerun_with_reductions);
+  ASSERT_EQ(bare.alternatives.size(), 2u);
+  EXPECT_EQ(bare.alternatives[0].dimension, Dimension::kTp);
+  EXPECT_EQ(bare.alternatives[1].dimension, Dimension::kTp);
+  SideFacts sb = Side(b);
+  sb.reductions = {{"tp-shard", 2, 2.0, 2.0}};
+  const Finding right = ExplainFactor(2.0, "tp-shard", Side(ref), sb, 1e-4);
+  EXPECT_EQ(right.cause, Cause::kLossMultiplier);
+  EXPECT_EQ(right.dimension, Dimension::kTp);
 }
 
 // DeepSpeed PR #5259: expert gradients averaged over edp (dp 4 / ep 2) are ep = 2 x too large; the PRs are

@@ -55,6 +55,27 @@ def transitions(rows) -> list:
     return [(r["vs_previous"]["previous"], r["release"]) for r in rows if changed(r)]
 
 
+def failed_between(rows, previous, release) -> list:
+    """The releases between ``previous`` and ``release`` (row order) that failed to run: a change measured from
+    ``previous`` to ``release`` may have come with any of them."""
+    names = [r["release"] for r in rows]
+    lo, hi = names.index(previous), names.index(release)
+    return [r["release"] for r in rows[lo + 1:hi] if r.get("status") != "ok"]
+
+
+def transition_text(rows, previous, release) -> str:
+    """``0.18.5 (after 0.18.2)``, or the range when releases between failed: ``0.18.3, 0.18.4 or 0.18.5 (after
+    0.18.2; 0.18.3 and 0.18.4 failed to run)``."""
+    failed = failed_between(rows, previous, release)
+    if not failed:
+        return f"**{md_text(release)}** (after {md_text(previous)})"
+    names = [md_text(x) for x in failed]
+    which = ", ".join(names + [f"or {md_text(release)}"]) if len(names) > 1 else f"{names[0]} or {md_text(release)}"
+    which = which.replace(", or", " or")
+    did = " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"**{which}** (after {md_text(previous)}; {did} failed to run)"
+
+
 def failed_comparisons(rows) -> list:
     """Every (previous, release) whose comparison failed, oldest first."""
     return [(r["vs_previous"]["previous"], r["release"]) for r in rows if compare_failed(r)]
@@ -115,13 +136,18 @@ def conclusion(result) -> str:
     failed = failed_comparisons(result["rows"])
     unmeasured = ("" if not failed else " Not compared (the diff failed, so nothing was measured): "
                   + ", ".join(f"{md_text(a)} -> {md_text(b)}" for a, b in failed) + ".")
+    not_run = [r["release"] for r in result["rows"] if r.get("status") != "ok"]
     if not ts:
-        if failed:
-            return "No change was measured." + unmeasured
+        if failed or not_run:
+            return "No change was measured." + unmeasured + (
+                f" Failed to run: {', '.join(md_text(x) for x in not_run)}." if not_run else "")
         return "Nothing changed between the releases compared."
-    first = ts[0]
-    more = "" if len(ts) == 1 else " Later changes: " + ", ".join(f"{a} -> {b}" for a, b in ts[1:]) + "."
-    return f"First release at which anything changed: **{first[1]}** (after {first[0]}).{more}{unmeasured}"
+    rows = result["rows"]
+    first = transition_text(rows, *ts[0])
+    more = "" if len(ts) == 1 else " Later changes: " + ", ".join(
+        f"{a} -> {b}" + (f" (or {', '.join(failed_between(rows, a, b))}, which failed)" if failed_between(rows, a, b)
+                         else "") for a, b in ts[1:]) + "."
+    return f"First release at which anything changed: {first}.{more}{unmeasured}"
 
 
 def markdown(result) -> str:

@@ -4,7 +4,7 @@ Two ranks are two pipeline stages of a 3-linear-layer model (stage 0: layers 0-2
 step of GAS micro-batches of 4 samples, trained with engine.train_batch. Prints, per parameter and stage, the
 gradient the optimizer receives as a multiple of the gradient of the mean loss over all GAS x 4 samples computed
 in one process (residual 0: every element has that factor). No gradtrace: the numbers gradtrace-versions reports
-are held against these (tools/repro/upstream/README.md).
+are held against these (tools/repro/ds_pipe/README.md).
 """
 import importlib, os, sys, torch, torch.multiprocessing as mp, deepspeed
 from deepspeed.pipe import PipelineModule

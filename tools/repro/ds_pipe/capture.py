@@ -1,8 +1,8 @@
 """A gradtrace-versions script (its contract: python/gradtrace/versions/command.py) for DeepSpeed's PipelineEngine
-with gradient accumulation: the model and data of ds_pipe.py, captured with gradtrace.deepspeed_adapter.
+with gradient accumulation: the model and data of tools/repro/upstream/ds_pipe.py, captured with gradtrace.deepspeed_adapter.
 
-    gradtrace-versions --package deepspeed --script tools/repro/upstream/ds_pipe_versions.py \
-        --config tools/repro/upstream/ds_pipe.json --sp 1 --dp 2 --releases 0.18.0,0.19.2,0.19.8
+    gradtrace-versions --package deepspeed --script tools/repro/ds_pipe/capture.py \
+        --config tools/repro/ds_pipe/ds_pipe.json --sp 1 --dp 2 --releases 0.18.0,0.19.2,0.19.8
 
 WORLD_SIZE ranks are that many pipeline stages (--dp 2: two stages, data-parallel degree 1), one optimizer step
 of gas (the config's, GRADTRACE_CONFIG) micro-batches of 4 samples through engine.train_batch. On one rank (the command's
