@@ -18,6 +18,8 @@ int ExpertCopies(const pb::Config& c, int group_size) {
 double ExpectedDivisor(const pb::Config& c, pb::ParamKind kind, int group_size) {
   const Degrees d = DegreesOf(c);
   const int split = d.split();
+  // A loss already weighted by the global batch's tokens: every reduction sums (copies of one expert excepted).
+  if (RanksSumToGlobalLoss(c.loss())) return kind == pb::EXPERT ? ExpertCopies(c, group_size) : 1;
   if (kind == pb::EXPERT) {
     // The dense divisor: dp data-parallel replicas, each a split sequence.
     const auto share = SplitShare(c.loss(), split);

@@ -52,8 +52,10 @@ Dimension DegreeEqualTo(double factor, const pb::Config& c, double ctol, Dimensi
   return Dimension::kNone;
 }
 
-// Whether the side's reductions of `kind` divide by exactly their group size.
+// Whether the side's reductions of `kind` divide by exactly their group size, the convention a loss is
+// written for; not for a loss weighted by the global batch's tokens, whose reductions must sum.
 bool IsPlainMean(const SideFacts& s, const std::string& kind, double ctol) {
+  if (RanksSumToGlobalLoss(s.config.loss())) return false;
   for (const auto& e : s.reductions) {
     if (e.param_kind == kind && e.group_size > 1 && e.believed > 0) return Near(e.believed, e.group_size, ctol);
   }

@@ -5,8 +5,9 @@ namespace gradtrace::semantics {
 namespace {
 
 const char* const kSplitTimes[] = {"local-mean", "alst-tutorial"};
-const char* const kSplitOnce[] = {"local-mean-div-sp", "token-weighted", "full-sequence", "global-token-weighted",
-                                  "alst-tutorial-div-sp"};
+const char* const kSplitOnce[] = {"local-mean-div-sp",     "token-weighted",       "full-sequence",
+                                  "global-token-weighted", "alst-tutorial-div-sp", "global-token-sum"};
+const char* const kGlobalSum = "global-token-sum";
 const char* const kAliases[][2] = {{"loss", "local-mean"},
                                    {"loss-div-sp", "local-mean-div-sp"},
                                    {"alst", "alst-tutorial"},
@@ -50,6 +51,8 @@ std::optional<double> SplitShare(const std::string& loss, int split) {
   }
   return std::nullopt;
 }
+
+bool RanksSumToGlobalLoss(const std::string& loss) { return loss == kGlobalSum; }
 
 std::string SplitFix(const std::string& loss, const std::string& dimension) {
   const std::string d = dimension.empty() ? "sp" : dimension;

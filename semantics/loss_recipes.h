@@ -5,6 +5,10 @@
 //   local-mean-div-sp, token-weighted,   the split ranks add up to the sequence's gradient
 //   full-sequence, global-token-weighted,
 //   alst-tutorial-div-sp
+//   global-token-sum                     every rank's summed token loss over the valid tokens of the whole
+//                                        global batch: all ranks (dp x split) add up to the batch's gradient,
+//                                        so the reductions must sum (FSDP2 set_gradient_divide_factor(1.0),
+//                                        a DDP comm hook that sums)
 // (capture/loss.h implements the gradtrace-train ones; alst-tutorial is the
 // ALST tutorial's loop, where every SP rank back-propagates the whole loss
 // through all_gather, whose backward sums.)
@@ -34,6 +38,10 @@ bool SplitRanksSumToSequenceLoss(const std::string& loss);
 // The multiple of the sequence's gradient that its `split` ranks add up to
 // (split or 1); empty for an unknown recipe.
 std::optional<double> SplitShare(const std::string& loss, int split);
+
+// True for the recipes whose ranks all add up to the global batch's gradient (global-token-sum): every
+// reduction of theirs must sum, dividing by nothing.
+bool RanksSumToGlobalLoss(const std::string& loss);
 
 // The recipe to use instead of `loss` when it over-counts the split ranks,
 // in words: "backward(loss / sp) (local-mean-div-sp) or a token-weighted loss".

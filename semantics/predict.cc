@@ -33,7 +33,8 @@ std::optional<Prediction> Predict(const pb::Config& c, pb::ParamKind kind, bool 
   const BucketScaling s = PlanBucketScaling(*policy, b);
   Prediction p;
   p.applied = s.Divisor();
-  p.needed = d.dp;
+  // A loss weighted by the global batch's tokens needs its reductions to sum; every other recipe a mean over dp.
+  p.needed = RanksSumToGlobalLoss(c.loss()) ? 1 : d.dp;
   p.loss_factor = *share * (loss_divided_by_gas ? 1 : d.gas);
   p.reduction_factor = p.needed / p.applied;
   p.multiple = p.loss_factor * p.reduction_factor;

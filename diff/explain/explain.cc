@@ -83,7 +83,8 @@ constexpr Sentence kSentences[] = {
      "reduction divides as its layout needs; divide the loss by {dim} or use a loss weighted by the whole "
      "sequence's valid tokens",
      nullptr, nullptr},
-    {Reading::kLossMultiplied, "{who}'s loss is multiplied by {dim_or_factor}", nullptr, nullptr},
+    {Reading::kLossMultiplied, "{who}'s loss is multiplied by {dim_or_factor}",
+     "{who}'s loss is divided by {dim_or_factor}", nullptr},
     {Reading::kAmbiguous, "several causes fit", nullptr, nullptr},  // AmbiguityWords says which
     {Reading::kLossScaledOutsideLayout,
      "{who}'s loss passed to backward is scaled by {dim_or_factor}, which no layout degree gives (e.g. a sum over "

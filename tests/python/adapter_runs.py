@@ -15,6 +15,12 @@ cp takes each rank's local token mean (the #5248 pattern). --sync-micro-steps (d
 forward and backward run outside no_sync, so DDP all-reduces each micro-step while .grad accumulates.
 --norm local: the reported grad norm is each rank's norm of the gradient it holds, not reduced over
 the ranks (fsdp2: its shards; the ms-swift #8341 logging pattern); default: clip_grad_norm_'s.
+--global-tokens (ddp, fsdp2): each rank's loss is its summed token loss over the valid tokens of the whole
+global batch (counted with an all-reduce; a quarter of the labels ignored, so the ranks' counts differ) and the
+framework's division is switched off (DDP: a comm hook that sums, declared divisor 1; FSDP2:
+set_gradient_divide_factor(1.0) on every fully_shard module, with set_force_sum_reduction_for_comms(True): gloo
+has no PREMUL_SUM, the op the factor alone selects), declared loss="global-token-sum": exact against ref-seq.
+--keep-division (fsdp2 --global-tokens): FSDP2's mean left on, the bug: 1/dp of the gradient.
 """
 
 import argparse
@@ -108,12 +114,14 @@ def run_rank(rank, args):
         net = DDP(model)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         hook, hook_state = comm_hook(args.hook)
-        if args.bug:
+        if args.bug or args.global_tokens:
             def hook(state, bucket):  # sums over the ranks, forgets to divide
                 return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+        recipe = "global-token-sum" if args.global_tokens else "local-mean"
         cap = gradtrace.ddp_adapter.attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
-                                           gas=args.gas, loss="local-mean",
-                                           loss_description="mean CE over the rank's tokens")
+                                           divisor=1 if args.global_tokens else None, gas=args.gas, loss=recipe,
+                                           loss_description="CE summed over the rank's tokens / the global batch's "
+                                           "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
     elif kind == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -124,9 +132,18 @@ def run_rank(rank, args):
         for layer in (model.qkv, model.proj):
             fully_shard(layer, mp_policy=mp)
         net = fully_shard(model, mp_policy=mp)
+        if args.global_tokens and not args.keep_division:  # a loss over the global batch's tokens: every reduction sums
+            from torch.distributed.fsdp import FSDPModule
+
+            for m in net.modules():  # the factor is per fully_shard call
+                if isinstance(m, FSDPModule):
+                    m.set_gradient_divide_factor(1.0)
+                    m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (torch 2.15)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
-                                             loss_description="mean CE over the rank's tokens")
+        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas,
+                                             loss="global-token-sum" if args.global_tokens else "local-mean",
+                                             loss_description="CE summed over the rank's tokens / the global batch's "
+                                             "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
     elif kind == "hsdp":  # FSDP2's hybrid sharding on a (replicate 2, shard world/2) mesh
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -151,7 +168,7 @@ def run_rank(rank, args):
         cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, loss="global-token-weighted",
                                               loss_description="mean CE over every token")
     for step in range(args.steps):
-        tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq"), data_from=args.data_from)
+        tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq") or args.global_tokens, data_from=args.data_from)
         for micro in range(args.gas):
             mb = slice(micro * BATCH // args.gas, (micro + 1) * BATCH // args.gas)
             t, y = tokens[mb], labels[mb]
@@ -167,7 +184,7 @@ def run_rank(rank, args):
                 logits = net(t, gather=lambda x: GatherSeq.apply(x, None)) if kind == "cp" else net(t)
                 count = (y != IGNORE).sum()
                 local = count.clone()
-                if kind == "cp" and not args.bug:
+                if (kind == "cp" and not args.bug) or args.global_tokens:
                     dist.all_reduce(count)
                 loss = ce_sum(logits, y) / count / args.gas
                 loss.backward()
@@ -253,6 +270,9 @@ def main(argv=None):
     ap.add_argument("--mp", choices=["none", "bf16", "bf16-reduce"], default="none",
                     help="fsdp2: a MixedPrecisionPolicy")
     ap.add_argument("--seed", type=int, default=1234, help="the model's init seed")
+    ap.add_argument("--global-tokens", action="store_true", help="ddp, fsdp2: loss over the global valid tokens, "
+                    "the framework's division off (loss='global-token-sum')")
+    ap.add_argument("--keep-division", action="store_true", help="fsdp2 --global-tokens: leave FSDP2's mean on (the bug)")
     ap.add_argument("--data-from", type=int, default=None, help="other data from this step on")
     ap.add_argument("--hook", choices=["default", "fp16", "bf16", "powersgd"], default="default",
                     help="ddp: one of torch's communication hooks")

@@ -22,7 +22,7 @@ from gradtrace.adapters.rank_recorder import NO_FINAL_WARNING
 from conftest import ROOT, deepspeed_env
 
 KNOWN = ("local-mean, alst-tutorial, local-mean-div-sp, token-weighted, full-sequence, global-token-weighted, "
-         "alst-tutorial-div-sp")
+         "alst-tutorial-div-sp, global-token-sum")
 
 
 class Tiny(torch.nn.Module):

@@ -122,11 +122,18 @@ class FSDP2Capture(Capture):
         compute, reduce = self._mixed_precision()
         precision = {"dtype": torch_dtype_name(compute)} if compute is not None else {}
         options.setdefault("comm_dtype", reduce)
+        # FSDP2's own divide factor (set_gradient_divide_factor): what its reductions divide by instead of the
+        # group size; 1.0 makes them sums (a loss weighted by the global batch's tokens: loss="global-token-sum").
+        factors = sorted({float(pg.gradient_divide_factor) for _, pg in self.param_groups
+                          if getattr(pg, "gradient_divide_factor", None) is not None})
+        extra = {**({"fsdp2_gradient_divide_factor": ",".join(f"{f:g}" for f in factors)} if factors else {}),
+                 **(options.pop("extra", None) or {})}
         recorder = RankRecorder(model.named_parameters(), out_dir, framework="pytorch-fsdp2",
                                 framework_version=torch.__version__.split("+")[0], layout=layout,
                                 optimizer=optimizer, grad_dtype=compute,
-                                config={"scaling": "mean", "zero_stage": 3, **precision, **options.pop("config", {})},
-                                pipeline=info, **options)
+                                config={"scaling": "mean" if not factors else "sum" if factors == [1.0] else "",
+                                        "zero_stage": 3, **precision, **options.pop("config", {})},
+                                extra=extra, pipeline=info, **options)
         super().__init__(recorder, model, optimizer)
         if info is not None:  # POST_REDUCE as the reduce-scatter left it, before the schedule divides by n
             self._handles += pp.before_scale_grads(info, self.flush)
@@ -188,8 +195,10 @@ class FSDP2Capture(Capture):
             shape, index, n = blocks[pid][me]
             mine.append((pid, shape, index, output_tensor, seg, n))
         # An AVG reduce-scatter divides by the shard group; under HSDP the replicas' all-reduce divides again
-        # by a factor this hook does not see, so nothing is declared there (--self measures it).
-        divisor = float(world) if _is_avg(op) and self.group == "dp" else 0.0
+        # by a factor this hook does not see, so nothing is declared there (--self measures it). A divide factor
+        # set on the module (set_gradient_divide_factor) is the whole reduction's divisor, HSDP's included.
+        factor = getattr(pg, "gradient_divide_factor", None)
+        divisor = float(factor) if factor is not None else float(world) if _is_avg(op) and self.group == "dp" else 0.0
         self._pending.append((self.recorder.micro, bucket_id, mine, numel, divisor))
         return work
 
