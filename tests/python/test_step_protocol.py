@@ -25,6 +25,19 @@ def data(step):
     return torch.randn(6, 4, generator=g), torch.randn(6, 1, generator=g)
 
 
+def make_closure(net, opt, x, y, cap=None):
+    """What optimizer.step(closure) evaluates: zero the gradients, the forward and backward of (x, y)."""
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        if cap is not None:
+            cap.record_step(loss)
+        return loss
+
+    return closure
+
+
 def finals(out):
     """[(step, micro, {param id: values})] of the FINAL records of a one-rank trace."""
     (reader,) = gradtrace.read_trace_set(out)
@@ -38,14 +51,7 @@ def expected_grads(optimizer_cls, **kw):
     opt = optimizer_cls(net.parameters(), **kw)
     out = []
     for step in range(STEPS):
-        x, y = data(step)
-
-        def closure():
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(net(x), y)
-            loss.backward()
-            return loss
-
+        closure = make_closure(net, opt, *data(step))
         closure()
         out.append({k: p.grad.detach().clone().reshape(-1).numpy() for k, p in enumerate(net.parameters())})
         opt.step(closure)
@@ -57,15 +63,7 @@ def train(out, optimizer_cls, use_closure, **kw):
     opt = optimizer_cls(net.parameters(), **kw)
     cap = gradtrace.manual_adapter.attach(net, out, optimizer=opt, loss="local-mean")
     for step in range(STEPS):
-        x, y = data(step)
-
-        def closure():
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(net(x), y)
-            loss.backward()
-            cap.record_step(loss)
-            return loss
-
+        closure = make_closure(net, opt, *data(step), cap)
         if use_closure:
             opt.step(closure)
         else:

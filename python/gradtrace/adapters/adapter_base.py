@@ -105,6 +105,17 @@ def check_loss(options: dict) -> None:
     loss_recipes.check(options.get("loss", ""))
 
 
+def check_callback_options(options: dict) -> dict:
+    """A framework callback's options, checked when the callback is made rather than when training starts
+    (the loss recipe, ``on_error``); returns a copy to attach with later."""
+    from .rank_recorder import ON_ERROR
+
+    check_loss(options)
+    if options.get("on_error", "warn") not in ON_ERROR:
+        raise ValueError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
+    return dict(options)
+
+
 def make_layout(options: dict, groups: dict | None = None, layout=None, params=None):
     """A Layout from ``layout`` (kept as given) or inferred from ``groups`` and the layout keywords
     in ``options`` (removed from it, so that the rest goes to the RankRecorder). Checks the loss

@@ -31,8 +31,7 @@ from __future__ import annotations
 import sys
 
 from . import hf_backends
-from .adapter_base import Capture, check_loss
-from .rank_recorder import ON_ERROR
+from .adapter_base import Capture, check_callback_options, check_loss
 
 __all__ = ["GradtraceCallback", "attach_accelerate"]
 
@@ -77,11 +76,8 @@ class GradtraceCallback(_callback_base()):
     warning). The adapter attaches at ``on_train_begin``; ``backend`` then names it."""
 
     def __init__(self, out_dir, **options):
-        check_loss(options)  # now, not at on_train_begin
-        if options.get("on_error", "warn") not in ON_ERROR:
-            raise ValueError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
+        self.options = check_callback_options(options)  # now, not at on_train_begin
         self.out_dir = out_dir
-        self.options = dict(options)
         self.capture = None
         self.backend: str | None = None
         self._handles = []

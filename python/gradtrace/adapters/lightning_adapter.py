@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import sys
 
-from .adapter_base import Capture, check_loss
-from .rank_recorder import ON_ERROR
+from .adapter_base import Capture, check_callback_options, check_loss
 
 __all__ = ["GradtraceCallback", "attach_fabric", "attach_trainer"]
 
@@ -130,11 +129,8 @@ class GradtraceCallback(_callback_base()):
     (``capture`` then holds it) and closes at ``on_train_end`` or when training raises."""
 
     def __init__(self, out_dir, **options):
-        check_loss(options)  # now, not at on_train_start
-        if options.get("on_error", "warn") not in ON_ERROR:
-            raise ValueError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
+        self.options = check_callback_options(options)  # now, not at on_train_start
         self.out_dir = out_dir
-        self.options = dict(options)
         self.capture = None
         self._closed = False
 
