@@ -11,6 +11,8 @@ every layout trains on samples 16k..16k+15 in step k. Fabric: setup_dataloaders'
 loader that does not. --sum-loss: the loss sums the per-sample losses of
 the micro-batch instead of averaging them (the bug the diff must name). --fsdp2: ModelParallelStrategy, whose
 configure_model shards each layer and the whole model with fully_shard over the data-parallel mesh.
+--times-world: the loss multiplied by the number of processes (the accelerate report of issue 41): with dp = gas
+= 2 the factor 2 fits a loss x dp and a loss not divided by gas alike.
 """
 
 import argparse
@@ -48,7 +50,7 @@ def loss_of(out, y, sum_loss):
     return per_sample.sum() if sum_loss else per_sample.mean()
 
 
-def run_trainer(devices, gas, out, sum_loss, fsdp2=False):
+def run_trainer(devices, gas, out, sum_loss, fsdp2=False, times_world=False):
     import lightning.pytorch as pl
 
     import gradtrace
@@ -60,7 +62,7 @@ def run_trainer(devices, gas, out, sum_loss, fsdp2=False):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return loss_of(self.net(x), y, sum_loss)
+            return loss_of(self.net(x), y, sum_loss) * (self.trainer.world_size if times_world else 1)
 
         def configure_model(self):
             if fsdp2:  # ModelParallelStrategy: the model is the user's to shard (FSDP2 over the data-parallel mesh)
@@ -131,10 +133,11 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--sum-loss", action="store_true")
     ap.add_argument("--fsdp2", action="store_true", help="trainer: ModelParallelStrategy with fully_shard")
+    ap.add_argument("--times-world", action="store_true", help="trainer: the loss x the number of processes (a bug)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.loop == "trainer":
-        run_trainer(a.devices, a.gas, a.out, a.sum_loss, a.fsdp2)
+        run_trainer(a.devices, a.gas, a.out, a.sum_loss, a.fsdp2, a.times_world)
     else:
         run_fabric(a.devices, a.gas, a.out)
 

@@ -41,7 +41,7 @@ def runs(tmp_path_factory):
     return {"ref": _run(d / "ref", "trainer", 1, 1), "ddp": _run(d / "ddp", "trainer", 2, 2),
             "sum": _run(d / "sum", "trainer", 2, 2, "--sum-loss"),
             "fsdp2": _run(d / "fsdp2", "trainer", 2, 2, "--fsdp2"), "fabric": _run(d / "fabric", "fabric", 2, 2),
-            "tmp": d}
+            "x-world": _run(d / "x-world", "trainer", 2, 2, "--times-world"), "tmp": d}
 
 
 def diff(runs, *args):
@@ -96,3 +96,20 @@ def test_a_summed_loss_is_named_with_its_factor(runs):
     assert ("B's loss passed to backward is scaled by 4.000, which no layout degree gives (e.g. a sum over samples "
             "or tokens where a mean is meant); the recorded losses agree (B's loss per data-parallel replica is "
             "4.000 x A's)") in group["explanation"]
+
+
+def test_a_loss_times_the_processes_with_dp_equal_to_gas_names_both_causes_and_the_rerun(runs):
+    # dp = gas = 2 and the loss x 2 processes: B's DDP reductions divide as its layout needs (the divisor in dp is
+    # ruled out), but a loss x dp and a loss not divided by gas give the same 2.000: both are reported, with the
+    # rerun that separates them, never one of them as the cause (issue 41).
+    code, rep, out = diff(runs, runs["ref"], runs["x-world"])
+    assert code == 1, out
+    (group,) = rep["groups"]
+    assert group["scale"] == pytest.approx(2.0, rel=1e-5) and group["cause"] == "ambiguous"
+    left = {(c["expression"], c["cause"]) for c in group["candidates"] if not c["ruled_out_by"]}
+    assert left == {("dp(B)", "loss-multiplier"), ("gas(B)", "loss-multiplier")}
+    (out_,) = [c for c in group["candidates"] if c["ruled_out_by"]]
+    assert (out_["expression"], out_["cause"], out_["ruled_out_by"]) == \
+        ("dp(B)", "reduction-divisor", "B's reductions divide as its layout needs")
+    assert group["rerun"] == "rerun B with gas 4: dp(B) predicts 2.000, gas(B) predicts 4.000"
+    assert "2 causes fit and the traces do not tell them apart" in group["explanation"]

@@ -117,3 +117,31 @@ def test_something_that_is_no_optimizer_is_refused_in_one_line(tmp_path):
     with pytest.raises(TypeError, match=r"^gradtrace: NotAnOptimizer is not a torch.optim.Optimizer \(nor a wrapper "
                                         r"of one\): FINAL is taken at the optimizer's step, so pass the torch optimizer$"):
         gradtrace.manual_adapter.attach(net, tmp_path / "x", optimizer=NotAnOptimizer())
+
+
+def test_a_step_the_grad_scaler_skips_gets_no_final_and_keeps_the_numbering(tmp_path):
+    # torch.amp.GradScaler on CPU; step 1's loss is made inf, so scaler.step skips optimizer.step (its update
+    # lowers the scale). Without the skip seen, step 1's micro-step would be filed under step 1 together with
+    # step 2's, and step 2's FINAL named step 1.
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    cap = gradtrace.manual_adapter.attach(net, tmp_path / "amp", optimizer=opt, loss="local-mean")
+    stepped = []
+    with pytest.warns(UserWarning, match=r"gradtrace: rank 0: the optimizer did not step in step 1 \(zero_grad came "
+                                         r"after 1 micro-step\(s\) with no optimizer.step, e.g. a GradScaler"):
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = data(step)
+            loss = torch.nn.functional.mse_loss(net(x), y) * (float("inf") if step == 1 else 1.0)
+            scaler.scale(loss).backward()
+            before = [p.detach().clone() for p in net.parameters()]
+            scaler.step(opt)
+            scaler.update()
+            stepped.append(not all(torch.equal(a, p) for a, p in zip(before, net.parameters())))
+        opt.zero_grad()
+    cap.close()
+    assert stepped == [True, False, True]  # the scaler really skipped step 1
+    assert [s for s, _, _ in finals(tmp_path / "amp")] == [0, 2]
+    assert cap.recorder.step == STEPS and cap.recorder.micro_steps == [1, 1, 1]
+    assert "zero_grad" not in vars(opt)  # close() took the watch away

@@ -260,6 +260,7 @@ class RankRecorder:
         self._inputs = [0, 0.0, 0.0]  # count, sum, sum of squares of this step's inputs (input_moments)
         self.micro_steps: list[int] = []
         self._warned = False
+        self._warned_skip = False
         self._checked_empty = False  # the first captured optimizer step was checked for gradient frames
 
     def _param_table(self, named_params, shape_of, grad_dtype, accum_dtype, comm_dtype) -> list[dict]:
@@ -489,8 +490,25 @@ class RankRecorder:
         no_gradient.warn_if_none(self.recorded, self.phases, self.rank, self.step,
                                  lambda: no_gradient.reason(self.params, self._written))
 
-    def next_step(self) -> None:
-        self.check_gradients_recorded()
+    @property
+    def forwards_this_step(self) -> int:
+        """Micro-steps (begin_micro_step calls) since the current optimizer step began."""
+        return self._forwards
+
+    def skipped_step(self) -> None:
+        """The optimizer did not step although micro-steps ran (gradtrace.adapters.step_protocol: a GradScaler
+        skip): this step ends with no FINAL and no optimizer-step StepInfo, said once; the next is step + 1."""
+        if not self._warned_skip:
+            self._warned_skip = True
+            warnings.warn(f"gradtrace: rank {self.rank}: the optimizer did not step in step {self.step} "
+                          f"(zero_grad came after {self._forwards} micro-step(s) with no optimizer.step, e.g. a "
+                          "GradScaler that found inf/NaN gradients): that step has no FINAL; the next optimizer step "
+                          f"is recorded as step {self.step + 1}", stacklevel=4)
+        self.next_step(check=False)
+
+    def next_step(self, check: bool = True) -> None:
+        if check:
+            self.check_gradients_recorded()
         if self.capturing and self.step % 10 == 0:
             log.info("gradtrace: rank %d captured step %d (%s)", self.rank, self.step, self.recorded)
         self.step += 1

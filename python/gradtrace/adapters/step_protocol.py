@@ -12,6 +12,12 @@ at new parameters) updates with all of those gradients; FINAL holds the first ev
 step's starting point, the one a first-order optimizer would use), said once in a warning, and the later
 evaluations are not recorded (no PRE/POST, no micro-step, no StepInfo) so that every step has one
 record of each.
+
+A step the optimizer skips (a GradScaler that found inf/NaN gradients calls no ``optimizer.step``) would
+otherwise merge its micro-steps into the next step's records. It shows as ``optimizer.zero_grad()`` called
+after micro-steps ran but before any step since the last ``zero_grad``: that step is closed with no FINAL (it
+updated nothing), said once in a warning, and the next one is the next step number. Gradients zeroed another
+way (``model.zero_grad()``, ``set_to_none`` by hand) are not seen: such a skip stays merged.
 """
 
 from __future__ import annotations
@@ -55,12 +61,30 @@ class StepHooks:
         self._evaluations = 0
         self._closure_step = False
         self._warned = False
+        self._stepped = True  # an optimizer step since the last zero_grad (or none yet)
+        self._in_step = False  # inside step(): its closure's zero_grad is part of the step
         self.handles = [self.optimizer.register_step_pre_hook(self._pre),
-                        self.optimizer.register_step_post_hook(self._post)]
+                        self.optimizer.register_step_post_hook(self._post), self._watch_zero_grad()]
+
+    def _watch_zero_grad(self):
+        """Shadows the optimizer's zero_grad with an instance attribute that first checks for a skipped step;
+        the returned handle's remove() takes it away."""
+        optimizer, original = self.optimizer, self.optimizer.zero_grad
+
+        def zero_grad(*args, **kwargs):
+            if not self._in_step:
+                if not self._stepped and self._recorder is not None and self._recorder.forwards_this_step > 0:
+                    self._recorder.skipped_step()
+                self._stepped = False
+            return original(*args, **kwargs)
+
+        optimizer.zero_grad = zero_grad
+        return _Unshadow(optimizer, "zero_grad")
 
     def _pre(self, _optimizer, args, kwargs):
         # args are step()'s own, the optimizer first: step(self, closure=None)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        self._in_step = True
         self._evaluations = 0
         self._closure_step = closure is not None
         if closure is None:
@@ -86,6 +110,7 @@ class StepHooks:
         return gradtrace_closure
 
     def _post(self, *_):
+        self._stepped, self._in_step = True, False
         if self._closure_step and self._evaluations == 0:
             # The optimizer never ran its closure: the gradients were already there when step() began.
             self._before()
@@ -95,6 +120,16 @@ class StepHooks:
             warnings.warn(REEVALUATION_WARNING.format(name=type(self.optimizer).__name__, count=self._evaluations,
                                                       step=step), stacklevel=3)
         self._after()
+
+
+class _Unshadow:
+    """Removes an instance attribute that shadows a class method (a hook handle's remove())."""
+
+    def __init__(self, obj, name):
+        self._obj, self._name = obj, name
+
+    def remove(self) -> None:
+        self._obj.__dict__.pop(self._name, None)
 
 
 def optimizer_hooks(optimizer, before, after, reevaluation=None, recorder=None) -> list:
