@@ -1,4 +1,4 @@
-"""Traces of earlier formats (tests/fixtures/format-1.0 to -1.5, written by
+"""Traces of earlier formats (tests/fixtures/format-1.0 to -1.6, written by
 those writers) read through the Python package as they did; 1.1 files carry the
 index catalogue, 1.2 files the parallel layout; 1.6's references read as values."""
 
@@ -102,3 +102,27 @@ def test_version_16_references_read_as_the_values_they_name(tmp_path):
             assert mine["param_id"] == theirs["param_id"] and mine["offset"] == theirs["offset"]
             assert np.array_equal(mine["values"], theirs["values"])
     assert references == 2 * len(pre) > 0
+
+
+FIXTURES_16 = ROOT / "tests" / "fixtures" / "format-1.6"
+
+
+def test_version_16_fixture_references_read_as_the_values_they_name():
+    """The committed gradtrace-train set of format 1.6: each POST_REDUCE and FINAL record is a reference to its
+    step's PRE_REDUCE frame and reads back holding its values; the synthetic sets hold none."""
+    (r,) = gradtrace.read_trace_set(FIXTURES_16 / "train")
+    assert r.format_version == (1, 6) and r.catalogued
+    gradtrace.verify(r.path)
+    frames = [f for f in r.frames() if f["type"] == "bucket"]
+    by_offset = {f["offset"]: f for f in frames}
+    references = [f for f in frames if f["values_from"]]
+    assert len(references) == 20 and {f["phase"] for f in references} == {"POST_REDUCE", "FINAL"}
+    for f in references:
+        target = by_offset[f["values_from"]]
+        assert target["phase"] == "PRE_REDUCE" and target["values_from"] == 0
+        for mine, theirs in zip(f["slices"], target["slices"]):
+            assert np.array_equal(mine["values"], theirs["values"])
+    for name in ("ref", "sp2", "sketch", "ep"):
+        for reader in gradtrace.read_trace_set(FIXTURES_16 / name):
+            assert reader.format_version == (1, 6)
+            assert all(f["values_from"] == 0 for f in reader.frames() if f["type"] == "bucket")
