@@ -166,9 +166,15 @@ Status DecodePayload(const frame_io::FrameHeader& h, std::string& stored, ZSTD_D
 
 }  // namespace
 
-TraceReader::~TraceReader() {
-  if (file_ != nullptr) std::fclose(file_);
-  ZSTD_freeDCtx(Dctx(zstd_ctx_));
+TraceReader::~TraceReader() { ZSTD_freeDCtx(Dctx(zstd_ctx_)); }
+
+Status TraceReader::ReadBytesAt(uint64_t offset, void* out, size_t n, const std::string& where) {
+  auto lease = file_->Acquire();
+  if (!lease.ok()) return lease.status();
+  if (!ReadExact(lease->file(), base_ + offset, out, n)) {
+    return Status::IoError(where + "read failed: " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 std::string TraceReader::Where(uint64_t offset) const { return path_ + ": offset " + std::to_string(offset) + ": "; }
@@ -192,12 +198,11 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& sour
 Status TraceReader::OpenWindow(const TraceSource& source) {
   const std::string& path = path_;
   // Regression (issue 20): a FIFO named rank-00001.gtrace blocked fopen() forever.
-  auto file = OpenRegularFile(source.path, path);
-  if (!file.ok()) return file.status();
-  file_ = *file;
-  struct stat st;
-  if (fstat(fileno(file_), &st) != 0) return Status::IoError(path + ": cannot stat: " + std::strerror(errno));
-  const uint64_t real_size = static_cast<uint64_t>(st.st_size);
+  // Opened through the pool (file_pool.h): closed when other readers need the slot, reopened on the next read.
+  file_ = std::make_unique<PooledFile>(source.path, path);
+  auto lease = file_->Acquire();
+  if (!lease.ok()) return lease.status();
+  const uint64_t real_size = file_->size();
   if (source.offset > real_size || source.size.value_or(0) > real_size - source.offset) {
     return Status::Truncated(path + ": window [" + std::to_string(source.offset) + ", +" +
                              std::to_string(source.size.value_or(0)) + ") runs past the end of " + source.path + " (" +
@@ -219,7 +224,7 @@ Status TraceReader::ReadFileHeader() {
                                                    std::to_string(format::kFileHeaderSize) + " bytes"));
   }
   uint8_t h[format::kFileHeaderSize];
-  if (!ReadExact(file_, base_, h, sizeof h)) return Status::IoError(Where(0) + "read failed: " + std::strerror(errno));
+  GT_RETURN_IF_ERROR(ReadBytesAt(0, h, sizeof h, Where(0)));
   if (std::memcmp(h, format::kFileMagic, 8) != 0)
     return Status::Corruption(Where(0) + "bad magic: not a gradtrace file");
   const uint16_t major = frame_io::GetU16(h + 8);
@@ -275,8 +280,7 @@ Status TraceReader::ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, 
     return short_of("frame header: " + std::to_string(offset > limit ? 0 : limit - offset) + " of " +
                     std::to_string(format::kFrameHeaderSize) + " bytes");
   }
-  if (!ReadExact(file_, base_ + offset, hb, format::kFrameHeaderSize))
-    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  GT_RETURN_IF_ERROR(ReadBytesAt(offset, hb, format::kFrameHeaderSize, Where(offset)));
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   if (Status s = CheckDeclaredSizes(h); !s.ok()) return At(Where(offset), s);
   const uint64_t left = limit - offset - format::kFrameHeaderSize;
@@ -284,9 +288,7 @@ Status TraceReader::ReadStoredRaw(uint64_t offset, uint64_t limit, uint8_t* hb, 
     return short_of("frame payload: " + std::to_string(left) + " of " + std::to_string(h.stored_len) + " bytes");
   }
   SizeBuffer(stored, h.stored_len);
-  if (!ReadExact(file_, base_ + offset + format::kFrameHeaderSize, stored->data(), stored->size())) {
-    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
-  }
+  GT_RETURN_IF_ERROR(ReadBytesAt(offset + format::kFrameHeaderSize, stored->data(), stored->size(), Where(offset)));
   *next = offset + format::kFrameHeaderSize + h.stored_len;
   return Status::Ok();
 }
@@ -405,9 +407,7 @@ Status TraceReader::ReadValuesFrom(uint64_t offset, const pb::BucketRecord& ref,
   }
   // The header first: the type, and the size against the budget before anything is decoded.
   uint8_t hb[format::kFrameHeaderSize];
-  if (!ReadExact(file_, base_ + from, hb, sizeof hb)) {
-    return Status::IoError(where + "read failed: " + std::strerror(errno));
-  }
+  GT_RETURN_IF_ERROR(ReadBytesAt(from, hb, sizeof hb, where));
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
   if (h.type != kBucketRecord) return Status::Corruption(where + "not a bucket record frame");
   // A reference of a few bytes costs a decode of up to 64 MiB: bounded over the reader's life, so that a
@@ -457,8 +457,7 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
   // Only a small bucket record frame can be a reference (one short entry per slice): the header first, so that a
   // frame of values is not read twice.
   uint8_t hb[format::kFrameHeaderSize];
-  if (offset > end_of_frames_ || end_of_frames_ - offset < sizeof hb ||
-      pread(fileno(file_), hb, sizeof hb, static_cast<off_t>(base_ + offset)) != static_cast<ssize_t>(sizeof hb)) {
+  if (offset > end_of_frames_ || end_of_frames_ - offset < sizeof hb || !ReadBytesAt(offset, hb, sizeof hb, "").ok()) {
     return false;
   }
   const frame_io::FrameHeader h = frame_io::FrameHeader::Decode(hb);
@@ -549,8 +548,7 @@ bool TraceReader::TryLoadIndex() {
   if (file_size_ < first_data_offset_ + format::kFrameHeaderSize + format::kFooterSize) return false;
   const uint64_t footer = file_size_ - format::kFooterSize;
   uint8_t fb[format::kFooterSize];
-  if (!ReadExact(file_, base_ + footer, fb, sizeof fb) || std::memcmp(fb + 8, format::kFooterMagic, 8) != 0)
-    return false;
+  if (!ReadBytesAt(footer, fb, sizeof fb, "").ok() || std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return false;
   const uint64_t index_offset = frame_io::GetU64(fb);
   if (index_offset < first_data_offset_ || index_offset > footer - format::kFrameHeaderSize) return false;
   pb::Index merged;
@@ -593,8 +591,7 @@ Status TraceReader::ScanEnd(uint64_t offset) {
                              std::to_string(format::kFooterSize) + " bytes");
   }
   uint8_t fb[format::kFooterSize];
-  if (!ReadExact(file_, base_ + offset, fb, sizeof fb))
-    return Status::IoError(Where(offset) + "read failed: " + std::strerror(errno));
+  GT_RETURN_IF_ERROR(ReadBytesAt(offset, fb, sizeof fb, Where(offset)));
   if (std::memcmp(fb + 8, format::kFooterMagic, 8) != 0) return Status::Corruption(Where(offset) + "bad footer magic");
   if (frame_io::GetU64(fb) != index_run_offset_) {
     return Status::Corruption(Where(offset) + "footer points at offset " + std::to_string(frame_io::GetU64(fb)) +
@@ -734,7 +731,9 @@ bool TraceReader::ReadViewPieces(uint64_t offset, RecordView* out, StoredFrame* 
 bool TraceReader::ReadPieces(uint64_t offset, uint64_t limit, std::string* payload, StoredFrame* keep) {
   // A piece well inside L2, a few zstd blocks (128 KiB each) long.
   constexpr size_t kPiece = size_t{192} << 10;
-  const int fd = fileno(file_);
+  auto lease = file_->Acquire();  // held through the pieces: the fd stays open
+  if (!lease.ok()) return false;
+  const int fd = lease->fd();
   uint8_t hb[format::kFrameHeaderSize];
   if (offset > limit || limit - offset < sizeof hb ||
       pread(fd, hb, sizeof hb, static_cast<off_t>(base_ + offset)) != static_cast<ssize_t>(sizeof hb)) {

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "file_pool.h"
 #include "format.h"
 #include "gradtrace.pb.h"
 #include "record_view.h"
@@ -203,12 +204,15 @@ class TraceReader {
   // frames before it; *prev: the offset of the last entry so far (updated).
   std::string IndexEntriesProblem(const pb::Index& part, int64_t before, uint64_t index_offset, uint64_t* prev) const;
   Status ScanEnd(uint64_t offset);
+  // Exactly `n` bytes at window offset `offset` (the caller checked they exist); IoError "<where>read failed: ..."
+  // or the pool's error when the file cannot be opened again.
+  Status ReadBytesAt(uint64_t offset, void* out, size_t n, const std::string& where);
   std::string Where(uint64_t offset) const;  // "<path>: offset <N>: "
 
   uint64_t serial_ = 0;  // this reader among those opened in the process, from 1
   std::string path_;
-  std::FILE* file_ = nullptr;
-  uint64_t base_ = 0;  // window offset in file_: every read adds it
+  std::unique_ptr<PooledFile> file_;  // open while the pool allows (file_pool.h)
+  uint64_t base_ = 0;                 // window offset in file_: every read adds it
   uint64_t file_size_ = 0;
   uint64_t pos_ = 0;
   uint64_t end_of_frames_ = 0;  // footer/index start when indexed, else file size
