@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
+#include <set>
+#include <vector>
 
 #include "text_escape.h"
 
@@ -53,8 +56,23 @@ Status CheckJsonLimits(const std::string& text) {
 
 Expected<Json> ParseJson(const std::string& text) {
   GT_RETURN_IF_ERROR(CheckJsonLimits(text));
+  // A key given twice in one object (issue 42: the last one silently won, switching a pack.json's diff mode):
+  // the keys of each open object, the first duplicate kept for the error.
+  std::vector<std::set<std::string>> keys;
+  std::optional<std::string> duplicate;
+  auto watch = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        !duplicate) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    return Json::parse(text);
+    Json parsed = Json::parse(text, watch);
+    if (duplicate) return Status::InvalidArgument("key \"" + TerminalSafe(*duplicate) + "\" given twice in one object");
+    return parsed;
   } catch (const Json::exception& e) {
     // parse_error, and out_of_range for a number too large for a double (fuzz finding: it
     // escaped as an uncaught exception). The message without its "[json.exception.parse_error.101] ".

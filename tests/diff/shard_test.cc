@@ -447,6 +447,25 @@ TEST_F(MergeErrors, DeepNestingIsRefusedBeforeParsing) {
   EXPECT_TRUE(MergeParts({parts_[0], parts_[1], quoted}).ok());
 }
 
+// Issue 42: a key given twice was accepted, the last one winning (in a pack.json it switched the diff mode
+// silently): every JSON a command reads refuses it in one line, naming the key (escaped: it comes from the file).
+TEST_F(MergeErrors, AKeyGivenTwiceIsRefused) {
+  std::string text = ReadFile(parts_[2]);
+  ASSERT_EQ(text.front(), '{');
+  const std::string path = dir_ + "/twice.json";
+  ASSERT_TRUE(WriteFileAtomic(path, "{\"kind\": \"x\", " + text.substr(1)).ok());
+  ExpectError({parts_[0], parts_[1], path}, path + ": key \"kind\" given twice in one object");
+  ASSERT_TRUE(WriteFileAtomic(path, "{\"a\": {\"k\\nx\": 1, \"k\\nx\": 2}}").ok());
+  auto m = MergeParts({parts_[0], parts_[1], path});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message().find('\n'), std::string::npos) << m.status().message();
+  // The same key in two objects is no duplicate.
+  ASSERT_TRUE(WriteFileAtomic(path, "[{\"k\": 1}, {\"k\": 2}]").ok());
+  auto other = MergeParts({parts_[0], parts_[1], path});
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().message().find("given twice"), std::string::npos) << other.status().message();
+}
+
 TEST_F(MergeErrors, AHugeShardCountAllocatesNothing) {
   // shard.n = 2^31-1 sized a vector of n entries before any check: bad_alloc, SIGABRT.
   const std::string path = Edited([](json& j) { j["shard"] = {{"k", 2}, {"n", 2147483647}}; });

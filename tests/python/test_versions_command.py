@@ -123,6 +123,11 @@ def test_second_call_runs_nothing(ergas):
      "'latest' is not a release number"),
     (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--bisect", "1.4.0", "1.3.0"],
      "GOOD must be older than BAD"),
+    # issue 42: an empty list ended in a traceback (None reached version_key through the --from path)
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--releases", ""],
+     "--releases '': no release given (e.g. --releases 1.3.1,1.4.0)"),
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--releases", " , "],
+     "--releases ' , ': no release given"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     p = command(tmp_path, *args)

@@ -283,8 +283,10 @@ def main(argv=None, prog=PROG, package=None):
                 raise BadInput(f"--bisect {good} {bad}: GOOD must be older than BAD")
             result, rc = run_bisect(study, good, bad, release_universe(args))
         else:
-            if args.releases:
+            if args.releases is not None:  # given, even as '' (issue 42: a traceback before)
                 todo = [check_release(v.strip(), "--releases") for v in args.releases.split(",") if v.strip()]
+                if not todo:
+                    raise BadInput(f"--releases {args.releases!r}: no release given (e.g. --releases 1.3.1,1.4.0)")
             else:
                 lo, hi = check_release(args.range_from, "--from"), check_release(args.range_to, "--to")
                 todo = releases.between(release_universe(args), lo, hi)
