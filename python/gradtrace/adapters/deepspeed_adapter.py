@@ -252,24 +252,20 @@ class DeepSpeedCapture:
                 self.unrecordable["POST_REDUCE"] = why
         else:
             deepspeed_zero3.install(self, opt)
+        try:
+            from deepspeed.utils import safe_get_full_grad  # noqa: F401
+        except ImportError:
+            self.unrecordable["FINAL"] = "deepspeed.utils.safe_get_full_grad does not exist"
         if self.pipeline is not None:  # train_batch's schedule: engine.backward and engine.step are never called
-            try:
-                from deepspeed.utils import safe_get_full_grad  # noqa: F401
-            except ImportError:
-                self.unrecordable["FINAL"] = "deepspeed.utils.safe_get_full_grad does not exist"
             deepspeed_pipe.install(self, eng)
             return
         # Micro-steps are numbered by engine.backward: accelerate (Trainer) calls engine.step() only at
         # the accumulation boundary, so counting non-boundary step() calls would leave every micro-step 0.
         self._patch(eng, "backward", self._wrap_backward)
         self.hooks.append(type(eng).__name__ + ".backward")
-        try:
-            from deepspeed.utils import safe_get_full_grad  # noqa: F401
-            self._patch(eng, "step", self._wrap_step)
+        self._patch(eng, "step", self._wrap_step)
+        if "FINAL" not in self.unrecordable:
             self.hooks.append(type(eng).__name__ + ".step")
-        except ImportError:
-            self.unrecordable["FINAL"] = "deepspeed.utils.safe_get_full_grad does not exist"
-            self._patch(eng, "step", self._wrap_step)
 
     # ---- ZeRO-1/2 ------------------------------------------------------------------------------
 
@@ -476,19 +472,30 @@ class DeepSpeedCapture:
     def _wrap_step(self, original):
         def step(*args, **kwargs):
             boundary = bool(_call(self.engine, "is_gradient_accumulation_boundary", True))
-            if boundary and "FINAL" in self.wanted and "FINAL" not in self.unrecordable:
-                self._capture_final()
+            if boundary:
+                self.final_if_wanted()
             result = original(*args, **kwargs)
             if boundary:
-                lrs = _call(self.engine, "get_lr", None) or [None]
-                self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0],
-                                                   step=self.step, micro=self.micro)
-                self._check_recorded()
-                self.step += 1
-                self._backwards = 0
+                self.end_optimizer_step()
             self._bucket_id = 0
             return result
         return step
+
+    def final_if_wanted(self):
+        """FINAL of the current step, unless not asked for or not recordable with this release."""
+        if "FINAL" in self.wanted and "FINAL" not in self.unrecordable:
+            self._capture_final()
+
+    def end_optimizer_step(self):
+        """After the optimizer step: its StepInfo (the engine's lr and grad norm), the first step's check for
+        gradient frames, and the counters of the next step."""
+        lrs = _call(self.engine, "get_lr", None) or [None]
+        self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0], step=self.step,
+                                           micro=self.micro)
+        self._check_recorded()
+        self.step += 1
+        self._backwards = self._forwards = 0
+        self._bucket_id = 0
 
     # ---- PipelineEngine (gradtrace.adapters.deepspeed_pipe) ---------------------------------------
 
@@ -502,19 +509,6 @@ class DeepSpeedCapture:
         loss = getattr(self.engine, "loss", None)
         if self.engine.is_last_stage() and isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self.record_step(loss, 0)
-
-    def pipeline_final(self):
-        if "FINAL" in self.wanted and "FINAL" not in self.unrecordable:
-            self._capture_final()
-
-    def pipeline_step_done(self):
-        lrs = _call(self.engine, "get_lr", None) or [None]
-        self.recorder.write_optimizer_step(_call(self.engine, "get_global_grad_norm"), lr=lrs[0], step=self.step,
-                                           micro=self.micro)
-        self._check_recorded()
-        self.step += 1
-        self._forwards = 0
-        self._bucket_id = 0
 
     def _wrap_backward(self, original):
         def backward(*args, **kwargs):

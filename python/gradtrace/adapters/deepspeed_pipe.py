@@ -53,8 +53,9 @@ def pipe_ranks(engine) -> list[int]:
 
 def install(capture, engine) -> None:
     """Gives ``engine`` its own instruction map whose ForwardPass and OptimizerStep entries call ``capture``
-    (a DeepSpeedCapture): ``capture.pipeline_forward()`` after each forward, ``capture.pipeline_final()``
-    before the optimizer step and ``capture.pipeline_step_done()`` after it."""
+    (a DeepSpeedCapture): ``pipeline_forward_begins()``/``pipeline_forward_done()`` around each forward,
+    ``final_if_wanted()`` before the optimizer step and ``end_optimizer_step()`` after it, as a DeepSpeedEngine's
+    boundary ``step()`` does."""
     from deepspeed.runtime.pipe import schedule
 
     base = dict(type(engine)._INSTRUCTION_MAP)
@@ -67,9 +68,9 @@ def install(capture, engine) -> None:
         return result
 
     def optimizer_step(self, *args, **kwargs):
-        capture.pipeline_final()
+        capture.final_if_wanted()
         result = step(self, *args, **kwargs)
-        capture.pipeline_step_done()
+        capture.end_optimizer_step()
         return result
 
     capture._patch(engine, "_INSTRUCTION_MAP",
