@@ -24,6 +24,7 @@
 #include "readme.h"
 #include "reencode.h"
 #include "signal_cleanup.h"
+#include "stale_temporaries.h"
 #include "tar_writer.h"
 #include "text_escape.h"
 
@@ -64,9 +65,13 @@ struct Cleanup {
 // that fit, and the re-encoded traces.
 struct Temporaries {
   explicit Temporaries(const std::string& out)
-      : tmp(out + ".tmp." + std::to_string(::getpid())),
-        best(out + ".fit." + std::to_string(::getpid())),
-        work(out + ".reencode." + std::to_string(::getpid())) {}
+      : tmp(Named(out, kTemporaryKinds[0])),
+        best(Named(out, kTemporaryKinds[1])),
+        work(Named(out, kTemporaryKinds[2])) {}
+  // OUT.KIND.PID: the next run removes it if this process dies without its handlers (stale_temporaries.h).
+  static std::string Named(const std::string& out, const char* kind) {
+    return out + "." + kind + "." + std::to_string(::getpid());
+  }
   Cleanup tmp, best, work;
 };
 
@@ -435,6 +440,7 @@ Expected<PackResult> Finish(const std::string& out, const std::string& best_tmp,
 Expected<PackResult> Pack(const PackOptions& options) {
   const std::string& out = options.output;
   GT_RETURN_IF_ERROR(CheckPaths(options));
+  for (const std::string& path : RemoveStaleTemporaries(out)) Say("removed " + path + ", left by an interrupted run");
   auto loaded = LoadCaptured(options);
   if (!loaded.ok()) return loaded.status();
   const std::vector<diff::TraceSet>& captured = *loaded;

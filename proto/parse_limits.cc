@@ -2,7 +2,11 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/wire_format_lite.h>
+
+#include <cstdio>
+#include <mutex>
 
 namespace gradtrace {
 namespace {
@@ -14,6 +18,32 @@ using google::protobuf::io::CodedInputStream;
 
 // protobuf's default recursion limit: deeper input fails to parse anyway.
 constexpr int kMaxDepth = 100;
+
+// protobuf logs why it refuses a payload (e.g. invalid UTF-8 in a string field) on stderr, 2-4
+// "[libprotobuf ERROR ...]" lines before our one-line error (issue 42). While this thread parses, the first
+// such line is kept for the error instead; elsewhere the handler prints what protobuf's default one does.
+thread_local std::string* parse_log = nullptr;
+
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  if (parse_log != nullptr) {
+    if (parse_log->empty()) *parse_log = message;
+    return;
+  }
+  static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+  const char* name = level >= 0 && level < 4 ? kLevels[level] : "?";
+  std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", name, file, line, message.c_str());
+}
+
+// The first sentence of protobuf's message, short: it names the field ("String field
+// 'gradtrace.pb.RunInfo.producer' contains invalid UTF-8 data ...").
+std::string FirstSentence(const std::string& message) {
+  std::string s = message.substr(0, message.find(". "));
+  if (s.size() > 160) s = s.substr(0, 157) + "...";
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return s;
+}
 
 int CppWidth(const FieldDescriptor* f) {
   switch (f->cpp_type()) {
@@ -173,7 +203,13 @@ Status ParseBounded(const std::string& payload, const ParseLimits& limits, googl
                                  " bytes of repeated numbers (limit " +
                                  std::to_string(limits.max_repeated_scalar_bytes) + ")");
   }
-  if (!out->ParseFromString(payload)) return unparsable;
+  static std::once_flag installed;
+  std::call_once(installed, [] { google::protobuf::SetLogHandler(&ProtobufLog); });
+  std::string log;
+  parse_log = &log;
+  const bool parsed = out->ParseFromString(payload);
+  parse_log = nullptr;
+  if (!parsed) return log.empty() ? unparsable : Status::Corruption(unparsable.message() + ": " + FirstSentence(log));
   return Status::Ok();
 }
 

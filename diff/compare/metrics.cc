@@ -136,7 +136,8 @@ Metrics FullSums::Finish(Basis basis) {
     const double d = s - w.scale;  // 0 for a single window: its residual as summed
     res2 += d == 0 ? w.res2 : w.res2 - 2 * d * w.cross + d * d * w.aa;
   }
-  m.max_abs_error = max_abs_;
+  // The kernel skips non-finite elements; the largest error is then not a number, not the finite ones' (issue 42).
+  m.max_abs_error = nonfinite_a_ + nonfinite_b_ > 0 ? nan : max_abs_;
   if (bb_ > 0) {
     m.residual = std::sqrt(res2) / m.norm_b;
     m.rel_error = std::sqrt(err2_) / m.norm_b;
@@ -180,11 +181,12 @@ Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
     m.scale = a.sum != 0 ? b.sum / a.sum : nan;
     m.residual = nan;
     m.rel_error = rel(a.sum, b.sum);
-    m.max_abs_error = std::fabs(b.sum - a.sum);
+    m.max_abs_error = a.nonfinite + b.nonfinite > 0 ? nan : std::fabs(b.sum - a.sum);
     return m;
   }
   m.norm_a = std::sqrt(a.sum_sq);
   m.norm_b = std::sqrt(b.sum_sq);
+  m.max_abs_error = a.nonfinite + b.nonfinite > 0 ? nan : std::fabs(b.abs_max - a.abs_max);
   if (a.sum_sq <= 0) {
     m.scale = nan;
     m.residual = b.sum_sq > 0 ? 1.0 : 0.0;
@@ -202,7 +204,6 @@ Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
   // Relative error of the norms and sums, the closest stats analogue of ||b-a||/||b||.
   m.rel_error =
       std::max({rel(m.norm_a, m.norm_b), rel(a.sum, b.sum) * (std::fabs(a.sum) > 0 ? 1 : 0), std::fabs(sign - 1) / 2});
-  m.max_abs_error = std::fabs(b.abs_max - a.abs_max);
   return m;
 }
 

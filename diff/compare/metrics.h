@@ -34,7 +34,7 @@ struct Metrics {
   double residual = 0;       // ||b - s*a|| / ||b||; stats: disagreement of the sum/norm/max scale estimates
   double cosine = 0;         // <a,b>/(||a|| ||b||); NaN in stats mode
   double rel_error = 0;      // ||b - a|| / ||b||
-  double max_abs_error = 0;  // max |b_i - a_i|; stats: ||abs_max_b - abs_max_a||
+  double max_abs_error = 0;  // max |b_i - a_i|; stats: ||abs_max_b - abs_max_a||; NaN with non-finite elements
   double norm_a = 0, norm_b = 0;
   int64_t nonfinite_a = 0, nonfinite_b = 0;
   bool sums_only = false;  // stats of sums across ranks/micro-steps: only the sums are comparable

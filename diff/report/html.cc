@@ -313,8 +313,8 @@ std::string DiffParamsTable(const Report& r) {
     h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
          Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
          num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
-         "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + num(m.max_abs_error, 3) +
-         "</td><td>" + Esc(p.note) + "</td></tr>\n";
+         "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + MaxAbsErrorText(m) + "</td><td>" +
+         Esc(p.note) + "</td></tr>\n";
   }
   return h + "</table>\n";
 }

@@ -74,7 +74,7 @@ std::string RenderMarkdown(const Report& r) {
       auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
       out += std::string("| ") + VerdictName(p.verdict) + " | " + Code(p.name) + " | " + std::to_string(p.numel) +
              " | " + num(m.scale, 6) + " | " + num(m.residual, 3) + " | " + num(m.cosine, 6) + " | " +
-             num(m.rel_error, 3) + " | " + num(m.max_abs_error, 3) + " |\n";
+             num(m.rel_error, 3) + " | " + MaxAbsErrorText(m) + " |\n";
     }
   }
   if (rows > kMaxRows) out += "\n</details>\n";

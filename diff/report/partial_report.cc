@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "format.h"
 #include "regular_file.h"
 #include "report/json_io.h"
 
@@ -77,6 +78,14 @@ class Fields {
     if (!v.is_number_integer()) throw Wrong(key, "an integer", v);
     return v.get<int64_t>();
   }
+  // An integer in [lo, hi]: counts and ranks a hostile part could set to 2^40, which a cast would wrap.
+  int64_t IntIn(const char* key, int64_t lo, int64_t hi) const {
+    const int64_t v = Int(key);
+    if (v < lo || v > hi) {
+      throw BadField{Name(key), std::to_string(v) + " is outside " + std::to_string(lo) + ".." + std::to_string(hi)};
+    }
+    return v;
+  }
   bool Bool(const char* key) const {
     const Json& v = At(key);
     if (!v.is_boolean()) throw Wrong(key, "true or false", v);
@@ -146,15 +155,17 @@ SelfVerdict SelfVerdictFromName(const std::string& name, const std::string& wher
 }
 
 // A cell as BucketCellToJson wrote it: null numbers are undefined (NaN), a null expected divisor unknown (0).
-BucketCell BucketCellFromJson(const Json& j, const std::string& where) {
+// `world`: the side's, which a cell's rank and group size must fit.
+BucketCell BucketCellFromJson(const Json& j, const std::string& where, int world) {
   Fields f(j, where);
   BucketCell c;
-  c.rank = static_cast<int>(f.Int("rank"));
-  c.micro = static_cast<int32_t>(f.Int("micro_step"));
-  c.bucket = static_cast<int32_t>(f.Int("bucket_id"));
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  c.rank = static_cast<int>(f.IntIn("rank", 0, world - 1));
+  c.micro = static_cast<int32_t>(f.IntIn("micro_step", 0, kInt32Max));
+  c.bucket = static_cast<int32_t>(f.IntIn("bucket_id", std::numeric_limits<int32_t>::min(), kInt32Max));
   c.group = f.Str("group");
-  c.group_size = static_cast<int>(f.Int("group_size"));
-  c.params = static_cast<int>(f.Int("params"));
+  c.group_size = static_cast<int>(f.IntIn("group_size", 0, world));
+  c.params = static_cast<int>(f.IntIn("params", 0, format::kMaxParams));
   c.compared = f.Int("compared");
   const double nan = std::numeric_limits<double>::quiet_NaN();
   c.pre_norm = f.OptDouble("pre_norm").value_or(nan);
@@ -173,7 +184,7 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
   s.dir = f.Str("dir");
   s.producer = f.Str("producer");
   s.run_id = f.Str("run_id");
-  s.world = static_cast<int>(f.Int("world"));
+  s.world = static_cast<int>(f.IntIn("world", 1, std::numeric_limits<int32_t>::max()));
   s.truncated = f.Bool("truncated");
   if (f.Has("reported_grad_norm")) s.reported_grad_norm = f.OptDouble("reported_grad_norm");  // since 1.1
   if (f.Has("framework")) {                                                                   // since 1.2
@@ -184,14 +195,15 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
     const Json& rs = f.Array("reductions");
     for (size_t i = 0; i < rs.size(); ++i) {
       Fields r(rs[i], f.Name("reductions") + "[" + std::to_string(i) + "]");
-      s.reductions.push_back({r.Str("param_kind"), static_cast<int>(r.Int("group_size")), r.Double("measured"),
-                              r.Double("declared"), r.Double("expected")});
+      s.reductions.push_back({r.Str("param_kind"), static_cast<int>(r.IntIn("group_size", 0, s.world)),
+                              r.Double("measured"), r.Double("declared"), r.Double("expected")});
     }
   }
   if (f.Has("bucket_view")) {  // since 1.3; shard 0 carries it (DiffOptions.bucket_view)
     const Json& cells = f.Array("bucket_view");
     for (size_t i = 0; i < cells.size(); ++i) {
-      s.bucket_view.push_back(BucketCellFromJson(cells[i], f.Name("bucket_view") + "[" + std::to_string(i) + "]"));
+      s.bucket_view.push_back(
+          BucketCellFromJson(cells[i], f.Name("bucket_view") + "[" + std::to_string(i) + "]", s.world));
     }
   }
   Status st = ConfigFromJson(top.At(config_key), &s.config);
@@ -199,7 +211,8 @@ TraceSide SideFromJson(const Fields& top, const char* trace_key, const char* con
   return s;
 }
 
-ComparedParam ParamFromJson(const Json& j, const std::string& where) {
+// `worlds`: A's and B's, which a replica's ranks must fit (-1: none).
+ComparedParam ParamFromJson(const Json& j, const std::string& where, const int (&worlds)[2]) {
   Fields f(j, where);
   ComparedParam p;
   int64_t index = f.Int("index");
@@ -229,8 +242,9 @@ ComparedParam ParamFromJson(const Json& j, const std::string& where) {
   if (replicas.size() != 2) throw BadField{f.Name("replicas"), "expected 2 entries (A, B)"};
   for (int side = 0; side < 2; ++side) {
     Fields r(replicas[side], f.Name("replicas") + "[" + std::to_string(side) + "]");
-    p.replica[side] = {r.Double("rel"), static_cast<int>(r.Int("first")), static_cast<int>(r.Int("other")),
-                       r.Str("path")};
+    const int last = worlds[side] - 1;
+    p.replica[side] = {r.Double("rel"), static_cast<int>(r.IntIn("first", -1, last)),
+                       static_cast<int>(r.IntIn("other", -1, last)), r.Str("path")};
   }
   p.noise_rel_error = f.OptDouble("noise_rel_error");
   return p;
@@ -275,7 +289,7 @@ Comparison ComparisonFromJson(const Json& j) {
   }
   const Json& params = top.Array("params");
   for (size_t i = 0; i < params.size(); ++i) {
-    c.params.push_back(ParamFromJson(params[i], "params[" + std::to_string(i) + "]"));
+    c.params.push_back(ParamFromJson(params[i], "params[" + std::to_string(i) + "]", {c.a.world, c.b.world}));
   }
   return c;
 }

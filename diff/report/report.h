@@ -16,7 +16,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.6";
+inline constexpr char kReportSchemaVersion[] = "1.7";
 
 // diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
 // setup differs (different initial weights or data: not a gradient verdict).
@@ -211,6 +211,9 @@ std::string RenderHtml(const Report& r);
 
 // Shared formatting: "%.4g"-style number, "-" for NaN.
 std::string FormatNumber(double v, int digits = 4);
+// A parameter's max |b_i - a_i| cell: "-" without a basis, "NaN" when a side holds non-finite elements (the
+// largest error is then not a number), else FormatNumber(v, 3).
+std::string MaxAbsErrorText(const Metrics& m);
 // "%.3f": the factors and divisors the explanations quote.
 std::string FormatFixed(double v);
 // "world 4 (dp 2 x sp 2), ZeRO-2, scaling ds-4530, loss local-mean, gas 1, fp32".

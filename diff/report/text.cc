@@ -19,6 +19,12 @@ std::string FormatNumber(double v, int digits) {
   return buf;
 }
 
+std::string MaxAbsErrorText(const Metrics& m) {
+  if (m.basis == Basis::kNone) return "-";
+  if (m.nonfinite_a + m.nonfinite_b > 0) return "NaN";
+  return FormatNumber(m.max_abs_error, 3);
+}
+
 std::string FormatFixed(double v) {
   char buf[48];
   std::snprintf(buf, sizeof(buf), "%.3f", v);
@@ -137,8 +143,8 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
       out += Paint(verdict, verdict, colour, 11) + Cell(Clip(T(p.name), 48), nw + 2, true) +
              Cell(std::to_string(p.numel), 10) + Cell(none ? "-" : FormatNumber(m.scale, 6), 11) +
              Cell(none ? "-" : FormatNumber(m.residual, 3), 11) + Cell(none ? "-" : FormatNumber(m.cosine, 6), 11) +
-             Cell(none ? "-" : FormatNumber(m.rel_error, 3), 11) +
-             Cell(none ? "-" : FormatNumber(m.max_abs_error, 3), 11) + Cell(BasisName(m.basis), 8);
+             Cell(none ? "-" : FormatNumber(m.rel_error, 3), 11) + Cell(MaxAbsErrorText(m), 11) +
+             Cell(BasisName(m.basis), 8);
       if (!p.note.empty()) out += "  " + T(p.note);
       out += "\n";
     }

@@ -231,6 +231,23 @@ expect_stderr "gradtrace-inspect: $work/fifo/rank-00001.gtrace: not a regular fi
 grep -q '^verify       ok' "$work/out" || fail "inspect --verify: the regular rank beside the FIFO was not verified"
 expect 2 timeout 20 "$inspect_bin" "$work/fifo/rank-00001.gtrace"
 expect_stderr "gradtrace-inspect: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
+
+# Issue 42: inspect --verify exited 0 on a set the diff refuses (ranks of two runs, a rank twice, a rank missing):
+# after every file, it now checks the set with the diff's own loader, one line naming the file, exit 2.
+expect 0 "$inspect_bin" --verify "$work/sp2"
+grep -qF "set          ok: $work/sp2: 2 ranks of run '" "$work/out" || fail "inspect --verify: no set line: $(tail -2 "$work/out")"
+"$synth" "$work/sp2-other" --sp 2 --zero-stage 2 --scaling ds-4530 --loss local-mean --run-id other
+mkdir "$work/two-runs" && cp "$work/sp2/rank-00000.gtrace" "$work/two-runs/" && cp "$work/sp2-other/rank-00001.gtrace" "$work/two-runs/"
+expect 2 "$inspect_bin" --verify "$work/two-runs"
+expect_stderr "gradtrace-inspect: $work/two-runs/rank-00001.gtrace: run_id 'other' differs from '$(sed -n "s/^run id *//p" "$work/out" | head -1)' of $work/two-runs/rank-00000.gtrace (mixed runs in one directory)"
+[ "$(grep -c '^verify       ok' "$work/out")" = 2 ] || fail "inspect --verify: each file is still verified"
+mkdir "$work/rank-twice" && cp "$work/sp2/rank-00000.gtrace" "$work/rank-twice/" && cp "$work/sp2/rank-00000.gtrace" "$work/rank-twice/rank-00001.gtrace"
+expect 2 "$inspect_bin" --verify "$work/rank-twice"
+expect_stderr "gradtrace-inspect: $work/rank-twice/rank-00001.gtrace: file name says rank 1 but RunInfo says rank 0"
+mkdir "$work/rank-gap" && cp "$work/sp2/rank-00001.gtrace" "$work/rank-gap/"
+expect 2 "$inspect_bin" --verify "$work/rank-gap"
+expect_stderr "gradtrace-inspect: $work/rank-gap/rank-00000.gtrace: missing (rank 0 of world 2)"
+expect 0 "$inspect_bin" "$work/two-runs"  # without --verify: what each file holds, as before
 expect 2 timeout 20 "$diff_bin" --merge "$work/fifo/rank-00001.gtrace"
 expect_stderr "gradtrace-diff: $work/fifo/rank-00001.gtrace: not a regular file (a FIFO)"
 # Invalid UTF-8 (a directory named with byte 0xFF; a rename that cuts the two-byte 'é') aborted the JSON

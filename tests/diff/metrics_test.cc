@@ -72,6 +72,25 @@ TEST(Metrics, NonfiniteWins) {
   EXPECT_EQ(Classify(m, 1), Verdict::kNonfinite);
 }
 
+// Issue 42: a NaN against a finite value showed max_abs_error 0 (the kernel skips non-finite elements).
+TEST(Metrics, MaxAbsErrorIsNaNWithANonfiniteElement) {
+  std::vector<double> a = {1, 2, 3}, b = {1, NAN, 3};
+  EXPECT_TRUE(std::isnan(CompareValues(a.data(), b.data(), 3, Basis::kFull).max_abs_error));
+  std::vector<double> c = {1, 2, 3}, d = {1, 2.5, INFINITY};
+  EXPECT_TRUE(std::isnan(CompareValues(c.data(), d.data(), 3, Basis::kFull).max_abs_error));
+  std::vector<double> e = {1, 2.5, 3};
+  EXPECT_DOUBLE_EQ(CompareValues(c.data(), e.data(), 3, Basis::kFull).max_abs_error, 0.5);
+  Moments ma, mb;
+  for (double v : a) ma.Add(v);
+  for (double v : b) mb.Add(v);
+  EXPECT_TRUE(std::isnan(CompareMoments(ma, mb, false).max_abs_error));
+  EXPECT_TRUE(std::isnan(CompareMoments(ma, mb, true).max_abs_error));
+  Moments zero, nan_only;
+  zero.Add(0);
+  nan_only.Add(NAN);
+  EXPECT_TRUE(std::isnan(CompareMoments(zero, nan_only, false).max_abs_error));  // A all zero: the early return
+}
+
 TEST(Metrics, ZeroAgainstZeroMatchesZeroAgainstNonzeroDoesNot) {
   std::vector<double> z = {0, 0}, o = {1, 0};
   EXPECT_EQ(Classify(CompareValues(z.data(), z.data(), 2, Basis::kFull), 1e-6), Verdict::kMatch);

@@ -466,6 +466,30 @@ TEST_F(MergeErrors, AKeyGivenTwiceIsRefused) {
   EXPECT_EQ(other.status().message().find("given twice"), std::string::npos) << other.status().message();
 }
 
+// Issue 42: a rank of 2^40 was cast to an int and the cell or replica ignored silently. Ranks must lie in the
+// side's world, counts in their range; each is refused in one line naming the field.
+TEST_F(MergeErrors, OutOfRangeRanksAreRefused) {
+  const int64_t huge = int64_t{1} << 40;
+  std::string path = Edited([&](json& j) { j["params"][0]["replicas"][1]["other"] = huge; });
+  std::string world = std::to_string(json::parse(ReadFile(parts_[0]))["trace_b"]["world"].get<int>());
+  ExpectError({parts_[0], parts_[1], path}, path +
+                                                ": not a gradtrace-diff partial report: params[0].replicas[1].other: "
+                                                "1099511627776 is outside -1.." +
+                                                std::to_string(std::stoi(world) - 1));
+  path = Edited([&](json& j) { j["trace_b"]["bucket_view"] = json::array({json{{"rank", huge}}}); });
+  ExpectError({parts_[0], parts_[1], path}, path +
+                                                ": not a gradtrace-diff partial report: trace_b.bucket_view[0].rank: "
+                                                "1099511627776 is outside 0.." +
+                                                std::to_string(std::stoi(world) - 1));
+  path = Edited([&](json& j) { j["trace_b"]["bucket_view"] = json::array({json{{"rank", std::stoi(world)}}}); });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: trace_b.bucket_view[0].rank: " + world +
+                  " is outside 0.." + std::to_string(std::stoi(world) - 1));
+  path = Edited([&](json& j) { j["trace_a"]["world"] = huge; });
+  ExpectError({parts_[0], parts_[1], path},
+              path + ": not a gradtrace-diff partial report: trace_a.world: 1099511627776 is outside 1..2147483647");
+}
+
 TEST_F(MergeErrors, AHugeShardCountAllocatesNothing) {
   // shard.n = 2^31-1 sized a vector of n entries before any check: bad_alloc, SIGABRT.
   const std::string path = Edited([](json& j) { j["shard"] = {{"k", 2}, {"n", 2147483647}}; });

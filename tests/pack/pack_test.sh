@@ -176,6 +176,32 @@ for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     assert open("sig.gtpack").read() == "keep\n", "%s: the archive already there changed" % sig.name
 PY
 
+# Issue 42: SIGKILL runs no handler, so it left sig.gtpack.tmp.PID (and .reencode.PID/) behind. Their names carry
+# the dead process's id: the next pack to the same output removes them, says so on stderr, and leaves a live
+# process's temporaries (this shell's pid) alone.
+py "$pack" <<'PY' || fail "a SIGKILL during a pack: see above"
+import os, signal, subprocess, sys
+pack = sys.argv[1]
+p = subprocess.Popen([pack, "bigref", "bigsp2", "-o", "sig.gtpack", "--limit", "100k", "--threads", "1"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+tmp, work = "sig.gtpack.tmp.%d" % p.pid, "sig.gtpack.reencode.%d" % p.pid
+while not os.path.exists(tmp) and p.poll() is None:
+    pass
+os.kill(p.pid, signal.SIGKILL)
+assert p.wait(timeout=60) == -signal.SIGKILL
+left = sorted(f for f in os.listdir(".") if f.startswith("sig.gtpack."))
+assert tmp in left, "the pack ended before its temporary was seen: %s" % left
+live = "sig.gtpack.tmp.%d" % os.getpid()
+open(live, "w").close()
+q = subprocess.run([pack, "ref", "sp2", "-o", "sig.gtpack"], capture_output=True, text=True, timeout=120)
+assert q.returncode == 0, (q.returncode, q.stderr)
+for f in left:
+    assert "gradtrace-pack: removed ./%s, left by an interrupted run" % f in q.stderr, (f, q.stderr)
+now = sorted(f for f in os.listdir(".") if f.startswith("sig.gtpack."))
+assert now == [live], now
+os.remove(live)
+PY
+
 # Bad input: exit 2, one line naming the file, the output already there kept.
 echo keep >kept.gtpack
 expect 2 "$pack" bigref bigsp2 -o kept.gtpack --limit 20k

@@ -87,6 +87,29 @@ TEST(MeasureParseTest, MalformedWireDataIsCorruption) {
   }
 }
 
+// Issue 42: invalid UTF-8 in a string field printed 2-4 "[libprotobuf ERROR ...]" lines on stderr before the
+// one-line error. protobuf's reason is now part of that line, and nothing else reaches stderr.
+TEST(MeasureParseTest, InvalidUtf8IsOneErrorNamingTheFieldAndNothingOnStderr) {
+  const std::string bad("\x0a\x02\xff\xfe", 4);  // RunInfo.producer = "\xff\xfe"
+  pb::RunInfo run;
+  ::testing::internal::CaptureStderr();
+  Status s = ParseBounded(bad, ParseLimitsFor(format::FrameType::kRunInfo), &run);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Status::Code::kCorruption, s.code());
+  EXPECT_EQ(
+      "cannot parse RunInfo payload (4 bytes): String field 'gradtrace.pb.RunInfo.producer' contains invalid UTF-8 "
+      "data when parsing a protocol buffer",
+      s.message());
+  EXPECT_EQ("", err);
+  // The next parse on this thread starts with no reason of its own.
+  const std::string cut(
+      "\x0a\x05"
+      "ab",
+      4);
+  s = ParseBounded(cut, ParseLimitsFor(format::FrameType::kRunInfo), &run);
+  EXPECT_EQ("cannot parse RunInfo payload (4 bytes)", s.message());
+}
+
 TEST(MeasureParseTest, GroupsNestedDeeperThanProtobufAllowsAreCorruption) {
   std::string deep;
   for (int i = 0; i < 101; ++i) deep += "\x5b";  // start group 11

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "archive.h"
+#include "load/trace_set.h"
 #include "rank_file.h"
 #include "slice_codec.h"
 #include "text_escape.h"
@@ -311,6 +312,35 @@ std::vector<TraceSource> Expand(const std::string& arg, Status* error) {
   return out;
 }
 
+// Whether `arg` names a trace set (a directory, an archive, ARCHIVE:SET) rather than one file or member.
+bool NamesASet(const std::string& arg) {
+  std::error_code ec;
+  if (fs::is_directory(arg, ec) || LooksLikeArchive(arg)) return true;
+  const size_t colon = arg.rfind(':');
+  return colon != std::string::npos && LooksLikeArchive(arg.substr(0, colon)) &&
+         arg.find('/', colon + 1) == std::string::npos;
+}
+
+// --verify of a set: its ranks checked against each other as the diff checks them (one loader,
+// diff/load/trace_set.h): a rank file per rank of the world, no rank twice, the rank each RunInfo claims its
+// file's, one run id, configuration and parameter table. Sources are grouped by their set (an archive holds
+// two); errors name the file.
+Status VerifySets(const std::vector<TraceSource>& sources) {
+  std::map<std::string, std::vector<TraceSource>> sets;
+  for (const TraceSource& s : sources) {
+    const std::string name = s.display();
+    sets[name.substr(0, name.rfind('/'))].push_back(s);
+  }
+  for (auto& [name, members] : sets) {
+    const size_t n = members.size();
+    auto set = diff::TraceSet::LoadSources(name, std::move(members));
+    if (!set.ok()) return set.status();
+    std::printf("set          ok: %s: %zu rank%s of run '%s', one configuration and parameter table\n", T(name).c_str(),
+                n, n == 1 ? "" : "s", T(set->run().run_id()).c_str());
+  }
+  return Status::Ok();
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"Summarise and verify gradtrace trace files (.gtrace) or trace-set directories."};
   std::vector<std::string> paths;
@@ -337,7 +367,9 @@ int Main(int argc, char** argv) {
   };
   for (const std::string& arg : paths) {
     Status listed;
-    for (const TraceSource& source : Expand(arg, &listed)) {
+    const std::vector<TraceSource> sources = Expand(arg, &listed);
+    bool all_ok = listed.ok();
+    for (const TraceSource& source : sources) {
       std::fflush(stdout);
       Status s = InspectFile(source, frames);
       if (s.ok() && verify) {
@@ -345,9 +377,14 @@ int Main(int argc, char** argv) {
         if (s.ok()) std::printf("verify       ok: every frame checksum, the index and the footer are valid\n");
       }
       std::fflush(stdout);
-      if (!s.ok()) fail(s);
+      if (!s.ok()) fail(s), all_ok = false;
     }
     if (!listed.ok()) fail(listed);
+    // Each file is sound: now the set as a whole, as the diff would load it.
+    if (verify && all_ok && !sources.empty() && NamesASet(arg)) {
+      if (Status s = VerifySets(sources); !s.ok()) fail(s);
+      std::fflush(stdout);
+    }
   }
   return rc;
 }
