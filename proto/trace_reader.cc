@@ -41,7 +41,18 @@
 namespace gradtrace {
 namespace {
 
-ZSTD_DCtx* Dctx(void* p) { return static_cast<ZSTD_DCtx*>(p); }
+// One zstd context per thread, shared by the thread's readers: a context per reader (about 95 KB each, with a
+// reader held per rank and thread) took 1.9 GB at 10,000 ranks (issue 42). Every use decodes its frame to the
+// end before it returns (and ReadView resets what it set), so readers on one thread never interleave in it.
+// Null when zstd cannot allocate one; the callers say so.
+ZSTD_DCtx* ThreadDctx() {
+  struct Holder {
+    ZSTD_DCtx* ctx = ZSTD_createDCtx();
+    ~Holder() { ZSTD_freeDCtx(ctx); }
+  };
+  thread_local Holder holder;
+  return holder.ctx;
+}
 
 constexpr uint8_t kRunInfo = static_cast<uint8_t>(format::FrameType::kRunInfo);
 constexpr uint8_t kStepInfo = static_cast<uint8_t>(format::FrameType::kStepInfo);
@@ -113,7 +124,9 @@ void SizeBuffer(std::string* buffer, size_t n) {
   if (n > buffer->capacity()) {
     constexpr size_t kGrain = size_t{1} << 18;
     std::string fresh;
-    fresh.reserve((n + kGrain - 1) / kGrain * kGrain);
+    // Large buffers in whole grains (fewer regrowths); small frames exactly: a kept 5 KB frame reserving a
+    // grain each was a mapping of its own, 10,000 of them per reader cache at 10,000 ranks (issue 42).
+    fresh.reserve(n < kGrain ? n : (n + kGrain - 1) / kGrain * kGrain);
 #ifdef MADV_POPULATE_WRITE
     static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const auto at = reinterpret_cast<uintptr_t>(fresh.data());
@@ -158,6 +171,7 @@ Status DecodePayload(const frame_io::FrameHeader& h, std::string& stored, ZSTD_D
       payload->swap(stored);
       return Status::Ok();
     case format::Codec::kZstd:
+      if (ctx == nullptr) return Status::IoError("cannot create a zstd context");
       return DecompressZstd(stored, h.raw_len, ctx, payload);
     default:
       return Status::Corruption("unknown codec " + std::to_string(h.codec));
@@ -166,7 +180,7 @@ Status DecodePayload(const frame_io::FrameHeader& h, std::string& stored, ZSTD_D
 
 }  // namespace
 
-TraceReader::~TraceReader() { ZSTD_freeDCtx(Dctx(zstd_ctx_)); }
+TraceReader::~TraceReader() = default;
 
 Status TraceReader::ReadBytesAt(uint64_t offset, void* out, size_t n, const std::string& where) {
   auto lease = file_->Acquire();
@@ -191,6 +205,13 @@ Expected<std::unique_ptr<TraceReader>> TraceReader::Open(const TraceSource& sour
   GT_RETURN_IF_ERROR(r->OpenWindow(source));
   GT_RETURN_IF_ERROR(r->ReadFileHeader());
   GT_RETURN_IF_ERROR(r->ReadRunInfo());
+  if (const auto& t = options.table;
+      t && t->model_fingerprint() == r->run_.model_fingerprint() && t->params_size() == r->run_.params_size()) {
+    r->shared_table_ = t;
+    // Swapped out to be freed: clear() keeps the elements allocated for reuse.
+    google::protobuf::RepeatedPtrField<pb::ParamInfo>().Swap(r->run_.mutable_params());
+    google::protobuf::RepeatedPtrField<pb::ProcessGroup>().Swap(r->run_.mutable_groups());
+  }
   if (options.use_index) r->TryLoadIndex();
   return r;
 }
@@ -211,8 +232,7 @@ Status TraceReader::OpenWindow(const TraceSource& source) {
   base_ = source.offset;
   file_size_ = source.size.value_or(real_size - source.offset);
   end_of_frames_ = file_size_;
-  zstd_ctx_ = ZSTD_createDCtx();
-  if (zstd_ctx_ == nullptr) return Status::IoError(path + ": cannot create a zstd context");
+  if (ThreadDctx() == nullptr) return Status::IoError(path + ": cannot create a zstd context");
   return Status::Ok();
 }
 
@@ -309,7 +329,7 @@ Status TraceReader::DecodeBytes(uint64_t offset, const uint8_t* hb, std::string&
   std::string copy;  // DecodePayload takes an uncompressed payload's bytes: kept, it decodes a copy
   std::string* in = &stored;
   if (keep_stored && static_cast<format::Codec>(h.codec) == format::Codec::kNone) in = &(copy = stored);
-  if (Status s = DecodePayload(h, *in, Dctx(zstd_ctx_), payload); !s.ok()) return At(Where(offset), s);
+  if (Status s = DecodePayload(h, *in, ThreadDctx(), payload); !s.ok()) return At(Where(offset), s);
   return Status::Ok();
 }
 
@@ -364,7 +384,8 @@ Status TraceReader::ParseRaw(uint64_t offset, const RawFrame& raw, Frame* frame)
           full->set_shuffled(target.slices(i).full().shuffled());
         }
       }
-      if (Status s = ValidateBucketRecord(run_, *rec); !s.ok()) return Status::Corruption(Where(offset) + s.message());
+      if (Status s = ValidateBucketRecord(table(), *rec); !s.ok())
+        return Status::Corruption(Where(offset) + s.message());
       frame->bucket = std::move(rec);
       return Status::Ok();
     }
@@ -448,7 +469,7 @@ Status TraceReader::CheckValuesFrom(const std::string& where, const pb::BucketRe
   if (const std::string why = ValuesFromMismatch(ref, ref_data, target); !why.empty()) {
     return Status::Corruption(where + why);
   }
-  if (Status s = ValidateBucketRecord(run_, target, data); !s.ok()) return Status::Corruption(where + s.message());
+  if (Status s = ValidateBucketRecord(table(), target, data); !s.ok()) return Status::Corruption(where + s.message());
   return Status::Ok();
 }
 
@@ -491,7 +512,7 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
   out->skeleton_.assign(skeleton);
   out->record_.Swap(&ref);
   TakeTargetValues(out->target_record_, &data, &out->record_, &out->data_);
-  if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
+  if (Status s = ValidateBucketRecord(table(), out->record_, &out->data_); !s.ok()) {
     *st = Status::Corruption(Where(offset) + s.message());
     return true;
   }
@@ -532,9 +553,9 @@ std::string TraceReader::IndexEntriesProblem(const pb::Index& part, int64_t befo
     // Catalogued param ids: distinct, ascending, inside the parameter table.
     int32_t last_id = -1;
     for (int32_t id : e.param_ids()) {
-      if (id <= last_id || id >= run_.params_size()) {
+      if (id <= last_id || id >= table().params_size()) {
         return entry() + " lists parameter id " + std::to_string(id) + " (table has " +
-               std::to_string(run_.params_size()) + ", ids ascending)";
+               std::to_string(table().params_size()) + ", ids ascending)";
       }
       last_id = id;
     }
@@ -701,7 +722,7 @@ Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target
                                       &out->target_record_, &data, keep_target));
     TakeTargetValues(out->target_record_, &data, &out->record_, &out->data_);
   }
-  if (Status s = ValidateBucketRecord(run_, out->record_, &out->data_); !s.ok()) {
+  if (Status s = ValidateBucketRecord(table(), out->record_, &out->data_); !s.ok()) {
     return Status::Corruption(Where(offset) + s.message());
   }
   if (split && out->record_.values_from() == 0) out->frame_reader_ = serial_, out->frame_offset_ = offset;
@@ -750,7 +771,8 @@ bool TraceReader::ReadPieces(uint64_t offset, uint64_t limit, std::string* paylo
     std::memcpy(keep->header, hb, sizeof hb);
     SizeBuffer(&keep->bytes, h.stored_len);
   }
-  ZSTD_DCtx* ctx = Dctx(zstd_ctx_);
+  ZSTD_DCtx* ctx = ThreadDctx();
+  if (ctx == nullptr) return false;
   ZSTD_DCtx_reset(ctx, ZSTD_reset_session_only);
   // zstd writes straight into the payload (no window buffer of its own, no copy out of it).
   // A zstd refusing it decodes through its window instead: the same bytes, one copy more.

@@ -55,6 +55,11 @@ struct TraceSource {
 
 struct ReadOptions {
   bool use_index = true;  // false: always scan frames from the start
+  // The set's table (a RunInfo whose params the set checked equal on every rank): when this file's RunInfo
+  // validates and has the same model fingerprint and parameter count, its records are validated against
+  // `table` and run_info() keeps neither its own parameter table nor its groups. A reader held per rank of a
+  // 10,000-rank set otherwise held 10,000 copies of both (issue 42).
+  std::shared_ptr<const pb::RunInfo> table;
 };
 
 class TraceReader {
@@ -217,6 +222,8 @@ class TraceReader {
   uint64_t pos_ = 0;
   uint64_t end_of_frames_ = 0;  // footer/index start when indexed, else file size
   pb::RunInfo run_;
+  std::shared_ptr<const pb::RunInfo> shared_table_;  // ReadOptions.table when taken: records validate against it
+  const pb::RunInfo& table() const { return shared_table_ ? *shared_table_ : run_; }
   pb::Index index_;
   bool has_index_ = false;
   Status index_status_;
@@ -225,7 +232,6 @@ class TraceReader {
   uint64_t stored_bytes_ = 0;
   uint64_t raw_bytes_ = 0;
   uint64_t reference_bytes_ = 0;  // decoded for values_from references, against their budget
-  void* zstd_ctx_ = nullptr;      // ZSTD_DCtx*
   bool done_ = false;
   bool newer_minor_ = false;  // file written by a newer minor version
   uint16_t minor_ = 0;

@@ -73,21 +73,17 @@ struct RankFrames {
 };
 
 // Frames of `rank` only, in the per-rank layout GatherParams takes.
-std::vector<std::vector<const FrameRef*>> OnRank(const TraceSet& set, int rank, std::vector<const FrameRef*> frames) {
-  std::vector<std::vector<const FrameRef*>> out(set.world());
-  out[rank] = std::move(frames);
-  return out;
-}
+FramesOfRanks OnRank(int rank, std::vector<const FrameRef*> frames) { return {{rank, std::move(frames)}}; }
 
 // FINAL against the last POST_REDUCE and against their sum, per parameter of `ids`.
 Status DetectOnRank(const TraceSet& set, int rank, const RankFrames& rf, const std::vector<int32_t>& ids, double rtol,
                     ReaderCache* cache, std::vector<int32_t>* accumulating) {
   std::vector<SideValues> fin;
-  Status st = GatherParams(set, OnRank(set, rank, rf.final), ids, Combine::kReplicas, cache, &fin);
+  Status st = GatherParams(set, OnRank(rank, rf.final), ids, Combine::kReplicas, cache, &fin);
   if (!st.ok()) return st;
   std::map<int32_t, std::vector<SideValues>> post;
   for (const auto& [micro, frames] : rf.post) {
-    st = GatherParams(set, OnRank(set, rank, frames), ids, Combine::kReplicas, cache, &post[micro]);
+    st = GatherParams(set, OnRank(rank, frames), ids, Combine::kReplicas, cache, &post[micro]);
     if (!st.ok()) return st;
   }
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -407,8 +407,7 @@ Status SumPre(const ReductionPass& pass, const ReductionKey& key, const PreInput
     out->model_parallel[i] = semantics::ModelParallelReduction(set.run().params(out->ids[i]), key.group);
   }
   for (const auto& [m, frames] : in.frames) {
-    std::vector<std::vector<const FrameRef*>> one(set.world());
-    one[m] = frames;
+    const FramesOfRanks one{{m, frames}};
     std::vector<SideValues> mine;
     GT_RETURN_IF_ERROR(GatherParams(set, one, out->ids, Combine::kSum, cache, &mine));
     for (size_t i = 0; i < mine.size(); ++i) {
@@ -494,8 +493,7 @@ Status CheckReduction(const ReductionPass& pass, const ReductionKey& key, const 
   PreSum pre;
   GT_RETURN_IF_ERROR(SumPre(pass, key, in, cache, &pre));
   for (const FrameRef* post : reduction.post) {
-    std::vector<std::vector<const FrameRef*>> post_frames(set.world());
-    post_frames[post->rank] = {post};
+    const FramesOfRanks post_frames{{post->rank, {post}}};
     std::vector<SideValues> held;
     GT_RETURN_IF_ERROR(GatherParams(set, post_frames, pre.ids, Combine::kReplicas, cache, &held));
     CellSums cell;

@@ -260,7 +260,9 @@ Expected<TraceReader*> ReaderCache::Get(const TraceSet& set, int rank) {
   auto it = readers_.find(key);
   if (it != readers_.end()) return it->second.get();
   const std::string& path = set.ranks()[rank].path;
-  auto opened = TraceReader::Open(set.ranks()[rank].source);
+  ReadOptions options;
+  options.table = set.table();  // one table for the set's readers, not one per rank (issue 42)
+  auto opened = TraceReader::Open(set.ranks()[rank].source, options);
   if (!opened.ok()) return Status::IoError(NameFile(path, opened.status().message()));
   TraceReader* r = opened->get();
   readers_.emplace(key, std::move(*opened));
@@ -294,11 +296,13 @@ void ReaderCache::Drop(KeptList::iterator it) {
     }
   }
   kept_bytes_ -= it->bytes;
+  if (it->units.last >= 0) --planned_;
   kept_.erase(it);
 }
 
 void ReaderCache::BeginUnit(size_t unit) {
   walk_.Begin(static_cast<int>(unit));
+  if (planned_ == 0) return;
   for (auto it = kept_.begin(); it != kept_.end();) {
     auto here = it++;
     if (here->units.last >= 0 && !walk_.Live(here->units)) Drop(here);
@@ -306,6 +310,7 @@ void ReaderCache::BeginUnit(size_t unit) {
 }
 
 void ReaderCache::SetDone(const TraceSet& set) {
+  if (planned_ == 0) return;
   for (auto it = kept_.begin(); it != kept_.end();) {
     auto here = it++;
     if (here->set == &set && here->units.last >= 0 && !walk_.Later(here->units)) Drop(here);
@@ -360,17 +365,19 @@ Expected<const RecordView*> ReaderCache::Bucket(const TraceSet& set, const Frame
   const UnitRange units = plan == plans_.end() ? UnitRange{} : UnitsOf(plan->second, f);
   // Kept while the budget allows: nothing is evicted for it, the frames kept
   // are this unit's (for its other ranks) and those ahead of its cuts.
-  const uint64_t bytes = scratch_->held_bytes() + (copies ? stored.bytes.size() : 0);
   // Worth keeping: a later unit reads it, or another rank may hold a replica of it. Frames that are neither are
   // decoded into the same buffers again (fresh ones cost page faults).
   const bool later = walk_.Later(units) || (units.last < 0 && plans_.count(&set) == 0);
-  if ((later || (replicas && set.world() > 1)) && kept_bytes_ + bytes <= frame_budget_) {
+  const bool worth = (later || (replicas && set.world() > 1)) && frame_budget_ > 0;
+  const uint64_t bytes = worth ? scratch_->held_bytes() + (copies ? stored.bytes.size() : 0) : 0;
+  if (worth && kept_bytes_ + bytes <= frame_budget_) {
     kept_bytes_ += bytes;
     Kept& k = kept_.emplace_back();
     k.set = &set;
     k.at.push_back(at);
     k.frame = std::move(scratch_);
     k.units = units;
+    if (units.last >= 0) ++planned_;
     k.bytes = bytes;
     by_position_.emplace(at, &k);
     if (copies) {  // found by its bytes too, or a reference by what it names
@@ -397,21 +404,27 @@ std::vector<std::vector<const FrameRef*>> SelectFrames(const TraceSet& set, cons
   return out;
 }
 
-Status GatherParams(const TraceSet& set, const std::vector<std::vector<const FrameRef*>>& frames,
-                    const std::vector<int32_t>& ids, Combine combine, ReaderCache* readers,
-                    std::vector<SideValues>* out) {
+namespace {
+
+// GatherParams over the ranks `rank_at(k)`, k < n, ascending, whose frames are `frames_at(k)`.
+template <typename RankAt, typename FramesAt>
+Status GatherRanks(const TraceSet& set, size_t n, RankAt rank_at, FramesAt frames_at, const std::vector<int32_t>& ids,
+                   Combine combine, ReaderCache* readers, std::vector<SideValues>* out) {
   out->assign(ids.size(), SideValues());
   std::unordered_map<int32_t, size_t> slot;
   for (size_t i = 0; i < ids.size(); ++i) slot[ids[i]] = i;
   const auto& table = set.run().params();
-  for (int rank = 0; rank < set.world(); ++rank) {
+  for (size_t k = 0; k < n; ++k) {
+    const int rank = rank_at(k);
+    const std::vector<const FrameRef*>& frames = frames_at(k);
+    if (frames.empty()) continue;
     std::vector<SideValues> mine(ids.size());
     std::vector<uint8_t> touched(ids.size(), 0);
     for (size_t i = 0; i < ids.size(); ++i) {
       // Float storage only where values are copied (replicas) and exact in float.
       mine[i].narrow = combine == Combine::kReplicas && table[ids[i]].dtype() != pb::FP64;
     }
-    for (const FrameRef* f : frames[rank]) {
+    for (const FrameRef* f : frames) {
       bool wanted = std::any_of(f->param_ids.begin(), f->param_ids.end(), [&](int32_t id) { return slot.count(id); });
       if (!wanted) continue;
       auto frame = readers->Bucket(set, *f, combine == Combine::kReplicas);
@@ -436,6 +449,23 @@ Status GatherParams(const TraceSet& set, const std::vector<std::vector<const Fra
   for (size_t i = 0; i < ids.size(); ++i) (*out)[i].numel = table[ids[i]].numel();
   readers->SetDone(set);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status GatherParams(const TraceSet& set, const std::vector<std::vector<const FrameRef*>>& frames,
+                    const std::vector<int32_t>& ids, Combine combine, ReaderCache* readers,
+                    std::vector<SideValues>* out) {
+  return GatherRanks(
+      set, std::min(frames.size(), static_cast<size_t>(set.world())), [](size_t k) { return static_cast<int>(k); },
+      [&](size_t k) -> const std::vector<const FrameRef*>& { return frames[k]; }, ids, combine, readers, out);
+}
+
+Status GatherParams(const TraceSet& set, const FramesOfRanks& frames, const std::vector<int32_t>& ids, Combine combine,
+                    ReaderCache* readers, std::vector<SideValues>* out) {
+  return GatherRanks(
+      set, frames.size(), [&](size_t k) { return frames[k].first; },
+      [&](size_t k) -> const std::vector<const FrameRef*>& { return frames[k].second; }, ids, combine, readers, out);
 }
 
 }  // namespace gradtrace::diff

@@ -191,6 +191,7 @@ class ReaderCache {
   bool references_ = false;              // a reference was kept: small frames are parsed to find their copies
   std::unique_ptr<RecordView> scratch_;  // the last frame decoded and not kept
   uint64_t frame_budget_ = 0, kept_bytes_ = 0, decoded_ = 0, deduplicated_ = 0;
+  size_t planned_ = 0;  // kept frames a plan's units read (units.last >= 0): SetDone has work only then
   UnitWalk walk_;
 };
 
@@ -203,10 +204,16 @@ struct Selection {
 // Frames of `set` matching `sel`, grouped by rank, each list in file order.
 std::vector<std::vector<const FrameRef*>> SelectFrames(const TraceSet& set, const Selection& sel);
 
+// Some ranks' frames: (rank, its frames in file order), ranks ascending. The evidence passes gather one member
+// or one POST_REDUCE at a time; a world-sized list for each took O(world^2) at 10,000 ranks (issue 42).
+using FramesOfRanks = std::vector<std::pair<int, std::vector<const FrameRef*>>>;
+
 // Reassembles the parameters `ids` (ids in `set`'s table) from `frames`
-// (SelectFrames' output). out[i] corresponds to ids[i].
+// (SelectFrames' output, or some ranks' frames). out[i] corresponds to ids[i].
 Status GatherParams(const TraceSet& set, const std::vector<std::vector<const FrameRef*>>& frames,
                     const std::vector<int32_t>& ids, Combine combine, ReaderCache* readers,
                     std::vector<SideValues>* out);
+Status GatherParams(const TraceSet& set, const FramesOfRanks& frames, const std::vector<int32_t>& ids, Combine combine,
+                    ReaderCache* readers, std::vector<SideValues>* out);
 
 }  // namespace gradtrace::diff

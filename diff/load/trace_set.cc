@@ -6,7 +6,11 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "archive.h"
 #include "compare/tolerance.h"
@@ -14,6 +18,7 @@
 #include "index_entry.h"
 #include "load/thread_pool.h"
 #include "rank_file.h"
+#include "sketch.h"
 #include "slice_codec.h"
 #include "trace_reader.h"
 
@@ -29,13 +34,72 @@ std::string NameFile(const std::string& path, const std::string& message) {
 
 namespace {
 
+using Members = std::shared_ptr<const std::vector<int>>;
+
+// Group member lists stored once however many ranks list them: every rank of a 10,000-rank set lists the same
+// world group, 10,000^2 members if each kept its own copy (issue 42: 6.3 GB for a 314 MB pair of sets).
+class GroupInterner {
+ public:
+  Members Intern(const google::protobuf::RepeatedField<int32_t>& ranks) {
+    std::vector<int> v(ranks.begin(), ranks.end());
+    const uint64_t h =
+        sketch::Fnv1a64(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int)));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& bucket = by_hash_[h];
+    for (const Members& m : bucket) {
+      if (*m == v) return m;
+    }
+    bucket.push_back(std::make_shared<const std::vector<int>>(std::move(v)));
+    return bucket.back();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::vector<Members>> by_hash_;
+};
+
 struct ScanResult {
   Status status;
+  // The rank's RunInfo; past the first file, without its groups (`groups` has them) and, when it equals the
+  // first file's (`table_hash`), without its parameter table (`params` counts it).
   pb::RunInfo run;
+  std::vector<std::pair<std::string, Members>> groups;
+  uint64_t table_hash = 0;
+  int params = 0;
   RankFile file;
   std::vector<FrameRef> frames;
   std::vector<RankStep> steps;
 };
+
+// A hash of the parameter table as CheckSameRun compares it (init_sketch aside).
+uint64_t TableHash(const pb::RunInfo& run) {
+  uint64_t h = sketch::kFnvOffset;
+  std::string bytes;
+  for (const pb::ParamInfo& p : run.params()) {
+    if (p.init_sketch_size() == 0) {
+      p.SerializeToString(&bytes);
+    } else {
+      pb::ParamInfo bare = p;
+      bare.clear_init_sketch();
+      bare.SerializeToString(&bytes);
+    }
+    h = sketch::Fnv1a64(bytes, h ^ bytes.size());
+  }
+  return h;
+}
+
+// Keeps of `r` what the checks and the set need, once: its groups interned, and (past the first file) its
+// parameter table only when it differs from the first file's, for CheckSameRun's message.
+void Slim(ScanResult* r, GroupInterner* groups, const uint64_t* first_table) {
+  if (!r->status.ok()) return;
+  for (const pb::ProcessGroup& g : r->run.groups()) r->groups.emplace_back(g.name(), groups->Intern(g.ranks()));
+  r->params = r->run.params_size();
+  r->table_hash = TableHash(r->run);
+  if (first_table == nullptr) return;
+  // Swapped out to be freed: clear() keeps the elements allocated for reuse.
+  google::protobuf::RepeatedPtrField<pb::ProcessGroup>().Swap(r->run.mutable_groups());
+  if (r->table_hash == *first_table) google::protobuf::RepeatedPtrField<pb::ParamInfo>().Swap(r->run.mutable_params());
+}
 
 // The catalogue entry of one BucketRecord frame (index_entry.h: the same
 // fields whether they come from the index or from the frame itself).
@@ -81,7 +145,7 @@ void CatalogueFromIndex(TraceReader& reader, ScanResult* out) {
 void ScanFile(const TraceSource& source, bool use_index, std::atomic<uint64_t>* done, uint64_t total,
               const std::function<void(uint64_t, uint64_t)>& progress, ScanResult* out) {
   const std::string& path = source.display();
-  auto opened = TraceReader::Open(source, ReadOptions{.use_index = use_index});
+  auto opened = TraceReader::Open(source, ReadOptions{.use_index = use_index, .table = nullptr});
   if (!opened.ok()) {
     out->status = Status::Corruption(NameFile(path, opened.status().message()));
     return;
@@ -160,7 +224,7 @@ const std::vector<int>& TraceSet::GroupMembers(int rank, const std::string& grou
   static const std::vector<int> kEmpty;
   if (rank < 0 || rank >= static_cast<int>(groups_.size())) return kEmpty;
   for (const auto& [name, members] : groups_[rank]) {
-    if (name == group) return members;
+    if (name == group) return *members;
   }
   return kEmpty;
 }
@@ -249,8 +313,14 @@ Status ScanAll(const std::vector<TraceSource>& sources, const LoadOptions& optio
   }
   std::atomic<uint64_t> done{0};
   results->assign(sources.size(), ScanResult{});
-  ParallelFor(sources.size(), ResolveThreads(options.threads), [&](size_t i, int) {
-    ScanFile(sources[i], options.use_index, &done, *total, options.progress, &(*results)[i]);
+  // The first file alone, then the others against its table, each slimmed as soon as it is read.
+  GroupInterner groups;
+  ScanFile(sources[0], options.use_index, &done, *total, options.progress, &(*results)[0]);
+  Slim(&(*results)[0], &groups, nullptr);
+  const uint64_t first_table = (*results)[0].table_hash;
+  ParallelFor(sources.size() - 1, ResolveThreads(options.threads), [&](size_t i, int) {
+    ScanFile(sources[i + 1], options.use_index, &done, *total, options.progress, &(*results)[i + 1]);
+    Slim(&(*results)[i + 1], &groups, &first_table);
   });
   if (options.progress) options.progress(*total, *total);
   for (const auto& r : *results) {
@@ -290,7 +360,7 @@ Status CheckSameRun(const std::vector<ScanResult>& results, const std::vector<st
       return Status::Mismatch(paths[i] + ": configuration differs from " + path0 + " (" + ConfigLine(run.config()) +
                               " vs " + ConfigLine(run0.config()) + ")");
     }
-    if (run.model_fingerprint() != run0.model_fingerprint() || run.params_size() != run0.params_size()) {
+    if (run.model_fingerprint() != run0.model_fingerprint() || results[i].params != results[0].params) {
       // A pipeline captured stage by stage (format 1.5 tables name the whole model on every rank).
       const bool stages = run0.config().pp() > 1 && run0.params_size() > 0 && run0.params(0).stages_size() == 0;
       return Status::Mismatch(
@@ -302,6 +372,7 @@ Status CheckSameRun(const std::vector<ScanResult>& results, const std::vector<st
                         "table names the whole model)"
                   : " (different models)"));
     }
+    if (results[i].table_hash == results[0].table_hash) continue;  // Slim dropped the equal table
     // Ranks holding different shards sketch no initial values, or other ones: not part of the table's identity.
     MessageDifferencer same_param;
     same_param.IgnoreField(pb::ParamInfo::descriptor()->FindFieldByName("init_sketch"));
@@ -344,12 +415,14 @@ Expected<int> CheckWorld(const pb::RunInfo& run0, const std::map<int, size_t>& s
 // Group members index the set's ranks. The reader checks them against a recorded world (proto/validate.cc);
 // a world left unrecorded is the number of rank files, known only here.
 Status CheckGroupMembers(const std::vector<ScanResult>& results, const std::vector<std::string>& paths, int world) {
+  std::set<const std::vector<int>*> checked;  // each interned list once
   for (size_t i = 0; i < results.size(); ++i) {
-    for (const pb::ProcessGroup& g : results[i].run.groups()) {
-      for (int32_t m : g.ranks()) {
+    for (const auto& [name, members] : results[i].groups) {
+      if (!checked.insert(members.get()).second) continue;
+      for (int32_t m : *members) {
         if (m >= world) {
-          return Status::Corruption(paths[i] + ": group '" + g.name() + "': rank " + std::to_string(m) +
-                                    " outside world " + std::to_string(world));
+          return Status::Corruption(paths[i] + ": group '" + name + "': rank " + std::to_string(m) + " outside world " +
+                                    std::to_string(world));
         }
       }
     }
@@ -405,9 +478,7 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
   for (auto& r : results) {
     int rank = r.run.rank();
     set.ranks_[rank] = r.file;
-    for (const auto& g : r.run.groups()) {
-      set.groups_[rank].emplace_back(g.name(), std::vector<int>(g.ranks().begin(), g.ranks().end()));
-    }
+    set.groups_[rank] = std::move(r.groups);
     for (auto& f : r.frames) set.frames_.push_back(std::move(f));
     for (auto& s : r.steps) set.steps_.push_back(std::move(s));
   }
@@ -416,6 +487,10 @@ Expected<TraceSet> TraceSet::LoadSources(const std::string& dir, std::vector<Tra
   });
   set.InferGas();
   set.FoldPrecision();
+  auto table = std::make_shared<pb::RunInfo>();
+  *table->mutable_params() = set.run0_.params();
+  table->set_model_fingerprint(set.run0_.model_fingerprint());
+  set.table_ = std::move(table);
   return set;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ class TraceSet {
   const std::string& dir() const { return dir_; }
   const pb::RunInfo& run() const { return run0_; }  // rank 0's RunInfo
   const pb::Config& config() const { return run0_.config(); }
+  // The parameter table every rank shares (params and model fingerprint of run()): readers of the set's files
+  // validate against it instead of keeping a copy each (ReadOptions.table).
+  const std::shared_ptr<const pb::RunInfo>& table() const { return table_; }
   int world() const { return static_cast<int>(ranks_.size()); }
   const std::vector<RankFile>& ranks() const { return ranks_; }
   const std::vector<FrameRef>& frames() const { return frames_; }
@@ -92,10 +96,12 @@ class TraceSet {
  private:
   std::string dir_;
   pb::RunInfo run0_;
+  std::shared_ptr<const pb::RunInfo> table_;
   std::vector<RankFile> ranks_;
   std::vector<FrameRef> frames_;  // ordered by (rank, offset)
   std::vector<RankStep> steps_;
-  std::vector<std::vector<std::pair<std::string, std::vector<int>>>> groups_;  // per rank
+  // Per rank: its groups' names and members, each distinct member list stored once (shared by the ranks).
+  std::vector<std::vector<std::pair<std::string, std::shared_ptr<const std::vector<int>>>>> groups_;
   uint64_t total_bytes_ = 0;
   std::vector<std::string> inferences_;
 

@@ -203,6 +203,56 @@ TEST(ReaderCache, AFrameAtACutServesTheNextUnitBackwards) {
 
 // Blocks are contiguous, cover every item, are never empty while items last,
 // and weigh at most a share of the total plus one item.
+// Issue 42: at 10,000 ranks every rank's copy of the same groups, and every reader's copy of the parameter table,
+// held gigabytes. A group listed by many ranks is stored once; a reader the cache opens validates against the set's
+// table and keeps neither table nor groups; its records read as before.
+TEST(TraceSetGroups, AGroupListedByEveryRankIsStoredOnce) {
+  testing::SynthSpec spec;
+  spec.dp = 4;
+  auto set = TraceSet::Load(Synth("groups_dp4", spec));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const std::vector<int>& sdp0 = set->GroupMembers(0, "sdp");
+  EXPECT_EQ(sdp0, (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(&set->GroupMembers(r, "sdp"), &sdp0) << r;
+  EXPECT_EQ(set->run().groups_size(), 4);  // run() keeps rank 0's RunInfo whole
+  ASSERT_TRUE(set->table());
+  EXPECT_EQ(set->table()->params_size(), set->run().params_size());
+
+  ReaderCache cache;
+  auto reader = cache.Get(*set, 2);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  EXPECT_EQ((*reader)->run_info().params_size(), 0);
+  EXPECT_EQ((*reader)->run_info().groups_size(), 0);
+  EXPECT_EQ((*reader)->run_info().rank(), 2);
+  const auto frames = SelectFrames(*set, {0, pb::FINAL});
+  std::vector<SideValues> got, want;
+  ReaderCache none(0);
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &cache, &got).ok());
+  ASSERT_TRUE(GatherParams(*set, frames, AllIds(*set), Combine::kReplicas, &none, &want).ok());
+  ExpectSameValues(got, want);
+}
+
+// The evidence passes gather one rank's frames at a time (FramesOfRanks): the same values as the world-sized
+// list with only that rank's frames.
+TEST(ReaderCache, SomeRanksGatherAsTheWorldSizedList) {
+  testing::SynthSpec spec;
+  spec.dp = 4;
+  auto set = TraceSet::Load(Synth("some_ranks_dp4", spec));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  const auto all = SelectFrames(*set, {0, pb::PRE_REDUCE});
+  std::vector<std::vector<const FrameRef*>> dense(set->world());
+  dense[1] = all[1];
+  dense[3] = all[3];
+  const FramesOfRanks sparse{{1, all[1]}, {3, all[3]}};
+  ReaderCache a(0), b(0);
+  std::vector<SideValues> x, y;
+  ASSERT_TRUE(GatherParams(*set, dense, AllIds(*set), Combine::kSum, &a, &x).ok());
+  ASSERT_TRUE(GatherParams(*set, sparse, AllIds(*set), Combine::kSum, &b, &y).ok());
+  ExpectSameValues(x, y);
+  EXPECT_EQ(a.decoded(), b.decoded());
+  for (const SideValues& v : y) EXPECT_EQ(v.ranks, 2);
+}
+
 TEST(ParallelForBlocks, BlocksAreContiguousSharesOfTheWeight) {
   const std::vector<int64_t> weight = {5, 1, 1, 1, 10, 1, 1, 1, 1, 2, 3, 1, 1, 7, 1, 1, 1, 1, 1, 0};
   int64_t total = 0, heaviest = 0;

@@ -16,23 +16,33 @@
 namespace gradtrace::testing {
 namespace fs = std::filesystem;
 
-std::vector<SynthParam> Llama70BParams(int layers) {
-  constexpr int64_t kHidden = 8192, kInter = 28672, kKv = 1024, kVocab = 128256;
-  std::vector<SynthParam> out{{"model.embed_tokens.weight", {kVocab, kHidden}}};
+std::vector<SynthParam> LlamaParams(int layers, const ModelShape& m) {
+  const int64_t hidden = m.hidden, inter = m.intermediate;
+  std::vector<SynthParam> out{{"model.embed_tokens.weight", {m.vocab, hidden}}};
   for (int i = 0; i < layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i) + ".";
-    out.push_back({l + "self_attn.q_proj.weight", {kHidden, kHidden}});
-    out.push_back({l + "self_attn.k_proj.weight", {kKv, kHidden}});
-    out.push_back({l + "self_attn.v_proj.weight", {kKv, kHidden}});
-    out.push_back({l + "self_attn.o_proj.weight", {kHidden, kHidden}});
-    out.push_back({l + "mlp.gate_proj.weight", {kInter, kHidden}});
-    out.push_back({l + "mlp.up_proj.weight", {kInter, kHidden}});
-    out.push_back({l + "mlp.down_proj.weight", {kHidden, kInter}});
-    out.push_back({l + "input_layernorm.weight", {kHidden}});
-    out.push_back({l + "post_attention_layernorm.weight", {kHidden}});
+    out.push_back({l + "self_attn.q_proj.weight", {hidden, hidden}});
+    out.push_back({l + "self_attn.k_proj.weight", {m.kv, hidden}});
+    out.push_back({l + "self_attn.v_proj.weight", {m.kv, hidden}});
+    out.push_back({l + "self_attn.o_proj.weight", {hidden, hidden}});
+    if (m.experts == 0) {
+      out.push_back({l + "mlp.gate_proj.weight", {inter, hidden}});
+      out.push_back({l + "mlp.up_proj.weight", {inter, hidden}});
+      out.push_back({l + "mlp.down_proj.weight", {hidden, inter}});
+    } else {
+      out.push_back({l + "mlp.gate.weight", {m.experts, hidden}});
+      for (int e = 0; e < m.experts; ++e) {
+        const std::string x = l + "mlp.experts." + std::to_string(e) + ".";
+        out.push_back({x + "gate_proj.weight", {inter, hidden}});
+        out.push_back({x + "up_proj.weight", {inter, hidden}});
+        out.push_back({x + "down_proj.weight", {hidden, inter}});
+      }
+    }
+    out.push_back({l + "input_layernorm.weight", {hidden}});
+    out.push_back({l + "post_attention_layernorm.weight", {hidden}});
   }
-  out.push_back({"model.norm.weight", {kHidden}});
-  out.push_back({"lm_head.weight", {kVocab, kHidden}});
+  out.push_back({"model.norm.weight", {hidden}});
+  out.push_back({"lm_head.weight", {m.vocab, hidden}});
   return out;
 }
 
@@ -45,7 +55,7 @@ bool EndsWith(const std::string& s, const std::string& tail) {
 // Megatron's split: column-parallel (output rows) along dim 0, row-parallel along dim 1, norms replicated.
 int PartitionDim(const std::string& name) {
   if (EndsWith(name, "o_proj.weight") || EndsWith(name, "down_proj.weight")) return 1;
-  if (EndsWith(name, "norm.weight")) return -1;
+  if (EndsWith(name, "norm.weight") || EndsWith(name, "mlp.gate.weight")) return -1;
   return 0;
 }
 
@@ -155,7 +165,7 @@ pb::RunInfo RankRun(const Plan& plan, int t, int d, int st) {
   add("tp", s.tp, [&](int k) { return RankOf(s, k, d, st); });
   add("dp", s.dp, [&](int k) { return RankOf(s, t, k, st); });
   add("pp", s.pp, [&](int k) { return RankOf(s, t, d, k); });
-  add("world", s.dp * s.tp * s.pp, [](int k) { return k; });
+  if (s.world_group) add("world", s.dp * s.tp * s.pp, [](int k) { return k; });
   return rr;
 }
 
@@ -286,9 +296,15 @@ Status CheckSpec(const ClusterSpec& s, const CaptureMode& mode) {
     return Status::InvalidArgument("layers (" + std::to_string(s.layers) + ") must divide evenly over pp " +
                                    std::to_string(s.pp) + " stages");
   }
-  if (1024 % s.tp != 0 || 128256 % s.tp != 0) {  // every other sharded dimension is a multiple of 1024
-    return Status::InvalidArgument("tp " + std::to_string(s.tp) +
-                                   " must divide every sharded dimension (1024 k/v rows, 128256 vocab rows)");
+  const ModelShape& m = s.shape;
+  if (m.hidden < 1 || m.intermediate < 1 || m.kv < 1 || m.vocab < 1 || m.experts < 0) {
+    return Status::InvalidArgument("hidden, intermediate, kv and vocab must be >= 1, experts >= 0");
+  }
+  if (m.hidden % s.tp != 0 || m.intermediate % s.tp != 0 || m.kv % s.tp != 0 || m.vocab % s.tp != 0) {
+    return Status::InvalidArgument("tp " + std::to_string(s.tp) + " must divide every sharded dimension (" +
+                                   std::to_string(m.kv) + " k/v rows, " + std::to_string(m.vocab) +
+                                   " vocab rows, hidden " + std::to_string(m.hidden) + ", intermediate " +
+                                   std::to_string(m.intermediate) + ")");
   }
   if (s.planted_stage >= s.pp) {
     return Status::InvalidArgument("planted stage " + std::to_string(s.planted_stage) + " outside the " +
@@ -332,11 +348,11 @@ Status WriteClusterSet(const std::string& dir, const ClusterSpec& spec) {
   c->set_backend("nccl");
   c->set_capture_mode(spec.capture);
   c->set_layers(spec.layers);
-  c->set_hidden(8192);
+  c->set_hidden(spec.shape.hidden);
   c->set_heads(64);
-  c->set_vocab(128256);
+  c->set_vocab(spec.shape.vocab);
   c->set_steps(spec.steps);
-  const std::vector<SynthParam> params = Llama70BParams(spec.layers);
+  const std::vector<SynthParam> params = LlamaParams(spec.layers, spec.shape);
   plan.buckets.assign(spec.pp, {});
   for (size_t i = 0; i < params.size(); ++i) {
     pb::ParamInfo* p = run.add_params();

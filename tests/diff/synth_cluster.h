@@ -1,6 +1,6 @@
 // A simulated Megatron-style cluster (issue 24 item 3): a Llama-70B-shaped
-// model over dp x tp x pp ranks, written in `sketch:K` or `stats` mode through
-// the real codec, with a divisor bug planted in one pipeline stage.
+// model (or a smaller or MoE one of the same form, ModelShape) over dp x tp x pp ranks, written in `sketch:K` or
+// `stats` mode through the real codec, with a divisor bug planted in one pipeline stage.
 //
 // Full values of 70B parameters cannot be materialised here, so nothing is:
 //   sketch:K  values are computed only at the parameter's sketch positions
@@ -30,10 +30,21 @@
 
 namespace gradtrace::testing {
 
-// Llama-70B: 80 layers, hidden 8192, intermediate 28672, 64 heads / 8 kv heads
-// (k/v 1024 rows), vocab 128256, untied embedding and lm_head, RMSNorm weights.
-// `layers` < 80 keeps the shapes with fewer layers.
-std::vector<SynthParam> Llama70BParams(int layers = 80);
+// A Llama-shaped model's dimensions; the defaults are Llama-70B's: hidden 8192,
+// intermediate 28672, 64 heads / 8 kv heads (k/v 1024 rows), vocab 128256,
+// untied embedding and lm_head, RMSNorm weights. `experts` > 0 replaces each
+// layer's MLP by that many experts (mlp.experts.E.{gate,up,down}_proj.weight,
+// each of the MLP's shapes) and a router (mlp.gate.weight, experts x hidden,
+// replicated): an MoE model of many tensors (issue 42: 20,000 at 56 layers x
+// 118 experts).
+struct ModelShape {
+  int64_t hidden = 8192, intermediate = 28672, kv = 1024, vocab = 128256;
+  int experts = 0;
+};
+
+// The model's parameters over `layers` layers (80 for Llama-70B).
+std::vector<SynthParam> LlamaParams(int layers, const ModelShape& shape);
+inline std::vector<SynthParam> Llama70BParams(int layers = 80) { return LlamaParams(layers, ModelShape{}); }
 
 struct ClusterSpec {
   int dp = 1, tp = 1, pp = 1;
@@ -45,6 +56,8 @@ struct ClusterSpec {
   double planted_divisor = 0;           // 0: dp / 2
   std::string run_id;                   // default: derived from the layout
   int threads = 1;                      // (stage, tp rank) groups written in parallel
+  ModelShape shape;                     // Llama-70B's unless changed
+  bool world_group = true;              // every rank's RunInfo lists the world group (world ranks each)
 };
 
 // Writes rank-NNNNN.gtrace for all dp x tp x pp ranks of `spec` into `dir`.

@@ -150,7 +150,8 @@ TEST(SimulatedClusterSpec, RefusesALayoutThatDoesNotDivideTheModel) {
   s = SmallCluster("sketch:4096");
   s.tp = 512;  // divides the k/v rows but not the vocabulary
   EXPECT_EQ(testing::WriteClusterSet(FreshDir("z"), s).message(),
-            "tp 512 must divide every sharded dimension (1024 k/v rows, 128256 vocab rows)");
+            "tp 512 must divide every sharded dimension (1024 k/v rows, 128256 vocab rows, hidden 8192, "
+            "intermediate 28672)");
   s = SmallCluster("full");
   EXPECT_EQ(testing::WriteClusterSet(FreshDir("y"), s).message(),
             "capture 'full' is not simulated at 70B scale (use sketch:K or stats)");

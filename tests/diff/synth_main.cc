@@ -57,6 +57,14 @@ int main(int argc, char** argv) {
   app.add_option("--planted-stage", cluster.planted_stage, "--llama70b: this stage's reductions divide wrong");
   app.add_option("--planted-divisor", cluster.planted_divisor, "--llama70b: the planted stage's divisor (dp / 2)");
   app.add_option("--threads", cluster.threads, "--llama70b: writer threads");
+  app.add_option("--hidden", cluster.shape.hidden, "--llama70b: hidden size (8192)");
+  app.add_option("--intermediate", cluster.shape.intermediate, "--llama70b: MLP size (28672)");
+  app.add_option("--kv", cluster.shape.kv, "--llama70b: k/v rows (1024)");
+  app.add_option("--vocab", cluster.shape.vocab, "--llama70b: vocabulary (128256)");
+  bool no_world_group = false;
+  app.add_flag("--no-world-group", no_world_group,
+               "--llama70b: RunInfo lists no world group (its size grows as world^2)");
+  app.add_option("--experts-per-layer", cluster.shape.experts, "--llama70b: MoE, this many experts per layer (0)");
   gradtrace::testing::BigParamSpec big;
   big.numel = 0;
   app.add_option("--big-param", big.numel,
@@ -79,6 +87,7 @@ int main(int argc, char** argv) {
     cluster.steps = spec.steps;
     cluster.capture = spec.capture;
     cluster.run_id = spec.run_id;
+    cluster.world_group = !no_world_group;
     gradtrace::Status st = gradtrace::testing::WriteClusterSet(out, cluster);
     if (!st.ok()) {
       std::fprintf(stderr, "gradtrace-synth: %s\n", st.message().c_str());

@@ -112,7 +112,7 @@ struct Neighbours {
 
 void ReadAndVerify(fuzz::MemFile* file) {
   for (bool use_index : {true, false}) {
-    Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index});
+    Expected<std::unique_ptr<TraceReader>> opened = TraceReader::Open(file->path(), ReadOptions{use_index, nullptr});
     if (!opened.ok()) {
       fuzz::CheckErrorLine(opened.status(), file->path());
       break;

@@ -62,7 +62,7 @@ TEST(TraceFile, ScanningAnIndexedFileGivesTheSameFrames) {
   TempDir dir;
   const std::string path = dir.File("t.gtrace");
   const std::vector<std::string> written = testing::WriteSmallTrace(path, 2);
-  testing::ReadResult scanned = ReadAll(path, ReadOptions{.use_index = false});
+  testing::ReadResult scanned = ReadAll(path, ReadOptions{.use_index = false, .table = nullptr});
   EXPECT_TRUE(scanned.status.ok()) << scanned.status.message();
   EXPECT_EQ(written, scanned.messages);
 }

@@ -131,7 +131,7 @@ TEST(ValuesFrom, EveryReadPathGivesAReferenceItsTargetsValues) {
   }
   for (bool use_index : {true, false}) {
     SCOPED_TRACE(use_index ? "index" : "scan");
-    const EveryPath got = ReadEveryPath(path, ReadOptions{use_index});
+    const EveryPath got = ReadEveryPath(path, ReadOptions{use_index, nullptr});
     EXPECT_EQ(got.next, expected);
     EXPECT_EQ(got.read_at, expected);
     EXPECT_EQ(got.decode_stored, expected);
