@@ -98,7 +98,7 @@ int EmitTable(gradtrace::Expected<gradtrace::diff::StepTable> table, const std::
   return Emit(
       {{json_path, [&] { return diff::RenderStepTableJson(*table); }},
        {md_path, [&] { return diff::RenderStepTableMarkdown(*table); }},
-       {html_path, [&] { return diff::RenderHtml(*detail); }}},
+       {html_path, [&] { return diff::RenderHtml(*detail, top); }}},
       [&](bool colour) { return diff::RenderStepTableText(*table, colour, top); }, table->ExitCode());
 }
 
@@ -108,7 +108,7 @@ struct CommandLine {
   std::vector<std::string> merge_paths, renames;
   std::optional<double> rtol;
   int threads = 0;
-  size_t top = SIZE_MAX;
+  size_t top = 0;               // 0: each output's default (report/rows.h)
   std::optional<int64_t> step;  // --step N
   bool all_steps = false;       // --step all
   bool bucket_views = false;    // --bucket-views (with --shard)
@@ -140,7 +140,10 @@ void AddOptions(CLI::App& app, CommandLine* cl) {
   app.add_option("--json", cl->json_path, "write the JSON report to FILE");
   app.add_option("--markdown", cl->md_path, "write a Markdown report (for a GitHub issue) to FILE");
   app.add_option("--html", cl->html_path, "write a self-contained HTML report with an SVG chart to FILE");
-  app.add_option("--top", cl->top, "print only the N worst parameters in the table (default: all)");
+  app.add_option("--top", cl->top,
+                 "the N worst parameters in the text, Markdown and HTML tables, with every problem after them (default "
+                 "50 in text and Markdown, 500 in HTML); the JSON report lists every parameter")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", cl->threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
 }
 
@@ -197,8 +200,8 @@ int EmitReport(gradtrace::Expected<gradtrace::diff::Report> report, const Comman
   if (!report.ok()) return Fail(report.status().message());
   return Emit(
       {{cl.json_path, [&] { return diff::RenderJson(*report); }},
-       {cl.md_path, [&] { return diff::RenderMarkdown(*report); }},
-       {cl.html_path, [&] { return diff::RenderHtml(*report); }}},
+       {cl.md_path, [&] { return diff::RenderMarkdown(*report, cl.top); }},
+       {cl.html_path, [&] { return diff::RenderHtml(*report, cl.top); }}},
       [&](bool colour) { return diff::RenderText(*report, colour, cl.top); }, report->ExitCode());
 }
 

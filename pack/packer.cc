@@ -23,6 +23,7 @@
 #include "rank_file.h"
 #include "readme.h"
 #include "reencode.h"
+#include "report_member.h"
 #include "signal_cleanup.h"
 #include "stale_temporaries.h"
 #include "tar_writer.h"
@@ -183,6 +184,13 @@ Status CopyTraces(const std::vector<TraceMember>& traces, const std::string& tmp
   return w->Flush();
 }
 
+// A report's JSON, compressed when large (report_member.h).
+Status AddJson(TarWriter* w, const std::string& name, std::string json) {
+  auto member = ReportJsonMember(name, std::move(json));
+  if (!member.ok()) return member.status();
+  return w->Add(member->name, member->bytes);
+}
+
 // The report comes from the packed members, named as the archive will be,
 // so `gradtrace-diff ARCHIVE` reproduces it byte for byte. Adds it in its three
 // renderings (and the captured traces' report, when re-encoded).
@@ -198,10 +206,10 @@ Expected<diff::Report> AddReports(const PackOptions& options, const std::string&
   for (const auto& s : sets) ptrs.push_back(&s);
   auto report = RunComparison(ptrs, options.diff, options.threads);
   if (!report.ok()) return report.status();
-  GT_RETURN_IF_ERROR(w->Add("report.json", diff::RenderJson(*report)));
+  GT_RETURN_IF_ERROR(AddJson(w, "report.json", diff::RenderJson(*report)));
   GT_RETURN_IF_ERROR(w->Add("report.md", diff::RenderMarkdown(*report)));
   GT_RETURN_IF_ERROR(w->Add("report.html", diff::RenderHtml(WithBucketViews(*report, ptrs, options))));
-  if (attempt.original) GT_RETURN_IF_ERROR(w->Add("original-report.json", diff::RenderJson(*attempt.original)));
+  if (attempt.original) GT_RETURN_IF_ERROR(AddJson(w, "original-report.json", diff::RenderJson(*attempt.original)));
   return report;
 }
 
@@ -238,6 +246,8 @@ Status AddAttachmentsAndReadme(const PackOptions& options, const Attempt& attemp
   facts.limit = options.limit;
   facts.fidelity = attempt.fidelity;
   facts.original_report = attempt.original.has_value();
+  for (const ArchiveMember& m : w->members())
+    facts.compressed_json = facts.compressed_json || m.name == "report.json.zst";
   for (const std::string& a : options.attachments) {
     const std::string base = fs::path(a).filename().string();
     GT_RETURN_IF_ERROR(w->AddCopy("attached/" + base, TraceSource::File(a), nullptr));
@@ -279,11 +289,16 @@ Expected<Written> WriteArchive(const PackOptions& options, const std::string& tm
 }
 
 // The archive without its traces, estimated from the captured diff's report
-// (the packed one is about as large): reports, environment, manifest and
-// README (a fidelity row per parameter in the last two), attachments, headers.
+// (the packed one is about as large): reports (the JSON as stored, twice: the
+// packed and the original), environment, manifest (a fidelity entry per
+// parameter), README (at most kReadmeFidelityRows of them), attachments, headers.
 double RestOfArchive(const diff::Report& r, const PackOptions& o, size_t params, size_t traces) {
-  double bytes = 2.0 * diff::RenderJson(r).size() + diff::RenderMarkdown(r).size() + diff::RenderHtml(r).size();
-  bytes += 16e3 + 2 * 200.0 * params;
+  auto json = ReportJsonMember("report.json", diff::RenderJson(r));
+  double bytes =
+      2.0 * (json.ok() ? json->bytes.size() : 0) + diff::RenderMarkdown(r).size() + diff::RenderHtml(r).size();
+  double names = 0;
+  for (const auto& p : r.params) names += static_cast<double>(p.name.size());
+  bytes += 16e3 + names + 80.0 * params + 200.0 * std::min<size_t>(params, kReadmeFidelityRows);
   for (const std::string& a : o.attachments) bytes += static_cast<double>(fs::file_size(a));
   bytes += 2.0 * kTarBlock * (traces + 8 + o.attachments.size()) + 2.0 * kTarBlock;
   return 1.05 * bytes;
@@ -399,7 +414,10 @@ Status Replan(const PackOptions& options, const std::vector<diff::TraceSet>& cap
 // Everything but the traces, guessed until an archive has been written:
 // reports and README grow with the parameters.
 double GuessedBudget(const PackOptions& options, size_t params, size_t traces) {
-  double overhead = 64e3 + 3e3 * params + 2048.0 * traces;
+  // The reports as stored: the JSON about 17 bytes a parameter once compressed (report_member.h, twice when
+  // re-encoded), the HTML and Markdown bounded (diff/report/rows.h); 3 kB a parameter overestimated a
+  // 100,000-parameter report 30-fold and re-encoded traces that fit as captured (issue 42).
+  double overhead = 64e3 + 600e3 + 40.0 * params + 2048.0 * traces;
   for (const std::string& a : options.attachments) overhead += fs::file_size(a) + 1024;
   return static_cast<double>(options.limit) - overhead;
 }

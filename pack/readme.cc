@@ -1,5 +1,7 @@
 #include "readme.h"
 
+#include <map>
+
 #include "text_escape.h"
 
 namespace gradtrace::pack {
@@ -30,10 +32,14 @@ std::string RenderReadme(const ReadmeFacts& f) {
   s += "## What is inside\n\n| member | what |\n| --- | --- |\n";
   s += "| `a/rank-NNNNN.gtrace` | trace set A, one file per rank (" + MarkdownCode(f.sources[0], cell) + ") |\n";
   if (two) s += "| `b/rank-NNNNN.gtrace` | trace set B (" + MarkdownCode(f.sources[1], cell) + ") |\n";
-  s +=
-      "| `report.json`, `report.md`, `report.html` | the diff of the packed traces (schema: diff/REPORT_SCHEMA.md) |\n";
+  const std::string zst = f.compressed_json ? ".zst" : "";
+  s += "| `report.json" + zst +
+       "`, `report.md`, `report.html` | the diff of the packed traces (schema: "
+       "diff/REPORT_SCHEMA.md" +
+       (f.compressed_json ? "; the JSON, every parameter of it, zstd-compressed: `zstd -d report.json.zst`" : "") +
+       ") |\n";
   if (f.original_report) {
-    s += "| `original-report.json` | the diff of the traces as captured, before re-encoding |\n";
+    s += "| `original-report.json" + zst + "` | the diff of the traces as captured, before re-encoding |\n";
   }
   s += "| `environment.json` | per set: framework, versions (torch, CUDA, NCCL, ...), producer, configuration, host, "
        "world; the pack's command line |\n";
@@ -55,9 +61,21 @@ std::string RenderReadme(const ReadmeFacts& f) {
        "The scale factors in report.json are measured on what was kept; original-report.json has the "
        "full-value diff.\n\n";
   s += "| parameter | kept as | why |\n| --- | --- | --- |\n";
-  for (const Choice& c : f.fidelity) {
+  std::map<std::string, size_t> rest;  // mode -> parameters past the table
+  for (size_t i = 0; i < f.fidelity.size(); ++i) {
+    const Choice& c = f.fidelity[i];
+    if (i >= kReadmeFidelityRows) {
+      ++rest[c.mode.ToString()];
+      continue;
+    }
     s += "| " + MarkdownCode(c.name, cell) + " | " + MarkdownText(c.mode.ToString()) + " | " + MarkdownText(c.why) +
          " |\n";
+  }
+  if (!rest.empty()) {
+    s += "\n" + std::to_string(f.fidelity.size() - kReadmeFidelityRows) + " more parameters:";
+    const char* sep = " ";
+    for (const auto& [mode, n] : rest) s += sep + std::to_string(n) + " " + MarkdownText(mode), sep = ", ";
+    s += " (`pack.json` lists every parameter's).\n";
   }
   return s;
 }

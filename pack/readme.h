@@ -2,6 +2,7 @@
 // parameter kept, and the commands that rerun the comparison.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,7 +24,11 @@ struct ReadmeFacts {
   std::vector<Choice> fidelity;  // empty: every trace byte for byte as captured
   std::vector<std::string> attachments;
   bool original_report = false;  // original-report.json is present
+  bool compressed_json = false;  // the reports' JSON is stored as report.json.zst (report_member.h)
 };
+
+// The README lists this many parameters' fidelity at most (the worst first, as planned); pack.json lists all.
+inline constexpr size_t kReadmeFidelityRows = 100;
 
 std::string RenderReadme(const ReadmeFacts& f);
 

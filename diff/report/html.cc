@@ -1,7 +1,9 @@
 // --html: one self-contained page (inline CSS and SVG, no scripts, no external
 // assets). The chart has two panels sharing the x axis (parameters), one mark
-// per parameter in each: the scale factor B/A (the effective divisor in
-// --self) and the residual, both on log axes, the tolerance drawn as a line.
+// per parameter in each (past 1,000 parameters, 400 columns each aggregating
+// its run): the scale factor B/A (the effective divisor in --self) and the
+// residual, both on log axes, the tolerance drawn as a line. The table shows
+// the worst parameters and every problem (report/rows.h) and counts the rest.
 // --self adds the per-rank x per-bucket view (bucket_view.h) as a table
 // coloured by whether each reduction's divisor is the expected one; a two-set
 // diff draws each side's view (TraceSide.bucket_view) with the same code.
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include "report/report.h"
+#include "report/rows.h"
 #include "slice_codec.h"
 #include "text_escape.h"
 
@@ -76,6 +79,67 @@ std::string XTicks(const std::vector<Point>& pts, double axis_y, const XOf& x) {
   return s;
 }
 
+// Past this many parameters the chart draws kBins columns, each aggregating its run of parameters: one mark per
+// parameter made a 62 MB page at 100,000 (issue 42).
+constexpr size_t kMaxMarks = 1000, kBins = 400;
+// Names longer than this are cut for display (ShortName); a cut table name unfolds to its whole name up to
+// kWholeNameBytes, and past that points to the JSON report (a 1 MiB name is not a thing to read in a page).
+constexpr size_t kNameBytes = 120, kWholeNameBytes = 4096;
+
+int VerdictRank(const std::string& v) {
+  if (v == "match" || v == "ok") return 0;
+  if (v == "scaled" || v == "wrong-divisor") return 1;
+  if (v == "missing") return 2;
+  if (v == "mismatch" || v == "inconsistent") return 3;
+  return 4;
+}
+
+// The chart's columns past kMaxMarks: per column, the range of its plottable scales (a bar from the least to the
+// greatest) and of its residuals, in the colour of its worst verdict; its title names the first and last
+// parameter, the ranges and the verdict counts.
+template <typename X, typename YS, typename YR>
+std::string AggregatedMarks(const std::vector<Point>& pts, bool self, const X& x, const YS& ys, const YR& yr,
+                            double mid) {
+  const size_t n = pts.size(), per = (n + kBins - 1) / kBins;
+  std::string s;
+  for (size_t lo = 0; lo < n; lo += per) {
+    const size_t hi = std::min(n, lo + per);
+    double smin = INFINITY, smax = -INFINITY, rmin = INFINITY, rmax = -INFINITY;
+    std::map<std::string, size_t> verdicts;
+    std::string worst = pts[lo].verdict;
+    for (size_t i = lo; i < hi; ++i) {
+      const Point& p = pts[i];
+      if (Plottable(p.scale)) smin = std::min(smin, p.scale), smax = std::max(smax, p.scale);
+      const double r = std::isfinite(p.residual) ? p.residual : 1.0;
+      rmin = std::min(rmin, r), rmax = std::max(rmax, r);
+      ++verdicts[p.verdict];
+      if (VerdictRank(p.verdict) > VerdictRank(worst)) worst = p.verdict;
+    }
+    std::string counts;
+    for (const auto& [v, k] : verdicts) counts += (counts.empty() ? "" : ", ") + Thousands(k) + " " + v;
+    const std::string title = "<title>parameters " + Thousands(lo + 1) + "-" + Thousands(hi) + " of " + Thousands(n) +
+                              ": " + Esc(ShortName(pts[lo].name, 60)) + " ... " + Esc(ShortName(pts[hi - 1].name, 60)) +
+                              "; " + (self ? "divisor " : "scale ") +
+                              (smin <= smax ? FormatNumber(smin, 6) + " to " + FormatNumber(smax, 6) : "none") +
+                              ", residual " + FormatNumber(rmin, 3) + " to " + FormatNumber(rmax, 3) + " (" + counts +
+                              ")</title>";
+    const char* colour = VerdictColour(worst);
+    const double cx = (x(lo) + x(hi - 1)) / 2, w = std::max(2.0, x(hi - 1) - x(lo) + 1.5);
+    if (smin <= smax) {
+      const double y0 = ys(smax), h = std::max(4.0, ys(smin) - y0);
+      s += "<rect class=\"bin scale\" x=\"" + F(cx - w / 2) + "\" y=\"" + F(y0 - (h == 4.0 ? 2 : 0)) + "\" width=\"" +
+           F(w) + "\" height=\"" + F(h) + "\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    } else {
+      s += "<rect class=\"bin scale nan\" x=\"" + F(cx - w / 2) + "\" y=\"" + F(mid - 8) + "\" width=\"" + F(w) +
+           "\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    }
+    const double r0 = yr(rmax), rh = std::max(4.0, yr(rmin) - r0);
+    s += "<rect class=\"bin residual\" x=\"" + F(cx - w / 2) + "\" y=\"" + F(r0 - (rh == 4.0 ? 2 : 0)) + "\" width=\"" +
+         F(w) + "\" height=\"" + F(rh) + "\" fill=\"" + colour + "\">" + title + "</rect>\n";
+  }
+  return s;
+}
+
 std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
   // bottom: room for the parameter names under the axis (rotated, at most kMaxTicks of them).
   const double W = 960, H = 650, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 166;
@@ -128,27 +192,32 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
   s += ylabel(top, mid, self ? "effective divisor (log)" : "scale factor B/A (log)");
   s += ylabel(mid + gap, H - bottom, "residual (log)");
   s += "<text class=\"axis-label\" x=\"" + F((left + W - right) / 2) + "\" y=\"" + F(H - 14) +
-       "\" text-anchor=\"middle\" font-size=\"12\">parameter (" + std::to_string(n) + ", " +
-       (self ? "worst first" : "by name") + "; hover a mark for its name)</text>\n";
+       "\" text-anchor=\"middle\" font-size=\"12\">parameter (" + Thousands(n) + ", " +
+       (self ? "worst first" : "by name") + "; " +
+       (n > kMaxMarks ? "each column spans " + Thousands((n + kBins - 1) / kBins) + ": hover it for its range"
+                      : std::string("hover a mark for its name")) +
+       ")</text>\n";
   s += XTicks(pts, H - bottom, x);
   s += "<line x1=\"" + F(left) + "\" x2=\"" + F(W - right) + "\" y1=\"" + F(H - bottom) + "\" y2=\"" + F(H - bottom) +
        "\" stroke=\"#555\"/>\n";
+  if (n > kMaxMarks) return s + AggregatedMarks(pts, self, x, ys, yr, mid) + "</svg>\n";
   // One mark per parameter in each panel.
   for (size_t i = 0; i < n; ++i) {
     const Point& p = pts[i];
-    std::string title = "<title>" + Esc(p.name) + ": " + (self ? "divisor " : "scale ") + FormatNumber(p.scale, 6) +
+    const std::string name = Esc(ShortName(p.name, kNameBytes));
+    std::string title = "<title>" + name + ": " + (self ? "divisor " : "scale ") + FormatNumber(p.scale, 6) +
                         ", residual " + FormatNumber(p.residual, 3) + " (" + p.verdict + ")</title>";
     const char* colour = VerdictColour(p.verdict);
     if (Plottable(p.scale)) {
-      s += "<circle class=\"mark scale\" data-param=\"" + Esc(p.name) + "\" cx=\"" + F(x(i)) + "\" cy=\"" +
-           F(ys(p.scale)) + "\" r=\"5\" fill=\"" + colour + "\">" + title + "</circle>\n";
+      s += "<circle class=\"mark scale\" data-param=\"" + name + "\" cx=\"" + F(x(i)) + "\" cy=\"" + F(ys(p.scale)) +
+           "\" r=\"5\" fill=\"" + colour + "\">" + title + "</circle>\n";
     } else {
-      s += "<rect class=\"mark scale nan\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 4) + "\" y=\"" +
-           F(mid - 8) + "\" width=\"8\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
+      s += "<rect class=\"mark scale nan\" data-param=\"" + name + "\" x=\"" + F(x(i) - 4) + "\" y=\"" + F(mid - 8) +
+           "\" width=\"8\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
     }
     double r = std::isfinite(p.residual) ? p.residual : 1.0;
-    s += "<rect class=\"mark residual\" data-param=\"" + Esc(p.name) + "\" x=\"" + F(x(i) - 3) + "\" y=\"" +
-         F(yr(r) - 3) + "\" width=\"6\" height=\"6\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    s += "<rect class=\"mark residual\" data-param=\"" + name + "\" x=\"" + F(x(i) - 3) + "\" y=\"" + F(yr(r) - 3) +
+         "\" width=\"6\" height=\"6\" fill=\"" + colour + "\">" + title + "</rect>\n";
   }
   s += "</svg>\n";
   return s;
@@ -286,49 +355,70 @@ std::string GroupsTable(const Report& r, bool self) {
   return h + "</table>\n";
 }
 
-std::string SelfParamsTable(const Report& r) {
+// A table's name cell: the name, or when longer than kNameBytes its cut form, unfolding to the whole name.
+std::string NameCell(const std::string& name) {
+  if (name.size() <= kNameBytes) return "<td><code>" + Esc(name) + "</code></td>";
+  const std::string cut = "<code>" + Esc(ShortName(name, kNameBytes)) + "</code>";
+  if (name.size() > kWholeNameBytes) {
+    return "<td>" + cut + " <small>(a name of " + Thousands(name.size()) +
+           " bytes: whole in the JSON report)</small></td>";
+  }
+  return "<td><details><summary>" + cut + "</summary><code>" + Esc(name) + "</code></details></td>";
+}
+
+// What the table leaves out, after it.
+std::string RestLine(const ShownRows& shown) {
+  if (shown.hidden == 0) return "";
+  return "<p class=\"rest\">" + Esc(shown.rest) +
+         " (the table shows the worst parameters and every problem; <code>--top N</code> shows more, and the JSON "
+         "report, <code>--json</code>, lists every parameter).</p>\n";
+}
+
+std::string SelfParamsTable(const Report& r, const ShownRows& shown) {
   std::string h =
       "<h2>Parameters</h2><table>\n<tr><th>verdict</th><th>parameter</th><th>numel</th><th>group</th><th>size</th>"
       "<th>divisor</th><th>expected</th><th>residual</th></tr>\n";
-  for (const auto& p : r.self_params) {
+  for (size_t i : shown.index) {
+    const SelfParam& p = r.self_params[i];
     const std::string v = SelfVerdictName(p.verdict);
-    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
-         Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) +
-         "</td><td class=\"n\">" + std::to_string(p.group_size) + "</td><td class=\"n\">" + FormatNumber(p.divisor, 5) +
-         "</td><td class=\"n\">" + FormatNumber(p.expected, 5) + "</td><td class=\"n\">" + FormatNumber(p.residual, 3) +
-         "</td></tr>\n";
+    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td>" + NameCell(p.name) +
+         "<td class=\"n\">" + std::to_string(p.numel) + "</td><td>" + Esc(p.group) + "</td><td class=\"n\">" +
+         std::to_string(p.group_size) + "</td><td class=\"n\">" + FormatNumber(p.divisor, 5) + "</td><td class=\"n\">" +
+         FormatNumber(p.expected, 5) + "</td><td class=\"n\">" + FormatNumber(p.residual, 3) + "</td></tr>\n";
   }
-  return h + "</table>\n";
+  return h + "</table>\n" + RestLine(shown);
 }
 
-std::string DiffParamsTable(const Report& r) {
+std::string DiffParamsTable(const Report& r, const ShownRows& shown) {
   std::string h =
       "<h2>Parameters</h2><table>\n<tr><th>verdict</th><th>parameter</th><th>numel</th><th>scale</th>"
       "<th>residual</th><th>cosine</th><th>rel. error</th><th>max abs error</th><th>note</th></tr>\n";
-  for (const auto& p : r.params) {
+  for (size_t i : shown.index) {
+    const ParamResult& p = r.params[i];
     const Metrics& m = p.metrics;
     bool none = m.basis == Basis::kNone;
     auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
     std::string v = VerdictName(p.verdict);
-    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td><td><code>" +
-         Esc(p.name) + "</code></td><td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" +
-         num(m.scale, 6) + "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
+    h += "<tr><td class=\"v\" style=\"color:" + std::string(VerdictColour(v)) + "\">" + v + "</td>" + NameCell(p.name) +
+         "<td class=\"n\">" + std::to_string(p.numel) + "</td><td class=\"n\">" + num(m.scale, 6) +
+         "</td><td class=\"n\">" + num(m.residual, 3) + "</td><td class=\"n\">" + num(m.cosine, 6) +
          "</td><td class=\"n\">" + num(m.rel_error, 3) + "</td><td class=\"n\">" + MaxAbsErrorText(m) + "</td><td>" +
          Esc(p.note) + "</td></tr>\n";
   }
-  return h + "</table>\n";
+  return h + "</table>\n" + RestLine(shown);
 }
 
 }  // namespace
 
-std::string RenderHtml(const Report& r) {
+std::string RenderHtml(const Report& r, size_t top) {
   const bool self = r.mode == "self";
+  const ShownRows shown = RowsForPeople(r, top, kHtmlRows);
   std::string h = PageHead(r, self);
   h += Chart(ChartPoints(r), r.tolerance.rtol, self);
   if (!r.bucket_view.empty()) h += BucketViewHeading() + BucketView(r.bucket_view, "bucket-view");
   if (!self) h += SideBucketViews(r);
   h += GroupsTable(r, self);
-  h += self ? SelfParamsTable(r) : DiffParamsTable(r);
+  h += self ? SelfParamsTable(r, shown) : DiffParamsTable(r, shown);
   if (!r.findings.empty()) {
     h += "<h2>Findings</h2><ul>\n";
     for (const auto& f : r.findings) h += "<li><b>" + Esc(f.kind) + "</b>: " + Esc(f.message) + "</li>\n";

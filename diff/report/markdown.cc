@@ -3,13 +3,15 @@
 
 #include "compare/step_table.h"
 #include "report/report.h"
+#include "report/rows.h"
 #include "slice_codec.h"
 #include "text_escape.h"
 
 namespace gradtrace::diff {
 namespace {
 
-constexpr size_t kMaxRows = 50;  // longer tables go under <details>
+constexpr size_t kOpenRows = 50;    // longer tables go under <details>
+constexpr size_t kNameBytes = 160;  // longer names are cut (ShortName); the JSON report has them whole
 
 // Every string from a trace, a partial report or a path goes out through one of these (text_escape.h):
 // regression, issue 20: producer, scaling, group names and summaries went out as raw HTML, a carriage return in
@@ -38,7 +40,8 @@ void ConfigRows(std::string& out, const Report& r) {
 
 }  // namespace
 
-std::string RenderMarkdown(const Report& r) {
+std::string RenderMarkdown(const Report& r, size_t top) {
+  const ShownRows shown = RowsForPeople(r, top, kTextRows);
   std::string out;
   bool self = r.mode == "self";
   out += "### gradtrace-diff: " + Md(r.verdict) + "\n\n";
@@ -55,29 +58,40 @@ std::string RenderMarkdown(const Report& r) {
     }
     out += "\n";
   }
-  size_t rows = self ? r.self_params.size() : r.params.size();
-  if (rows > kMaxRows) out += "<details><summary>All " + std::to_string(rows) + " parameters</summary>\n\n";
+  const size_t rows = self ? r.self_params.size() : r.params.size();
+  const bool folded = shown.index.size() > kOpenRows;
+  if (folded) {
+    out +=
+        "<details><summary>" +
+        (shown.hidden == 0 ? "All " + Thousands(rows) + " parameters"
+                           : "The " + Thousands(shown.index.size()) + " worst of " + Thousands(rows) + " parameters") +
+        "</summary>\n\n";
+  }
   if (self) {
     out += "| verdict | parameter | numel | group | size | divisor | expected | residual |\n";
     out += "|---|---|---:|---|---:|---:|---:|---:|\n";
-    for (const auto& p : r.self_params) {
-      out += std::string("| ") + SelfVerdictName(p.verdict) + " | " + Code(p.name) + " | " + std::to_string(p.numel) +
-             " | " + Md(p.group) + " | " + std::to_string(p.group_size) + " | " + FormatNumber(p.divisor, 5) + " | " +
-             FormatNumber(p.expected, 5) + " | " + FormatNumber(p.residual, 3) + " |\n";
+    for (size_t i : shown.index) {
+      const SelfParam& p = r.self_params[i];
+      out += std::string("| ") + SelfVerdictName(p.verdict) + " | " + Code(ShortName(p.name, kNameBytes)) + " | " +
+             std::to_string(p.numel) + " | " + Md(p.group) + " | " + std::to_string(p.group_size) + " | " +
+             FormatNumber(p.divisor, 5) + " | " + FormatNumber(p.expected, 5) + " | " + FormatNumber(p.residual, 3) +
+             " |\n";
     }
   } else {
     out += "| verdict | parameter | numel | scale | residual | cosine | rel. error | max abs error |\n";
     out += "|---|---|---:|---:|---:|---:|---:|---:|\n";
-    for (const auto& p : r.params) {
+    for (size_t i : shown.index) {
+      const ParamResult& p = r.params[i];
       const Metrics& m = p.metrics;
       bool none = m.basis == Basis::kNone;
       auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
-      out += std::string("| ") + VerdictName(p.verdict) + " | " + Code(p.name) + " | " + std::to_string(p.numel) +
-             " | " + num(m.scale, 6) + " | " + num(m.residual, 3) + " | " + num(m.cosine, 6) + " | " +
-             num(m.rel_error, 3) + " | " + MaxAbsErrorText(m) + " |\n";
+      out += std::string("| ") + VerdictName(p.verdict) + " | " + Code(ShortName(p.name, kNameBytes)) + " | " +
+             std::to_string(p.numel) + " | " + num(m.scale, 6) + " | " + num(m.residual, 3) + " | " + num(m.cosine, 6) +
+             " | " + num(m.rel_error, 3) + " | " + MaxAbsErrorText(m) + " |\n";
     }
   }
-  if (rows > kMaxRows) out += "\n</details>\n";
+  if (shown.hidden > 0) out += "\n" + shown.rest + " (the JSON report, `--json`, lists every parameter).\n";
+  if (folded) out += "\n</details>\n";
   if (!r.findings.empty()) {
     out += "\n**Findings**\n\n";
     for (const auto& f : r.findings) out += "- **" + Md(f.kind) + "**: " + Md(f.message) + "\n";

@@ -203,11 +203,13 @@ struct Report {
 };
 
 // Renderers. Text may use ANSI colour; the others are files.
-// max_rows: show the first (worst) rows only; the groups and verdict are always complete.
-std::string RenderText(const Report& r, bool colour, size_t max_rows = SIZE_MAX);
+// top: the parameter table's first (worst) rows, and the problems after them (report/rows.h; 0: the output's
+// default); the rest are counted, not listed. The groups and verdict are always complete, and the JSON lists
+// every parameter.
+std::string RenderText(const Report& r, bool colour, size_t top = 0);
 std::string RenderJson(const Report& r);
-std::string RenderMarkdown(const Report& r);
-std::string RenderHtml(const Report& r);
+std::string RenderMarkdown(const Report& r, size_t top = 0);
+std::string RenderHtml(const Report& r, size_t top = 0);
 
 // Shared formatting: "%.4g"-style number, "-" for NaN.
 std::string FormatNumber(double v, int digits = 4);

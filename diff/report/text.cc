@@ -6,6 +6,7 @@
 #include "compare/metrics.h"
 #include "compare/step_table.h"
 #include "report/report.h"
+#include "report/rows.h"
 #include "slice_codec.h"
 #include "text_escape.h"
 
@@ -99,7 +100,8 @@ std::string Clip(const std::string& s, size_t width) {
 
 }  // namespace
 
-std::string RenderText(const Report& r, bool colour, size_t max_rows) {
+std::string RenderText(const Report& r, bool colour, size_t top) {
+  const ShownRows shown = RowsForPeople(r, top, kTextRows);
   std::string out;
   const char* bold = colour ? "\033[1m" : "";
   const char* reset = colour ? "\033[0m" : "";
@@ -109,11 +111,11 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
     out += "  step " + std::to_string(r.step) + ", POST_REDUCE against the sum of PRE_REDUCE over each group; " +
            T(r.tolerance.bound) + "\n\n";
     size_t nw = 9;
-    for (const auto& p : r.self_params) nw = std::max(nw, std::min<size_t>(T(p.name).size(), 48));
+    for (size_t i : shown.index) nw = std::max(nw, std::min<size_t>(T(r.self_params[i].name).size(), 48));
     out += std::string(bold) + Cell("VERDICT", 14, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("GROUP", 8) + Cell("SIZE", 6) + Cell("DIVISOR", 10) + Cell("EXPECTED", 10) + Cell("DECLARED", 10) +
            Cell("RESIDUAL", 11) + reset + "\n";
-    for (size_t i = 0; i < std::min(r.self_params.size(), max_rows); ++i) {
+    for (size_t i : shown.index) {
       const auto& p = r.self_params[i];
       out += Paint(SelfVerdictName(p.verdict), SelfVerdictName(p.verdict), colour, 14) +
              Cell(Clip(T(p.name), 48), nw + 2, true) + Cell(std::to_string(p.numel), 10) + Cell(T(p.group), 8) +
@@ -131,11 +133,11 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
              (r.verdict == "match" ? ", the first" : ", the first that differs") + reset + "\n";
     }
     size_t nw = 9;
-    for (const auto& p : r.params) nw = std::max(nw, std::min<size_t>(T(p.name).size(), 48));
+    for (size_t i : shown.index) nw = std::max(nw, std::min<size_t>(T(r.params[i].name).size(), 48));
     out += std::string(bold) + Cell("VERDICT", 11, true) + Cell("PARAMETER", nw + 2, true) + Cell("NUMEL", 10) +
            Cell("SCALE", 11) + Cell("RESIDUAL", 11) + Cell("COSINE", 11) + Cell("REL.ERR", 11) + Cell("MAX|ERR|", 11) +
            Cell("BASIS", 8) + reset + "\n";
-    for (size_t i = 0; i < std::min(r.params.size(), max_rows); ++i) {
+    for (size_t i : shown.index) {
       const auto& p = r.params[i];
       const Metrics& m = p.metrics;
       bool none = m.basis == Basis::kNone;
@@ -149,8 +151,7 @@ std::string RenderText(const Report& r, bool colour, size_t max_rows) {
       out += "\n";
     }
   }
-  const size_t rows = r.mode == "self" ? r.self_params.size() : r.params.size();
-  if (rows > max_rows) out += "  ... " + std::to_string(rows - max_rows) + " more (--top shows more rows)\n";
+  if (shown.hidden > 0) out += "  ... " + shown.rest + " (--top N shows more; --json lists every parameter)\n";
   if (!r.groups.empty()) {
     out += std::string("\n") + bold + (r.mode == "self" ? "Divisors" : "Groups") + reset + "\n";
     for (const auto& g : r.groups) {

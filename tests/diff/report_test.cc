@@ -48,9 +48,75 @@ TEST(Reports, TopLimitsTheTableButNotTheGroups) {
   std::string top3 = RenderText(r, false, 3);
   EXPECT_EQ(Count(all, "\nscaled "), 14);
   EXPECT_EQ(Count(top3, "\nscaled "), 3);
-  EXPECT_NE(top3.find("... 11 more (--top shows more rows)"), std::string::npos) << top3;
+  EXPECT_NE(top3.find("... 11 more: 11 scaled (--top N shows more; --json lists every parameter)"), std::string::npos)
+      << top3;
   EXPECT_NE(top3.find("B/A = 2.000 = sp(B) for all 14 parameters"), std::string::npos);
   EXPECT_EQ(all.find("more (--top"), std::string::npos);
+}
+
+// Issue 42: a 100,000-parameter diff wrote a 62 MB HTML page (a chart mark, a title and a row per parameter)
+// and ten 1 MiB names a 52 MB one. The human reports show the worst rows and every problem and count the rest;
+// the chart aggregates; long names are cut. The JSON keeps every parameter, whole.
+Report ManyParams(size_t n, size_t mismatches, size_t long_names) {
+  Report r;
+  r.verdict = "mismatch";
+  r.summary = "many";
+  for (size_t i = 0; i < n; ++i) {
+    ParamResult p;
+    p.name = "model.layers." + std::to_string(i / 1000) + ".mlp.experts." + std::to_string(i % 1000) + ".w";
+    if (i < long_names) p.name = std::string(1 << 20, 'a' + static_cast<char>(i % 26)) + "." + std::to_string(i);
+    p.numel = 16;
+    p.metrics.basis = Basis::kStats;
+    p.metrics.scale = i < mismatches ? 0.5 : i % 2 == 0 ? 2.0 : 1.0;
+    p.metrics.residual = i < mismatches ? 0.3 : 1e-7;
+    p.verdict = i < mismatches ? Verdict::kMismatch : i % 2 == 0 ? Verdict::kScaled : Verdict::kMatch;
+    r.params.push_back(std::move(p));
+  }
+  return r;
+}
+
+TEST(Reports, AHundredThousandParametersMakeReportsForPeople) {
+  const Report r = ManyParams(100000, 700, 0);
+  const std::string html = RenderHtml(r), md = RenderMarkdown(r), text = RenderText(r, false);
+  EXPECT_LT(html.size(), 1u << 20) << html.size();
+  // The 500 worst rows and the 200 problems after them; the rest counted.
+  EXPECT_EQ(Count(html, "<tr><td class=\"v\""), 700);
+  EXPECT_EQ(Count(html, ">mismatch</td>"), 700);
+  EXPECT_NE(html.find("99,300 more: 49,650 match, 49,650 scaled (the table shows"), std::string::npos);
+  // 400 columns per panel, no per-parameter mark.
+  EXPECT_EQ(Count(html, "class=\"bin scale\""), 400);
+  EXPECT_EQ(Count(html, "class=\"bin residual\""), 400);
+  EXPECT_EQ(Count(html, "class=\"mark "), 0);
+  EXPECT_NE(html.find("each column spans 250: hover it for its range"), std::string::npos);
+  EXPECT_NE(html.find("<title>parameters 1-250 of 100,000: "), std::string::npos);
+  // Text and Markdown: 50 rows, then the problems (700 in all), and the count of the rest.
+  EXPECT_EQ(Count(text, "\nmismatch "), 700);
+  EXPECT_NE(text.find("... 99,300 more: 49,650 match, 49,650 scaled (--top N shows more"), std::string::npos);
+  EXPECT_LT(text.size(), 200u << 10);
+  EXPECT_EQ(Count(md, "| mismatch | "), 700);
+  EXPECT_NE(md.find("<summary>The 700 worst of 100,000 parameters</summary>"), std::string::npos);
+  EXPECT_LT(md.size(), 200u << 10);
+  // --top: more rows where asked.
+  EXPECT_EQ(Count(RenderHtml(r, 2000), "<tr><td class=\"v\""), 2000);
+  // JSON: every parameter.
+  EXPECT_EQ(nlohmann::json::parse(RenderJson(r))["params"].size(), 100000u);
+}
+
+TEST(Reports, LongNamesAreCutForPeopleAndWholeInJson) {
+  const Report r = ManyParams(12, 0, 10);
+  const std::string html = RenderHtml(r), md = RenderMarkdown(r), text = RenderText(r, false);
+  EXPECT_LT(html.size(), 64u << 10) << html.size();
+  EXPECT_LT(md.size(), 16u << 10) << md.size();
+  EXPECT_LT(text.size(), 16u << 10) << text.size();
+  EXPECT_EQ(Count(html, "(a name of 1,048,578 bytes: whole in the JSON report)"), 10);  // 1 MiB + ".0" ... ".9"
+  // A long name under 4 KiB unfolds to the whole of it.
+  Report shorter = ManyParams(3, 0, 0);
+  shorter.params[0].name = std::string(300, 'x') + ".tail";
+  const std::string page = RenderHtml(shorter);
+  EXPECT_NE(page.find("<details><summary><code>xxxxxxxx"), std::string::npos);
+  EXPECT_NE(page.find("<code>" + std::string(300, 'x') + ".tail</code></details>"), std::string::npos);
+  auto j = nlohmann::json::parse(RenderJson(r));
+  EXPECT_EQ(j["params"][0]["name"].get<std::string>().size(), (1u << 20) + 2);
 }
 
 TEST(Reports, JsonHasTheContractFields) {

@@ -267,7 +267,7 @@ Status WriteGroup(const std::string& dir, const Plan& plan, int t, int stage) {
     std::vector<pb::BucketRecord> finals;
     for (size_t b = 0; b < buckets.size(); ++b) {
       BucketRecords rec = MakeBucket(plan, buckets[b], static_cast<int>(b), t, stage, step);
-      for (int d = 0; d < s.dp; ++d) {
+      for (int d = 0; d < s.dp && !s.final_only; ++d) {
         GT_RETURN_IF_ERROR(writers[d]->WriteBucket(rec.pre[d]));
         GT_RETURN_IF_ERROR(writers[d]->WriteBucket(rec.post));
       }

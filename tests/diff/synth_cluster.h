@@ -58,6 +58,7 @@ struct ClusterSpec {
   int threads = 1;                      // (stage, tp rank) groups written in parallel
   ModelShape shape;                     // Llama-70B's unless changed
   bool world_group = true;              // every rank's RunInfo lists the world group (world ranks each)
+  bool final_only = false;              // FINAL records only (no PRE_REDUCE / POST_REDUCE)
 };
 
 // Writes rank-NNNNN.gtrace for all dp x tp x pp ranks of `spec` into `dir`.

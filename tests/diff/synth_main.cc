@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--intermediate", cluster.shape.intermediate, "--llama70b: MLP size (28672)");
   app.add_option("--kv", cluster.shape.kv, "--llama70b: k/v rows (1024)");
   app.add_option("--vocab", cluster.shape.vocab, "--llama70b: vocabulary (128256)");
-  bool no_world_group = false;
+  bool no_world_group = false, final_only = false;
+  app.add_flag("--final-only", final_only, "--llama70b: FINAL records only");
   app.add_flag("--no-world-group", no_world_group,
                "--llama70b: RunInfo lists no world group (its size grows as world^2)");
   app.add_option("--experts-per-layer", cluster.shape.experts, "--llama70b: MoE, this many experts per layer (0)");
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
     cluster.capture = spec.capture;
     cluster.run_id = spec.run_id;
     cluster.world_group = !no_world_group;
+    cluster.final_only = final_only;
     gradtrace::Status st = gradtrace::testing::WriteClusterSet(out, cluster);
     if (!st.ok()) {
       std::fprintf(stderr, "gradtrace-synth: %s\n", st.message().c_str());
