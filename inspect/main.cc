@@ -103,10 +103,20 @@ void PrintRunInfo(const TraceReader& r) {
   if (auto it = run.extra().find("inferred"); it != run.extra().end()) {
     std::printf("inferred     %s\n", T(it->second).c_str());  // one line, no escapes
   }
+  // A group of a cluster lists thousands of ranks: the first and last few, and how many (issue 42).
+  constexpr int kShownRanks = 16;
   for (const pb::ProcessGroup& g : run.groups()) {
     std::string ranks;
-    for (int i = 0; i < g.ranks_size(); ++i) ranks += (i ? ", " : "") + std::to_string(g.ranks(i));
-    std::printf("group        %-6s [%s]\n", T(g.name()).c_str(), ranks.c_str());
+    const int n = g.ranks_size();
+    for (int i = 0; i < n; ++i) {
+      if (n > kShownRanks && i == kShownRanks / 2) {
+        ranks += ", ...";
+        i = n - kShownRanks / 2;
+      }
+      ranks += (i ? ", " : "") + std::to_string(g.ranks(i));
+    }
+    std::printf("group        %-6s [%s]%s\n", T(g.name()).c_str(), ranks.c_str(),
+                n > kShownRanks ? (" (" + std::to_string(n) + " ranks)").c_str() : "");
   }
   std::printf("fingerprint  %s%s\n", T(run.model_fingerprint()).c_str(),
               run.model_fingerprint() == ModelFingerprint(run) ? "" : "  (does not match the parameter table!)");

@@ -98,6 +98,9 @@ def test_shards_merge_verify_and_pack_of_10000_ranks_under_256_open_files(sets):
     code, out, _ = run_measured([BIN / "gradtrace-inspect", "--verify", "bug"], sets)
     assert code == 0, out[-3000:]
     assert out.count("verify       ok") == 10000 and "set          ok: bug: 10000 ranks of run 'bug'" in out
+    # a group of 500 ranks is shown by its ends and its size, not 500 numbers on each of 10,000 files
+    assert "group        dp     [0, 4, 8, 12, 16, 20, 24, 28, ..., 1968, 1972, 1976, 1980, 1984, 1988, 1992, 1996] " \
+           "(500 ranks)\n" in out
 
     code, out, rss = run_measured([BIN / "gradtrace-pack", "ref", "bug", "-o", "bug.gtpack", "--limit", "200M"], sets)
     assert code == 0, out[-3000:]
