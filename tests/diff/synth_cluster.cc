@@ -53,7 +53,10 @@ bool EndsWith(const std::string& s, const std::string& tail) {
 }
 
 // Megatron's split: column-parallel (output rows) along dim 0, row-parallel along dim 1, norms replicated.
+// Experts (ModelShape.experts) are split along dim 0 whatever their role: one slice per rank, so that a model of
+// 20,000 tensors stays small in stats mode (a row-parallel shard is a slice per row there).
 int PartitionDim(const std::string& name) {
+  if (name.find(".mlp.experts.") != std::string::npos) return 0;
   if (EndsWith(name, "o_proj.weight") || EndsWith(name, "down_proj.weight")) return 1;
   if (EndsWith(name, "norm.weight") || EndsWith(name, "mlp.gate.weight")) return -1;
   return 0;
