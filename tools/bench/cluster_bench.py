@@ -168,6 +168,7 @@ def main() -> int:
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--markdown")
     ap.add_argument("--keep", action="store_true", help="keep the trace sets")
+    ap.add_argument("--reuse", action="store_true", help="measure sets a --keep run left in --out (same layout)")
     ap.add_argument("--skip", default="", help="comma list of measurements to skip: diff,diff1,self,shard,pack")
     ap.add_argument("--shard-diff", help="gradtrace-diff binary for the --shard runs (a patched build to compare)")
     args = ap.parse_args()
@@ -210,16 +211,19 @@ def measure(args, ranks: int, synth: str, diff: str, skip: set[str]) -> dict:
     if args.no_world_group:
         lay.append("--no-world-group")
     row = {"ranks": ranks, "dp": dp, "tp": args.tp, "pp": args.pp, "capture": args.capture, "nofile": NOFILE}
-    for d in (a, b):
-        shutil.rmtree(d, ignore_errors=True)
-    # Sets are written with 2 threads on the same cores the measurements use.
-    need_a = not {"diff", "diff1", "shard"} <= skip  # --self reads B alone
-    gen = [timed([synth, b] + lay + ["--planted-stage", str(args.pp - 1)])]
-    if need_a:
-        gen.append(timed([synth, a] + lay))
-    for g in gen:
-        expect(g, {0}, f"gradtrace-synth at {ranks} ranks")
-    row["write"] = {"wall": sum(g["wall"] for g in gen) / len(gen), "load": gen[0]["load"]}
+    need_a = not {"diff", "diff1", "shard", "pack"} <= skip  # --self reads B alone
+    if args.reuse and os.path.isdir(b) and (os.path.isdir(a) or not need_a):
+        row["write"] = {"wall": float("nan"), "load": float("nan")}  # written by an earlier run
+    else:
+        for d in (a, b):
+            shutil.rmtree(d, ignore_errors=True)
+        # Sets are written with 2 threads on the same cores the measurements use.
+        gen = [timed([synth, b] + lay + ["--planted-stage", str(args.pp - 1)])]
+        if need_a:
+            gen.append(timed([synth, a] + lay))
+        for g in gen:
+            expect(g, {0}, f"gradtrace-synth at {ranks} ranks")
+        row["write"] = {"wall": sum(g["wall"] for g in gen) / len(gen), "load": gen[0]["load"]}
     row["set_mb"] = set_bytes(b) / 1e6
     runs: dict[str, list[dict]] = {}
     rep = os.path.join(args.out, "report.json")
@@ -257,7 +261,7 @@ def measure(args, ranks: int, synth: str, diff: str, skip: set[str]) -> dict:
     row["params"] = params_of(rep) if os.path.exists(rep) else None
     row["runs"] = runs
     print(json.dumps(row), flush=True)
-    if not args.keep:
+    if not args.keep and not args.reuse:
         shutil.rmtree(a, ignore_errors=True)
         shutil.rmtree(b, ignore_errors=True)
     return row
