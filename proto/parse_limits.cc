@@ -30,7 +30,8 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
     return;
   }
   static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
-  const char* name = level >= 0 && level < 4 ? kLevels[level] : "?";
+  const int l = static_cast<int>(level);
+  const char* name = l >= 0 && l < 4 ? kLevels[l] : "?";
   std::fprintf(stderr, "[libprotobuf %s %s:%d] %s\n", name, file, line, message.c_str());
 }
 
