@@ -41,10 +41,14 @@ class RecordView {
   // (a Slice and its moments per slice, ~100 bytes each) is several times its
   // payload: counted by payload alone, a reader cache's 48 MiB held 350 MB
   // at 10,000 ranks (issue 42).
+  // Counted once per frame (SpaceUsedLong walks every slice; StreamCache asks for each live slot per lookup).
   uint64_t held_bytes() const {
-    const bool reference = record_.values_from() != 0;
-    return payload_.size() + skeleton_.size() + data_.size() * sizeof(std::string_view) + record_.SpaceUsedLong() +
-           (reference ? target_payload_.size() + target_skeleton_.size() + target_record_.SpaceUsedLong() : 0);
+    if (held_ == 0) {
+      const bool reference = record_.values_from() != 0;
+      held_ = payload_.size() + skeleton_.size() + data_.size() * sizeof(std::string_view) + record_.SpaceUsedLong() +
+              (reference ? target_payload_.size() + target_skeleton_.size() + target_record_.SpaceUsedLong() : 0);
+    }
+    return held_;
   }
 
  private:
@@ -63,6 +67,7 @@ class RecordView {
   // values from here instead of decoding that frame again (TraceReader::ReadView).
   uint64_t frame_reader_ = 0;
   uint64_t frame_offset_ = 0;
+  mutable uint64_t held_ = 0;  // held_bytes() of the frame it holds; 0: not counted yet (the reader resets it)
 };
 
 }  // namespace gradtrace

@@ -497,6 +497,7 @@ bool TraceReader::ReadReferenceOnto(uint64_t offset, RecordView* out, Status* st
     return true;
   }
   // The view's frame becomes the target: its buffers move, and its bytes are viewed again where they now are.
+  out->held_ = 0;
   out->payload_.swap(out->target_payload_);
   out->skeleton_.swap(out->target_skeleton_);
   out->record_.Swap(&out->target_record_);
@@ -707,6 +708,7 @@ Status TraceReader::DecodeView(StoredFrame& stored, RecordView* out, bool keep_t
 Status TraceReader::ParseView(uint64_t offset, RecordView* out, bool keep_target) {
   const ParseLimits limits = ParseLimitsFor(format::FrameType::kBucketRecord);
   out->frame_reader_ = 0;
+  out->held_ = 0;
   // The skeleton parses where the payload does (only lengths differ); where it does not, or the payload is not the
   // shape SplitFullData takes, the payload is parsed whole: protobuf's results and messages.
   const bool split = ParseSplit(out->payload_, &out->skeleton_, &out->record_, &out->data_);

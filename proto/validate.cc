@@ -130,51 +130,45 @@ Status CheckParam(const pb::RunInfo& run, int i) {
   const pb::ParamInfo& p = run.params(i);
   // Named only when something is wrong: built eagerly, it was 9 % of a 4,096-rank diff of a 20,000-tensor model
   // (every rank's RunInfo lists the whole table; issue 42).
-  struct Where {
-    const pb::ParamInfo& p;
-    int i;
-    operator std::string() const { return "param " + std::to_string(i) + " " + Quoted(p.name()); }
-    std::string operator+(const std::string& rest) const { return std::string(*this) + rest; }
-    std::string operator+(const char* rest) const { return std::string(*this) + rest; }
-  } where{p, i};
+  auto where = [&p, i] { return "param " + std::to_string(i) + " " + Quoted(p.name()); };
   if (p.id() != i)
-    return Status::Corruption(where + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
-  if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where + ": unknown dtype " + std::to_string(p.dtype()));
+    return Status::Corruption(where() + ": id " + std::to_string(p.id()) + ", expected " + std::to_string(i));
+  if (DTypeSize(p.dtype()) == 0) return Status::Corruption(where() + ": unknown dtype " + std::to_string(p.dtype()));
   int64_t n = 1;
   for (int64_t d : p.shape()) {
     if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
-      return Status::Corruption(where + ": invalid shape");
+      return Status::Corruption(where() + ": invalid shape");
     }
     n *= d;
   }
   if (p.numel() != n) {
-    return Status::Corruption(where + ": numel " + std::to_string(p.numel()) + " != product of shape " +
+    return Status::Corruption(where() + ": numel " + std::to_string(p.numel()) + " != product of shape " +
                               std::to_string(n));
   }
   // 1.2 layout: a partition dim must name one of the shape's dimensions.
   if (p.has_partition_dim() && (p.partition_dim() < 0 || p.partition_dim() >= p.shape_size())) {
-    return Status::Corruption(where + ": partition_dim " + std::to_string(p.partition_dim()) + " outside its " +
+    return Status::Corruption(where() + ": partition_dim " + std::to_string(p.partition_dim()) + " outside its " +
                               std::to_string(p.shape_size()) + "-d shape");
   }
-  if (p.shard_count() < 0) return Status::Corruption(where + ": negative shard_count");
+  if (p.shard_count() < 0) return Status::Corruption(where() + ": negative shard_count");
   // 1.4 precision chain and initial-weight sketch.
   for (auto [field, dtype] :
        {std::pair{"grad_dtype", p.grad_dtype()}, {"comm_dtype", p.comm_dtype()}, {"accum_dtype", p.accum_dtype()}}) {
     if (dtype != pb::DTYPE_UNSPECIFIED && DTypeSize(dtype) == 0) {
-      return Status::Corruption(where + ": unknown " + field + " " + std::to_string(dtype));
+      return Status::Corruption(where() + ": unknown " + field + " " + std::to_string(dtype));
     }
   }
   // 1.5: the stages holding it, each a stage of the pipeline (at most two: a tied parameter's copies).
   if (p.stages_size() > 2)
-    return Status::Corruption(where + ": held by " + std::to_string(p.stages_size()) + " stages, at most 2");
+    return Status::Corruption(where() + ": held by " + std::to_string(p.stages_size()) + " stages, at most 2");
   for (int32_t st : p.stages()) {
     if (st < 0 || (run.config().pp_stages() > 0 && st >= run.config().pp_stages())) {
-      return Status::Corruption(where + ": stage " + std::to_string(st) + " outside the pipeline's " +
+      return Status::Corruption(where() + ": stage " + std::to_string(st) + " outside the pipeline's " +
                                 std::to_string(run.config().pp_stages()) + " stages");
     }
   }
   if (p.init_sketch_size() > format::kInitSketchSize || p.init_sketch_size() > p.numel()) {
-    return Status::Corruption(where + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
+    return Status::Corruption(where() + ": init_sketch holds " + std::to_string(p.init_sketch_size()) +
                               " values, at most min(numel, " + std::to_string(format::kInitSketchSize) + ")");
   }
   return Status::Ok();
