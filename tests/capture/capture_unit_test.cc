@@ -106,7 +106,7 @@ TEST(TrainOptions, CaptureOffNeedsNoOutAndCaptureKnobsParse) {
   EXPECT_EQ(o->zstd_level, 3);
   EXPECT_EQ(o->capture_queue_mb, 1024);
   EXPECT_EQ(o->writer_threads, 2);
-  EXPECT_EQ(Parse({"--out", "d"})->zstd_level, 1);  // the measured default (docs/performance.md)
+  EXPECT_EQ(Parse({"--out", "d"})->zstd_level, 1);  // the measured default (docs/dev/performance.md)
   auto bad = Parse({"--out", "d", "--capture", "bogus"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("or off to train without capture"), std::string::npos)

@@ -34,7 +34,7 @@ std::map<double, int> CountsByScale(const Report& r) {
   return out;
 }
 
-// docs/ds5248.md "One run, two contracts" (measured on 0.19.8, sp2-rsoff-b2000): with reduce_scatter false the
+// docs/studies/ds5248.md "One run, two contracts" (measured on 0.19.8, sp2-rsoff-b2000): with reduce_scatter false the
 // parameters within a bucket are summed over the SP ranks (2.000 with `loss`), those above it averaged (1.000).
 TEST(Zero3Paths, WithoutReduceScatterSmallBucketsAllReduceAndLargeOnesReduceScatter) {
   const std::string a = Synth("ref", Reference());

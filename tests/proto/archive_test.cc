@@ -175,7 +175,7 @@ TEST(Archive, RefusesRepeatedNamesAndNonOctalSizes) {
   EXPECT_EQ(a.status().message(), path + ": offset 0: member 'report.json': size field is not octal");
 }
 
-// Fuzz finding 4 of docs/fuzzing.md (fuzz_archive, crash-10f16134...): the stored checksum field
+// Fuzz finding 4 of docs/dev/fuzzing.md (fuzz_archive, crash-10f16134...): the stored checksum field
 // was echoed raw, so a newline in it split the error over two lines. Header
 // bytes in messages are now escaped; so are names, which are checked after
 // the type and size.

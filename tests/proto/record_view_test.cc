@@ -2,7 +2,7 @@
 // exactly what protobuf's whole parse gives, on what writers write, on legal
 // protobuf in other shapes (declined, then parsed whole by the reader), and on
 // bytes that are not protobuf at all. fuzz_slice_decode checks the same
-// equivalence on random payloads (docs/fuzzing.md).
+// equivalence on random payloads (docs/dev/fuzzing.md).
 #include "record_view.h"
 
 #include <gtest/gtest.h>

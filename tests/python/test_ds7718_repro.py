@@ -1,6 +1,6 @@
 """DeepSpeed #7718 / #7749 reproduction (tools/repro/ds7718) on the installed DeepSpeed: a Hugging Face
 Trainer run, ZeRO-2, bf16, gradient_accumulation_steps 4, 2 ranks on gloo, one optimizer step, captured
-with FINAL and POST_REDUCE. On a correct release (docs/deepspeed-versions.md: 0.16.4, 0.17.5, 0.18.4+):
+with FINAL and POST_REDUCE. On a correct release (docs/studies/deepspeed-versions.md: 0.16.4, 0.17.5, 0.18.4+):
 
 - the capture holds DeepSpeed's reported grad norm under gas > 1 and it equals the norm of FINAL
   (gradtrace-diff's grad-norm check);

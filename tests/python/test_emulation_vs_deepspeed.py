@@ -12,7 +12,7 @@ the labels ignored (unequal shards), and ZeRO-2 with two accumulation micro-step
 3.05e-5 here). Measured on deepspeed 0.19.8 / torch 2.15.0: scale 1.000 and residual <= 3.6e-7 per
 parameter in every case (the two sides use different reduction orders and collectives, not different
 math). And both sides give the same scale against one shared single-rank reference (gradtrace-train
---nproc 1 --scaling mean): 2.000 for `loss`, 1.000 for `loss / sp` (docs/ds5248.md). The whole matrix,
+--nproc 1 --scaling mean): 2.000 for `loss`, 1.000 for `loss / sp` (docs/studies/ds5248.md). The whole matrix,
 every release: tools/repro/ds5248/repro.py --versions all (emulation.md).
 """
 

@@ -1,9 +1,9 @@
 """The upstream reproductions (tools/repro/upstream/, issue 23 item 2) on the installed DeepSpeed: they
 import torch and deepspeed only, and print the numbers that answer the report. Here they run as a
 maintainer would (a fresh process, CPU, gloo) and their numbers are held to the measured answer of
-docs/ds5248.md: ZeRO-1/2 sum the SP ranks' gradients (backward(loss) gives sp x the full-sequence
+docs/studies/ds5248.md: ZeRO-1/2 sum the SP ranks' gradients (backward(loss) gives sp x the full-sequence
 gradient, backward(loss / sp) exactly it), ZeRO-3 on its default reduce-scatter path averages them
-(1 and 1/sp). ds7718.py and ds7749.py hold the fixed releases' answer (docs/deepspeed-versions.md): under
+(1 and 1/sp). ds7718.py and ds7749.py hold the fixed releases' answer (docs/studies/deepspeed-versions.md): under
 gradient accumulation the optimizer receives exactly the gradient of the mean loss over all ranks and micro-steps
 (factor 1, every micro-step weighted 1, whatever the model returns and however backward is scaled)."""
 

@@ -6,7 +6,7 @@ One run covers both of stage 3's reduction paths: `reduce_scatter: false` with 2
 bucket of at most 2000 elements through the all-reduce path (stage3.py `__avg_scatter_contiguous_grads`, divides
 by world(sdp) / sp = 1) and every parameter above 2000 elements, alone in its bucket, through the reduce-scatter
 path (`__avg_scatter_grads` -> `reduce_scatter_coalesced`, divides by world(sdp) = 2; this is the only path when
-`reduce_scatter` is true, the default). Measured on deepspeed 0.19.8 / torch 2.15.0 (docs/ds5248.md, "ZeRO-3"),
+`reduce_scatter` is true, the default). Measured on deepspeed 0.19.8 / torch 2.15.0 (docs/studies/ds5248.md, "ZeRO-3"),
 and asserted here:
 - FINAL: 2.000 x reference for the parameters of all-reduce buckets, 1.000 for the reduce-scatter ones;
 - the adapter's PRE_REDUCE/POST_REDUCE give each bucket's effective divisor (`gradtrace-diff --self`): 1 and 2;

@@ -32,7 +32,7 @@ TEST(ReductionPath, Zero3AllReducesOnlyWithoutReduceScatterContiguousAndWithinTh
   EXPECT_EQ(ReductionPath::kZero3Allreduce, ChooseReductionPath(3, Settings(2000, false, true), 1));
   // A parameter of 2001 elements sits alone in a bucket above the size (stage3.py:1582-1583): reduce-scatter.
   EXPECT_EQ(ReductionPath::kZero3ReduceScatter, ChooseReductionPath(3, Settings(2000, false, true), 2001));
-  // contiguous_gradients false: reduce-scatter whatever the size (docs/ds5248.md, sp2-rsoff-nocontig).
+  // contiguous_gradients false: reduce-scatter whatever the size (docs/studies/ds5248.md, sp2-rsoff-nocontig).
   EXPECT_EQ(ReductionPath::kZero3ReduceScatter, ChooseReductionPath(3, Settings(2000, false, false), 10));
   // DeepSpeed's default size (5e8): a 4096 x 4096 matrix is all-reduced, a 128256 x 4096 embedding is not.
   const ZeroSettings defaults = Settings(500000000, false, true);
@@ -85,7 +85,7 @@ pb::Config Zero3Sp2(bool reduce_scatter) {
 
 // Issue 21: Predict read extra "reduce_scatter", which no producer writes (gradtrace-train writes
 // "zero_reduce_scatter"), and ignored reduce_bucket_size: every ZeRO-3 trace was predicted on the reduce-scatter
-// path. Measured on DeepSpeed 0.19.8, sp=2, `loss`, 2000-element buckets (docs/ds5248.md, sp2-rsoff-b2000): 2.000
+// path. Measured on DeepSpeed 0.19.8, sp=2, `loss`, 2000-element buckets (docs/studies/ds5248.md, sp2-rsoff-b2000): 2.000
 // for parameters within a bucket, 1.000 for those above it; with reduce_scatter true 1.000 for all.
 TEST(ReductionPath, PredictionFollowsTheRecordedPath) {
   const auto small = Predict(Zero3Sp2(false), pb::DENSE, true, 1000);

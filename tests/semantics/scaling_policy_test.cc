@@ -1,6 +1,6 @@
 // Scaling policies and the DeepSpeed release table (semantics/scaling_policy.h,
 // deepspeed_releases.h): each policy's divisor per reduction path, against the
-// divisors measured on real DeepSpeed (docs/ds5248.md). Moved from
+// divisors measured on real DeepSpeed (docs/studies/ds5248.md). Moved from
 // tests/capture/capture_unit_test.cc, which needs LibTorch.
 #include "scaling_policy.h"
 
@@ -70,7 +70,7 @@ TEST(Scaling, DeepSpeedVersionTable) {
   // ZeRO: double division on MoE buckets only in 0.12.6.
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.12.6").value(), Ctx(Z, 4, 2, true)).Divisor(), 4);
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 4, 2, true)).Divisor(), 2);
-  // The versions real DeepSpeed was measured on (tools/repro/ds5248, docs/ds5248.md), sp=2, dp=1:
+  // The versions real DeepSpeed was measured on (tools/repro/ds5248, docs/studies/ds5248.md), sp=2, dp=1:
   // a local-mean loss gives FINAL = (group / divisor) x reference, i.e. 2 / divisor here.
   struct Measured {
     const char* version;
@@ -87,7 +87,7 @@ TEST(Scaling, DeepSpeedVersionTable) {
   // MoE at dp=2 on 0.13.0: buckets holding expert parameters measured at 0.5 (divided twice), 1.0 on 0.13.1.
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.0").value(), Ctx(Z, 2, 1, true)).Divisor(), 4);
   EXPECT_DOUBLE_EQ(PlanBucketScaling(ResolvePolicy("deepspeed@0.13.1").value(), Ctx(Z, 2, 1, true)).Divisor(), 2);
-  // ZeRO-3 on 0.19.8, sp=2, dp=1, measured (docs/ds5248.md): `loss` gives 1 on the reduce-scatter path
+  // ZeRO-3 on 0.19.8, sp=2, dp=1, measured (docs/studies/ds5248.md): `loss` gives 1 on the reduce-scatter path
   // (coalesced_collectives.py:124 divides by world) and 2 on the all-reduce path (stage3.py:1878, world/sp).
   auto newest = ResolvePolicy("deepspeed@0.19.8").value();
   EXPECT_DOUBLE_EQ(2 / PlanBucketScaling(newest, Ctx(ReductionPath::kZero3ReduceScatter, 2, 2)).Divisor(), 1);

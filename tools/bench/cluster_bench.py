@@ -29,7 +29,7 @@ It checks the answers (the diff's scaled group is 2.000 over exactly the last st
 --self reports divisor dp/2 for them) and prints a Markdown table; sets are deleted after each rank
 count unless --keep. Exit 2, with one line on stderr, when a rank count does not fit dp x tp x pp
 (dp >= 2; checked before anything runs) or a command exits otherwise than expected (the diff, --self
-and the merge exit 1: they find the planted stage). Timings belong in docs/performance.md, never in tests.
+and the merge exit 1: they find the planted stage). Timings belong in docs/dev/performance.md, never in tests.
 """
 
 from __future__ import annotations

@@ -672,7 +672,7 @@ def parse_args(argv):
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "bench"), help="trace cache and work files")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build directory (bin/, python/)")
     ap.add_argument("--json", help="write the results as JSON to FILE")
-    ap.add_argument("--markdown", help="write the tables as Markdown (for docs/performance.md) to FILE")
+    ap.add_argument("--markdown", help="write the tables as Markdown (for docs/dev/performance.md) to FILE")
     ap.add_argument("--capture", action="store_true", help="also run tools/bench/capture_overhead when it exists")
     args = ap.parse_args(argv)
     args.argv = argv

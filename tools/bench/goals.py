@@ -397,7 +397,7 @@ def parse_args(argv):
                          "script's sub-run outputs (DIR/goals); default out/bench")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="build directory (default build)")
     ap.add_argument("--json", help="write the goals and every sub-run's results as JSON to FILE")
-    ap.add_argument("--markdown", help="write the table as Markdown with the machine line (for docs/performance.md)")
+    ap.add_argument("--markdown", help="write the table as Markdown with the machine line (for docs/dev/performance.md)")
     args = ap.parse_args(argv)
     args.argv = argv
     args.skip = {x for x in args.skip.split(",") if x}

@@ -24,7 +24,7 @@ from gradtrace.deepspeed_versions import envs as package_envs
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
-# The releases of the #5248 study (docs/ds5248.md).
+# The releases of the #5248 study (docs/studies/ds5248.md).
 VERSIONS = ("0.11.1",  # last release without PR #4530's SP divisor
             "0.11.2",  # first release with it
             "0.13.0",  # before PR #4957

@@ -371,9 +371,9 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="with --tables-only: keep the cells of --results that OUT does not hold (e.g. after "
                          "measuring only ZeRO-3 cells into a fresh OUT)")
-    ap.add_argument("--update-docs", nargs="?", const=str(ROOT / "docs" / "ds5248.md"), default=None,
+    ap.add_argument("--update-docs", nargs="?", const=str(ROOT / "docs" / "studies" / "ds5248.md"), default=None,
                     help="with --versions: paste pivot.md, emulation.md and the timing into the generated blocks of "
-                         "this file (default docs/ds5248.md)")
+                         "this file (default docs/studies/ds5248.md)")
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1, help="micro-batch rows per DP rank")
     ap.add_argument("--seed", type=int, default=1234)

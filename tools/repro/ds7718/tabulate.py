@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compare every train_hf_zero2.py run with the reference release's run of the same config, with
-gradtrace-diff, and write the results table (docs/deepspeed-versions.md) and its raw JSON.
+gradtrace-diff, and write the results table (docs/studies/deepspeed-versions.md) and its raw JSON.
 
     python tools/repro/ds7718/tabulate.py RUNS --reference 0.17.5 --results tools/repro/ds7718/results
 
