@@ -40,7 +40,7 @@ struct RecorderOptions {
   int64_t max_queue_bytes = 256ll << 20;
   OnCaptureError on_error = OnCaptureError::kDisable;
   bool overwrite = false;  // replace a finished trace at `path` (WriterOptions::overwrite); never a live one
-  int zstd_level = 1;      // docs/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
+  int zstd_level = 1;      // docs/dev/performance.md, "Capture": level 3 costs more CPU for ~1% smaller files
   bool direct_io = true;   // WriterOptions::direct_io: large frames past the page cache
   // Full mode: a POST_REDUCE or FINAL record whose slices are byte for byte
   // those last written in full for the same step, micro step and bucket is

@@ -1,7 +1,7 @@
 # The command-line tools (gradtrace-diff, -inspect, -pack) linked against static protobuf, zstd, RE2 and zlib
 # where those archives exist (Debian's -dev packages ship them): measured on the 2-core VM,
 # `gradtrace-diff --help` took 2.1 CPU-ms (2.5 ms wall) with them shared against 1.4 (1.8) static, the difference
-# mostly the dynamic loader's symbol lookups (docs/performance.md). libstdc++ and libgcc stay shared (0.5 ms
+# mostly the dynamic loader's symbol lookups (docs/dev/performance.md). libstdc++ and libgcc stay shared (0.5 ms
 # more): they are on the manylinux allow-list, and static ones call arc4random (glibc 2.36) and _dl_find_object
 # (2.35), which would raise the wheel's glibc floor from 2.34. The libraries the tools share with the Python
 # module and the tests stay as they are (Debian's libprotobuf.a cannot go into a shared object): a target opts

@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
   // glibc takes for M_MMAP_THRESHOLD (it refused 256 MiB, keeping its default).
   // Not one arena for all threads (M_ARENA_MAX 1): 2.7x the wall time on the
   // 64-rank sketch sets, whose threads allocate per position
-  // (docs/performance.md).
+  // (docs/dev/performance.md).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"gradtrace-diff: compare gradient traces per parameter and explain scale factors", "gradtrace-diff"};

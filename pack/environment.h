@@ -1,7 +1,7 @@
 // environment.json of a bug-report archive: per trace set, what produced it
 // and where (framework and version, the RunInfo `versions` map -- torch,
 // CUDA, NCCL, python --, producer, configuration, host, world), and how the
-// pack itself was made. Schema: docs/bug-report.md, "environment.json".
+// pack itself was made. Schema: docs/user/bug-report.md, "environment.json".
 #pragma once
 
 #include <string>

@@ -34,7 +34,7 @@ Expected<Costs> MeasureCosts(const std::vector<const diff::TraceSet*>& sets,
                              const std::function<void(uint64_t, uint64_t)>& progress);
 
 // Estimated stored bytes per slice and per sketch value after zstd, from
-// measurement (docs/bug-report.md); the pack corrects for the error by
+// measurement (docs/user/bug-report.md); the pack corrects for the error by
 // measuring what it wrote and planning again with a smaller budget.
 inline constexpr double kStatsSliceBytes = 48;
 inline constexpr double kSketchSliceBytes = 24;

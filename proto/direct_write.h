@@ -2,7 +2,7 @@
 // of the file as before (issue 24, capture full). On the machines we measure,
 // writing through the page cache costs what the guest's free memory makes it:
 // 480 MB took 0.09 to 2.75 s of system time in runs a minute apart, against
-// 0.03-0.04 s with O_DIRECT (docs/performance.md); the capture's writer spent
+// 0.03-0.04 s with O_DIRECT (docs/dev/performance.md); the capture's writer spent
 // more time in write() than in zstd.
 //
 // Only whole 4 KiB blocks inside one frame go direct: a block holding a frame

@@ -65,7 +65,7 @@ inline constexpr uint32_t kKnownFlags = kFlagIndexed;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // 64 MiB
 // Writers split records so one frame's raw payload stays below this. Small
 // frames keep a reader's buffers in cache and let the diff decode each frame
-// once (docs/performance.md: 4 MiB halved the diff's CPU time against 48 MiB
+// once (docs/dev/performance.md: 4 MiB halved the diff's CPU time against 48 MiB
 // at the same compressed size).
 inline constexpr uint32_t kChunkTarget = 4u << 20;
 // Bounds on counts read from a file (checked before use).

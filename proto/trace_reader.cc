@@ -118,7 +118,7 @@ Status CheckFrame(const uint8_t* hb, const frame_io::FrameHeader& h, const std::
 // twice its old capacity as std::string grows: frames of one writer differ by a few bytes, and doubling made
 // every reused buffer twice a frame (page faults on memory never used). A fresh buffer's pages are mapped by one
 // madvise(MADV_POPULATE_WRITE) (Linux 5.14) rather than a fault per 4 KiB page: on the 2-core VM a page touched
-// first costs ~0.55 ms per MiB by faults and ~0.35 populated (docs/performance.md), and a 1-rank diff's frame
+// first costs ~0.55 ms per MiB by faults and ~0.35 populated (docs/dev/performance.md), and a 1-rank diff's frame
 // buffers are ~40 MiB. Where the kernel refuses, the pages fault in as before.
 void SizeBuffer(std::string* buffer, size_t n) {
   if (n > buffer->capacity()) {

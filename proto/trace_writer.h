@@ -15,7 +15,7 @@
 namespace gradtrace {
 
 struct WriterOptions {
-  int zstd_level = 1;       // level 3 compresses gradients ~1% better at ~1.4x the CPU (docs/performance.md)
+  int zstd_level = 1;       // level 3 compresses gradients ~1% better at ~1.4x the CPU (docs/dev/performance.md)
   bool write_index = true;  // index frame + footer at Close()
   // false (the default): Open refuses a `path` that exists. true: it replaces a
   // finished trace there -- never one another writer still holds open.

@@ -47,7 +47,7 @@ size_t UnshuffleFloatsSse2(const uint8_t* planes, size_t n, size_t first, size_t
 
 size_t UnshuffleFloats(const uint8_t* planes, size_t n, size_t first, size_t count, float* out, bool add) {
 #if GRADTRACE_UNSHUFFLE_AVX2
-  // 2.2x the SSE2 kernel's speed on this machine's EPYC (docs/performance.md).
+  // 2.2x the SSE2 kernel's speed on this machine's EPYC (docs/dev/performance.md).
   if (CpuHasAvx2()) return UnshuffleFloatsAvx2(planes, n, first, count, out, add);
 #endif
   return UnshuffleFloatsSse2(planes, n, first, count, out, add);

@@ -62,7 +62,7 @@ const std::vector<DeepSpeedRelease> kReleases = {
     {"0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/engine.py:2496 (dp_world_size = world/sp) -> 2430,2432 @ v0.16.0", ScalingRule::kDs4530,
      "deepspeed/runtime/zero/stage_1_and_2.py:1115 @ v0.16.0: div_(world/sp) on every bucket"},
-    // ZeRO-3 measured on 0.19.8 (docs/ds5248.md): reduce-scatter divides by world, all-reduce by world/sp.
+    // ZeRO-3 measured on 0.19.8 (docs/studies/ds5248.md): reduce-scatter divides by world, all-reduce by world/sp.
     {"0.19.8", ScalingRule::kDs4530, "deepspeed/runtime/engine.py:3884 (divisor world(sdp)/sp) -> 3815 @ v0.19.8",
      ScalingRule::kDs4530, "deepspeed/runtime/zero/stage_1_and_2.py:1688 @ v0.19.8: div_(world/sp)", "",
      ScalingRule::kMean, ScalingRule::kDs4530,
@@ -82,7 +82,7 @@ const std::vector<DeepSpeedChangeRow> kChanges = {
     {DeepSpeedChange::kIssue7749, "#7749", "0.18.4", "0.18.3",
      "deepspeed/runtime/engine.py:2238-2240, 2359-2360 @ v0.18.3 (53e91a098, PR #7665: a hook on the forward's "
      "output divides by gas); fixed by d568375e5 (PR #7724), engine.py:2362-2366 @ v0.18.4; measured in "
-     "docs/deepspeed-versions.md"},
+     "docs/studies/deepspeed-versions.md"},
 };
 
 // "0.12.6" -> {0, 12, 6}; missing parts 0.

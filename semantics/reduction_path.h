@@ -8,7 +8,7 @@
 //               (BucketContext.reduce_scatter)
 //   stage 3     per IPG bucket, as stage3.py __reduce_and_partition_ipg_grads
 //               decides (:1673 at DeepSpeed 0.19.8; the same test in every
-//               release since 0.11.1, docs/ds5248.md "ZeRO-3"):
+//               release since 0.11.1, docs/studies/ds5248.md "ZeRO-3"):
 //                 contiguous_gradients and bucket.elements <= reduce_bucket_size
 //                 and not reduce_scatter -> __avg_scatter_contiguous_grads, an
 //                 all-reduce (kZero3Allreduce); otherwise __avg_scatter_grads ->

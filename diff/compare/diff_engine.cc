@@ -450,7 +450,7 @@ Expected<std::vector<RenameRule>> ParseRenameRules(const std::vector<std::string
 // Each side's reduction evidence the diff measures (explain.h tells a loss multiplier from a divisor with it).
 // A sharded diff of FINAL measures each side's in one shard only, A's in shard 0 and B's in shard 1 % N, where the
 // merge takes it from (merge.cc): repeated in every shard it was most of a shard's fixed cost
-// (docs/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
+// (docs/dev/performance.md). PRE/POST diffs note accumulation from it in every shard, so they measure both.
 struct SideEvidence {
   std::optional<EvidenceJob> a, b;
   std::vector<EvidenceJob*> jobs() {
@@ -536,7 +536,7 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   Comparison c, sides;
   // Each side's evidence is measured by the comparison's threads among its units: in a thread of its own, beside
   // the two workers on two cores, it slowed their first frames (the 1-rank bench diff 10 ms of wall, 14 ms of CPU
-  // more: docs/performance.md); measured first on every thread, it left a core idle for part of its time.
+  // more: docs/dev/performance.md); measured first on every thread, it left a core idle for part of its time.
   SideEvidence evidence = PlanEvidence(a, b, al, options);
   std::vector<AlsoWork> also;
   for (EvidenceJob* j : evidence.jobs()) also.push_back({j->Weight(), [j] { j->Run(); }});

@@ -208,7 +208,7 @@ StepReductions CollectReductions(const TraceSet& set, int64_t step, Report* repo
 // kSampleMinParams-th, only while they hold kSampleElements together, so each
 // member decompresses about one frame and sums a few thousand elements (a
 // frame's one 512x512 weight among its biases was 99 % of the evidence's sums:
-// docs/performance.md); then, for each parameter kind the bucket holds that is
+// docs/dev/performance.md); then, for each parameter kind the bucket holds that is
 // not among them, the parameter of that kind spread over the fewest frames.
 // Several parameters, so that one whose gradient is zero up to rounding (its
 // divisor is noise) does not move the median.
@@ -260,7 +260,7 @@ std::set<int32_t> SampleParams(const TraceSet& set, const std::vector<const Fram
 
 // The diff's evidence (SelfOptions.sample) needs one divisor per parameter kind,
 // not every element's: a full --self pass doubled a two-set diff's time and
-// memory (docs/performance.md). The divisor is a bucket's, so its parameters
+// memory (docs/dev/performance.md). The divisor is a bucket's, so its parameters
 // agree on it: SampleReductions keeps the first micro-step's reductions and, in
 // each, the parameters of one PRE frame of the first member (SampleParams), and
 // one member's POST where POST holds the whole bucket (a ZeRO partition keeps

@@ -85,8 +85,9 @@ pb::Config Zero3Sp2(bool reduce_scatter) {
 
 // Issue 21: Predict read extra "reduce_scatter", which no producer writes (gradtrace-train writes
 // "zero_reduce_scatter"), and ignored reduce_bucket_size: every ZeRO-3 trace was predicted on the reduce-scatter
-// path. Measured on DeepSpeed 0.19.8, sp=2, `loss`, 2000-element buckets (docs/studies/ds5248.md, sp2-rsoff-b2000): 2.000
-// for parameters within a bucket, 1.000 for those above it; with reduce_scatter true 1.000 for all.
+// path. Measured on DeepSpeed 0.19.8, sp=2, `loss`, 2000-element buckets (docs/studies/ds5248.md,
+// sp2-rsoff-b2000): 2.000 for parameters within a bucket, 1.000 for those above it; with reduce_scatter true 1.000
+// for all.
 TEST(ReductionPath, PredictionFollowsTheRecordedPath) {
   const auto small = Predict(Zero3Sp2(false), pb::DENSE, true, 1000);
   ASSERT_TRUE(small.has_value());
