@@ -94,7 +94,7 @@ def run_rank(rank, world, out, stage, captures):
     if world > 1:
         import deepspeed
 
-        from gradtrace.deepspeed_versions.ds5248_run import disable_shm_comm_op
+        from gradtrace.versions.packages.deepspeed_hooks import disable_shm_comm_op
         disable_shm_comm_op()  # two minutes of g++ for an op training does not use
         deepspeed.init_distributed(dist_backend="gloo")
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments

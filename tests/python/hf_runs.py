@@ -53,7 +53,7 @@ def accelerator(deepspeed_stage):
     import deepspeed
     from accelerate.utils import DeepSpeedPlugin
 
-    from gradtrace.deepspeed_versions.ds5248_run import disable_shm_comm_op
+    from gradtrace.versions.packages.deepspeed_hooks import disable_shm_comm_op
 
     disable_shm_comm_op()  # two minutes of g++ for an op training does not use
     deepspeed.init_distributed(dist_backend="gloo")

@@ -93,7 +93,7 @@ def test_run_info_and_phases(runs):
     import torch
     readers = gradtrace.read_trace_set(runs["loss"])
     assert [r.rank for r in readers] == [0, 1]
-    from gradtrace.deepspeed_versions.ds5248_model import build_model
+    from model import build_model  # tools/repro/ds5248/model.py
     names = [n for n, _ in build_model(1234, 64, 32, 4, 2, 16).named_parameters()]
     for r in readers:
         ri = r.run_info

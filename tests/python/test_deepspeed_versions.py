@@ -1,4 +1,5 @@
-"""gradtrace-deepspeed-versions (python/gradtrace/deepspeed_versions/command.py) on real traces, with the DeepSpeed
+"""gradtrace-deepspeed-versions (gradtrace-versions --package deepspeed by DeepSpeed's description,
+python/gradtrace/versions/packages/deepspeed.json) on real traces, with the DeepSpeed
 release installed in this interpreter only (tools/constraints.txt: 0.19.8; no environment is built, CI
 never downloads other releases; the multi-release runs are python/README.md's acceptance commands):
 
@@ -8,7 +9,8 @@ never downloads other releases; the multi-release runs are python/README.md's ac
 - the table, the first change and --bisect over a release list where each release is gradtrace-train's
   emulation `--scaling deepspeed@RELEASE` (real captures; a release the emulation does not know fails to
   run and is skipped as in git bisect skip);
-- exit codes: 2 with one line for bad input.
+- exit codes: 2 with one line for bad input; a built-in loop outside a source checkout is bad input too;
+- the old `python -m gradtrace.deepspeed_versions` still runs the command and says it is deprecated.
 """
 
 import importlib.util
@@ -31,7 +33,11 @@ INSTALLED = version("deepspeed")
 def command(tmp_path, *args, cache="cache", timeout=600):
     env = deepspeed_env()
     env["GRADTRACE_BUILD_DIR"] = str(BUILD)
-    cmd = [sys.executable, "-m", "gradtrace.deepspeed_versions", "--cache-dir", str(tmp_path / cache),
+    # What pip's console script for [project.scripts] does, under the alias' name (the package is found by it).
+    alias = tmp_path / "bin" / "gradtrace-deepspeed-versions"
+    alias.parent.mkdir(exist_ok=True)
+    alias.write_text("import sys\nfrom gradtrace.versions.command import alias_main\nsys.exit(alias_main())\n")
+    cmd = [sys.executable, str(alias), "--cache-dir", str(tmp_path / cache),
            "--env-root", str(tmp_path / "envs"), "--no-build", *map(str, args)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -230,3 +236,21 @@ def test_bisect_moves_past_a_good_end_that_does_not_run(tmp_path):
     b = json.loads((tmp_path / "b.json").read_text())["bisect"]
     assert b["unrunnable_before_good"] == ["0.12.0"] and b["good"] == "0.12.2" and b["first_bad"] == "0.14.4"
     assert "GOOD 0.12.0 did not run; trying 0.12.2 as GOOD" in p.stderr
+
+
+def test_a_builtin_loop_outside_a_checkout_is_bad_input(tmp_path):
+    """The loops are studies (tools/repro), not the wheel: where none is found the command says so."""
+    p = command(tmp_path, "--config", config(tmp_path, 2), "--model", "ds5248", "--releases", INSTALLED,
+                "--checkout", tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("gradtrace-deepspeed-versions: --model ds5248: DeepSpeed's built-in loop is "
+                               "tools/repro/ds5248/run.py in a gradtrace source checkout"), p.stderr
+
+
+def test_the_old_module_path_still_runs_and_says_it_is_deprecated(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "gradtrace.deepspeed_versions", "--config", config(tmp_path, 2),
+                        "--emulation", "--releases", "latest"], capture_output=True, text=True, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 2, p.stderr
+    assert "python -m gradtrace.deepspeed_versions is deprecated" in lines[0]
+    assert lines[1] == "gradtrace-deepspeed-versions: --releases: 'latest' is not a release number (e.g. 0.14.3)"

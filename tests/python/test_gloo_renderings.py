@@ -1,17 +1,21 @@
-"""The collectives gradtrace.deepspeed_versions.ds5248_run renders for torch < 2.2's gloo (which has no reduce-scatter and no
+"""The collectives the #5248 loop (tools/repro/ds5248/loop.py) renders for torch < 2.2's gloo (which has no reduce-scatter and no
 all_gather_into_tensor), checked against gloo's own collectives in this torch, which has them: two and three
 real gloo ranks on 127.0.0.1, every rank's output compared element for element. Integer-valued inputs make
 every sum exact, so summation order cannot hide a wrong chunk or a wrong op."""
 
 import os
 import socket
+import sys
 
 import pytest
 import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from gradtrace.deepspeed_versions import ds5248_run
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools" / "repro" / "ds5248"))
+import loop  # noqa: E402  (tools/repro/ds5248/loop.py)
 
 
 def _free_port():
@@ -31,13 +35,13 @@ def _rank(rank, world, port, results):
         for op in (tdist.ReduceOp.SUM, tdist.ReduceOp.MAX):
             native, rendered, listed = torch.empty(n), torch.empty(n), torch.empty(n)
             tdist.reduce_scatter_tensor(native, inp.clone(), op=op)
-            ds5248_run.reduce_scatter_tensor_via_all_reduce(rendered, inp.clone(), op)
-            ds5248_run.reduce_scatter_list_via_all_reduce(listed, list(inp.clone().chunk(world)), op)
+            loop.reduce_scatter_tensor_via_all_reduce(rendered, inp.clone(), op)
+            loop.reduce_scatter_list_via_all_reduce(listed, list(inp.clone().chunk(world)), op)
             out[str(op)] = (native, rendered, listed)
         native, rendered = torch.empty(world * n), torch.full((world * n,), float("nan"))
         mine = inp[:n].clone()
         tdist.all_gather_into_tensor(native, mine)
-        ds5248_run.all_gather_into_tensor_via_list(rendered, mine)
+        loop.all_gather_into_tensor_via_list(rendered, mine)
         out["all_gather"] = (native, rendered, rendered)
         results[rank] = out
     finally:

@@ -131,8 +131,8 @@ DEEPSPEED_SCRIPT = textwrap.dedent("""
     os.environ["DS_ACCELERATOR"] = "cpu"
     import torch, deepspeed
     from gradtrace import deepspeed_adapter
-    from gradtrace.deepspeed_versions import ds5248_run
-    ds5248_run.disable_shm_comm_op()
+    from gradtrace.versions.packages.deepspeed_hooks import disable_shm_comm_op
+    disable_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

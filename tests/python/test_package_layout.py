@@ -1,8 +1,11 @@
-"""The package's layout (python/README.md): gradtrace.codec, gradtrace.adapters and gradtrace.deepspeed_versions
-behind the documented public names, no import cycles in python/gradtrace or tools/repro, and no module that
-stands in for another through sys.modules."""
+"""The package's layout (python/README.md): gradtrace.codec, gradtrace.adapters and gradtrace.versions behind the
+documented public names, no import cycles in python/gradtrace or tools/repro, no module that stands in for another
+through sys.modules; gradtrace.versions knows no package by name (per-package facts are its descriptions' data,
+and every hook, loop and source a description names exists), and no study ships in the package (issue 43: the
+#5248 loop, models and mpu live in tools/repro/ds5248)."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +103,7 @@ def test_no_import_cycles():
     assert cycles(graph) == []
     # the graph sees what it should: the repro's checks read gradtrace-diff's report through compare
     assert "ds5248:compare" in graph["ds5248:checks"] and "ds5248:binaries" in graph["ds5248:compare"]
+    assert {"ds5248:model", "ds5248:mpu", "gradtrace.versions.launch"} <= graph["ds5248:loop"]
     assert "gradtrace.adapters.rank_recorder" in graph["gradtrace.adapters.deepspeed_adapter"]
 
 
@@ -119,16 +123,71 @@ def test_public_names_load_their_subpackage_modules_without_torch_first():
 import sys
 import gradtrace
 assert "torch" not in sys.modules, "import gradtrace imported torch"
+from gradtrace.versions import command, runner, script_main
+from gradtrace.versions.packages import deepspeed_hooks
+assert "torch" not in sys.modules, "gradtrace.versions imported torch"
 assert gradtrace.read_trace_set.__module__ == "gradtrace.codec.trace"
 for name in {_lazy_adapter_modules()!r}:
     assert getattr(gradtrace, name).__name__ == "gradtrace.adapters." + name, name
 from gradtrace import manual_adapter, RankRecorder, Layout
 assert manual_adapter.attach and RankRecorder.__module__ == "gradtrace.adapters.rank_recorder"
 assert Layout.__module__ == "gradtrace.adapters.layout"
-from gradtrace.deepspeed_versions import command
-assert callable(command.main)
+from gradtrace.versions import command
+assert callable(command.main) and callable(command.alias_main)
 print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(BUILD / "python")))
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+def _compares_with(tree, word):
+    """The comparisons in `tree` with the string `word` (any case) on a side, or in a tuple/list/set there."""
+    def holds(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value.lower() == word
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(holds(e) for e in node.elts)
+
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Compare) and any(holds(x) for x in [n.left, *n.comparators])]
+
+
+def test_versions_knows_no_package_by_name():
+    """What differs between packages is a description's data (gradtrace/versions/packages/*.json): no module of
+    gradtrace.versions compares a package's name with "deepspeed" (issue 43: seven did)."""
+    found = []
+    for path in sorted((PACKAGE / "versions").rglob("*.py")):
+        for node in _compares_with(ast.parse(path.read_text()), "deepspeed"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+    assert _compares_with(ast.parse('if package.lower() in ("x", "DeepSpeed"): pass'), "deepspeed")  # it sees one
+
+
+def test_no_study_ships_in_the_package():
+    """The #5248 loop, models and mpu are a study (tools/repro/ds5248), not the library: no ds5248* file under
+    python/gradtrace, and no module there imports one from tools/repro."""
+    assert sorted(p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("ds5248*")) == []
+    graph = import_graph()
+    assert [(m, sorted(d for d in deps if ":" in d)) for m, deps in graph.items()
+            if m.startswith("gradtrace") and any(":" in d for d in deps)] == []
+
+
+def test_every_description_names_what_exists():
+    """Each package description parses; every hook it names is a function of the package; every built-in loop's
+    script and sources are files of this checkout (tools/repro), its package sources modules of the package."""
+    from gradtrace.versions import packages
+
+    descriptions = sorted((PACKAGE / "versions" / "packages").glob("*.json"))
+    assert [p.name for p in descriptions] == ["deepspeed.json"]
+    for path in descriptions:
+        data = json.loads(path.read_text())
+        assert set(data) - {"about", "run_env_why"} <= set(packages.DEFAULTS), path.name
+        desc = packages.describe(path.stem)
+        for ref in [*desc["after_import"].values(), *([desc["emulation"]] if desc["emulation"] else [])]:
+            assert callable(desc.hook(ref)), ref
+        for name, loop in desc["loops"].items():
+            for f in [loop["script"], *loop.get("sources", ())]:
+                assert (ROOT / f).is_file() and f.startswith("tools/repro/"), (name, f)
+            for m in loop.get("package_sources", ()):
+                assert m.startswith("gradtrace.") and m in import_graph(), (name, m)
+    assert packages.by_alias("gradtrace-deepspeed-versions") == "deepspeed"
+    assert packages.describe("Some_Package").display_name == "Some_Package"  # no description: the defaults

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks what the gradtrace wheel holds: exactly the package's .py files (python/gradtrace/), the codec
-extension _gtcodec, the gradtrace-diff, gradtrace-inspect and gradtrace-pack scripts (executable), the
+"""Checks what the gradtrace wheel holds: exactly the package's .py files and data (python/gradtrace/: the
+versions command's package descriptions, *.json), no study (no ds5248* file: issue 43), the codec extension
+_gtcodec, the gradtrace-diff, gradtrace-inspect and gradtrace-pack scripts (executable), the
 dist-info; after `auditwheel repair` also the shared libraries it grafted (gradtrace.libs/) and the
 executables its scripts start (gradtrace.scripts/); no capture/ (LibTorch) code; numpy as its only
 dependency.
@@ -24,7 +25,7 @@ def problems(wheel):
         infos = {i.filename: i for i in z.infolist() if not i.is_dir()}
         metadata = next((z.read(n).decode() for n in infos if n.endswith(".dist-info/METADATA")), "")
     package = ROOT / "python" / "gradtrace"
-    py = {f"gradtrace/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
+    py = {f"gradtrace/{p.relative_to(package).as_posix()}" for suffix in ("*.py", "*.json") for p in package.rglob(suffix)}
     ext = {n for n in infos if re.fullmatch(r"gradtrace/_gtcodec\.cpython-[^/]+\.so", n)}
     scripts = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.data/scripts/[^/]+", n)}
     dist_info = {n for n in infos if re.fullmatch(r"gradtrace-[^/]+\.dist-info/.+", n)}
@@ -44,8 +45,10 @@ def problems(wheel):
             out.append(f"{n} is not executable")
     if extra := set(infos) - py - ext - scripts - dist_info - libs - exes:
         out.append(f"unexpected files {sorted(extra)}")
-    if any("capture" in n or "gradtrace-train" in n for n in infos):
+    if any(re.search(r"(^|/)capture/|gradtrace-train", n) for n in infos):  # not adapters/capture_protocol.py
         out.append("holds capture/ code")
+    if studies := sorted(n for n in infos if n.rsplit("/", 1)[-1].startswith("ds5248")):
+        out.append(f"holds study code {studies} (tools/repro/ds5248 is not the library)")
     requires = re.findall(r"^Requires-Dist: (\S+)", metadata, re.M)
     if requires != ["numpy"]:
         out.append(f"dependencies {requires}, expected ['numpy']")

@@ -1,9 +1,10 @@
-"""DeepSpeed's part of ``gradtrace-versions``, and ``gradtrace-deepspeed-versions`` (``command``: the same
-command with ``--package deepspeed``; ``python -m gradtrace.deepspeed_versions`` runs it too).
+"""Deprecated: ``python -m gradtrace.deepspeed_versions`` still runs ``gradtrace-deepspeed-versions`` (that is,
+``gradtrace-versions --package deepspeed``) for this release, and says so on stderr; it goes in the next.
 
-``envs`` builds DeepSpeed's environments (a pinned torch base before 0.15, import stubs); ``entries`` the
-built-in entry points' command lines: the DeepSpeed #5248 Ulysses loop, ``ds5248_run`` (the loop and its
-launcher), ``ds5248_model`` (the models, data and loss recipes) and ``ds5248_mpu`` (the Megatron-style mpu),
-and the gradtrace-train emulation. Nothing here imports torch or DeepSpeed at import time except
-``ds5248_model``.
+DeepSpeed's part of gradtrace-versions is data now, its description (gradtrace/versions/packages/deepspeed.json);
+the #5248 loop, models and mpu it runs for ``--model`` are a study, in tools/repro/ds5248/ (loop.py, model.py,
+mpu.py), not in the package.
 """
+
+NOTICE = ("python -m gradtrace.deepspeed_versions is deprecated and goes in the next release: run "
+          "gradtrace-deepspeed-versions or gradtrace-versions --package deepspeed")

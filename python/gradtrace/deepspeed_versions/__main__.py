@@ -1,4 +1,4 @@
-"""``python -m gradtrace.deepspeed_versions``: the same command as ``gradtrace-deepspeed-versions``."""
+"""``python -m gradtrace.deepspeed_versions`` (deprecated): ``gradtrace-deepspeed-versions``."""
 
 import sys
 

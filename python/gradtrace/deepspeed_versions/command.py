@@ -1,15 +1,15 @@
-"""gradtrace-deepspeed-versions: `gradtrace-versions --package deepspeed` under its old name, with its old
-defaults (a DeepSpeed config, sp 2, the single-rank reference, environments and cache where they were).
-Its documentation is gradtrace.versions.command's."""
+"""Deprecated: gradtrace.deepspeed_versions.command.main is gradtrace.versions.command.alias_main under the name
+gradtrace-deepspeed-versions (the console script now points there); it says so on stderr and goes in the next release."""
 
 import sys
 
+from gradtrace.deepspeed_versions import NOTICE
 from gradtrace.versions import command
 
 
 def main(argv=None):
-    return command.main(sys.argv[1:] if argv is None else argv, prog="gradtrace-deepspeed-versions",
-                        package="deepspeed")
+    print(f"gradtrace-deepspeed-versions: {NOTICE}", file=sys.stderr)
+    return command.alias_main(argv, prog="gradtrace-deepspeed-versions")
 
 
 if __name__ == "__main__":

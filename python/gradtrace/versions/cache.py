@@ -12,13 +12,13 @@ import json
 import os
 import pathlib
 
-DEFAULT_ROOT = pathlib.Path(os.environ.get("GRADTRACE_VERSIONS_CACHE", "~/.cache/gradtrace/versions")).expanduser()
-# gradtrace-deepspeed-versions' cache, where it has always been.
-DEEPSPEED_ROOT = pathlib.Path(os.environ.get("GRADTRACE_DS_CACHE", "~/.cache/gradtrace/deepspeed-versions")).expanduser()
+from gradtrace.versions import packages
 
 
 def default_root(package: str) -> pathlib.Path:
-    return DEEPSPEED_ROOT if package.lower() == "deepspeed" else DEFAULT_ROOT
+    """The package description's cache folder (~/.cache/gradtrace/versions, $GRADTRACE_VERSIONS_CACHE, unless
+    it names its own: DeepSpeed's stays where gradtrace-deepspeed-versions always had it)."""
+    return packages.describe(package).root("cache")
 
 
 def key(**parts) -> str:
@@ -28,7 +28,7 @@ def key(**parts) -> str:
 
 class Cache:
 
-    def __init__(self, root=DEFAULT_ROOT):
+    def __init__(self, root):
         self.root = pathlib.Path(root)
 
     def run_dir(self, k: str) -> pathlib.Path:

@@ -7,7 +7,10 @@ changed the gradients the optimizer receives.
     gradtrace-versions --package deepspeed --config ds.json --model ds5248 --sp 2 --releases 0.11.1,0.11.2
     gradtrace-deepspeed-versions --config ds.json --script train.py --dp 2 --sp 1 --bisect 0.16.4 0.18.3
 
-(`gradtrace-deepspeed-versions ...` is `gradtrace-versions --package deepspeed ...`.) For each release it
+What differs between packages is each package's description (gradtrace/versions/packages/NAME.json: defaults,
+environments, run variables, built-in loops); a package without one gets the defaults below. An alias a
+description names is that package's command (`gradtrace-deepspeed-versions ...` is `gradtrace-versions
+--package deepspeed ...`). For each release it
 creates (or reuses) a Python environment with that release over a shared base (gradtrace.versions.envs; the
 release the host has installed runs in the host interpreter), runs the entry point on CPU with sp x dp ranks
 (gloo), each capturing with a gradtrace adapter, and compares the FINAL gradients of optimizer step 0 with
@@ -17,11 +20,15 @@ at which anything changed, and gradtrace-diff's report of that transition. Resul
 (--cache-dir): a second call with the same package, release, config, entry point, layout and reference
 runs nothing.
 
-Reference (--reference): `first` (default for every package but DeepSpeed) is the oldest release compared
-(GOOD for --bisect); `single-rank` (DeepSpeed's default) runs the entry point on one rank over the same
-global batch with the host's release, or the newest compared when the host has none (for DeepSpeed the
-config's micro-batch is multiplied by dp and train_batch_size dropped); `--reference-release X` takes
-release X (same layout).
+Reference (--reference): `first` (the default unless a description says otherwise) is the oldest release
+compared (GOOD for --bisect); `single-rank` (DeepSpeed's default) runs the entry point on one rank over the
+same global batch with the host's release, or the newest compared when the host has none (the description
+says how the config follows: for DeepSpeed the micro-batch is multiplied by dp and train_batch_size dropped);
+`--reference-release X` takes release X (same layout).
+
+Built-in loops (--model NAME, DeepSpeed's: ds5248, moe) and --emulation come from a description. The loops are
+studies and live in a gradtrace source checkout (tools/repro), not in the wheel: the checkout this package was
+built in is found by itself; elsewhere give --checkout DIR.
 
 --bisect GOOD BAD: binary search over the published releases between GOOD and BAD (PyPI; yanked and
 pre-releases skipped, post releases kept) for the first release whose gradients differ from GOOD's; a release
@@ -30,15 +37,16 @@ whose env or run fails is skipped as in `git bisect skip`. Only the visited rele
 Script contract (--script PATH): the command starts PATH once per rank with the release's interpreter, as
 `python PATH [--script-arg ...]`, with this environment:
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT  torch.distributed's env://
-    OMP_NUM_THREADS=1, DS_ACCELERATOR=cpu
+    OMP_NUM_THREADS=1, and the description's run variables (DeepSpeed: DS_ACCELERATOR=cpu, LOCAL_SIZE)
     GRADTRACE_OUT_DIR            the trace directory: give it to a gradtrace adapter (manual_adapter.attach,
                                  ddp_adapter.attach, hf_adapter.GradtraceCallback, deepspeed_adapter.attach)
     GRADTRACE_PACKAGE, GRADTRACE_RELEASE   the package (normalised name) and the release under test
-    GRADTRACE_CONFIG             --config's file (a copy), when given; for DeepSpeed also GRADTRACE_DS_CONFIG,
-                                 for the single-rank reference with micro-batch x dp and no train_batch_size
+    GRADTRACE_CONFIG             --config's file (a copy), when given; also under the description's name for
+                                 it (DeepSpeed: GRADTRACE_DS_CONFIG), for the single-rank reference with
+                                 micro-batch x dp and no train_batch_size
     GRADTRACE_SP, GRADTRACE_DP   this run's layout (1 and 1 for a single-rank reference, which must train
                                  on the same global batch: the rows the dp ranks hold together)
-    GRADTRACE_DEEPSPEED_RELEASE  (DeepSpeed only) the release under test
+    GRADTRACE_DEEPSPEED_RELEASE  (DeepSpeed: its description's name for GRADTRACE_RELEASE)
     PYTHONPATH                   this gradtrace package first
 The script builds the same weights and data whatever the release and layout (seeded), captures into
 GRADTRACE_OUT_DIR from before the first backward through at least one optimizer step (FINAL of step 0 is
@@ -54,6 +62,7 @@ reference or from its predecessor, or failed (bisect: 1 when no single first bad
 
 import argparse
 import json
+import os
 import pathlib
 import shlex
 import sys
@@ -61,25 +70,30 @@ import time
 
 from gradtrace.versions import bisection as bisect_mod
 from gradtrace.versions import cache as cache_mod
-from gradtrace.versions import envs, releases, report
+from gradtrace.versions import envs, packages, releases, report
 from gradtrace.versions.study import BadInput, RunFailed, Study
 
 PROG = "gradtrace-versions"
 
 
 def parse_args(argv, prog=PROG, package=None):
-    """`package` set: the alias for one package (gradtrace-deepspeed-versions), which takes no --package."""
+    """`package` set: a description's alias (gradtrace-deepspeed-versions), which takes no --package."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     if package is None:
         ap.add_argument("--package", required=True, help="the PyPI distribution whose releases are compared")
     ap.add_argument("--config", help="a config file for the entry point (JSON; required for DeepSpeed: its config)")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--script", help="your training script (see the script contract above)")
-    what.add_argument("--model", choices=["ds5248", "moe"], help="DeepSpeed's built-in entry point: the #5248 "
-                      "Ulysses loop with a tiny dense model (ds5248) or with DeepSpeed MoE layers of 2 experts (moe)")
+    loops = "; ".join(f"{name} ({d.display_name}): {loop['help']}" for d in packages.described()
+                      for name, loop in d["loops"].items())
+    what.add_argument("--model", choices=packages.loop_names(), help=f"a built-in entry point: {loops}")
     what.add_argument("--emulation", action="store_true",
-                      help="DeepSpeed only: each release is gradtrace-train --scaling deepspeed@RELEASE (its C++ "
-                           "emulation of that release's reduction; needs gradtrace-train), without environments")
+                      help="the package's emulation, without environments (DeepSpeed: each release is "
+                           "gradtrace-train --scaling deepspeed@RELEASE, its C++ emulation of that release's "
+                           "reduction; needs gradtrace-train)")
+    ap.add_argument("--checkout", type=pathlib.Path,
+                    help="a gradtrace source checkout, whose tools/repro holds the built-in loops (default: the "
+                         "checkout this package was built in, when it was)")
     ap.add_argument("--script-arg", action="append", default=[], help="an argument for --script (repeatable)")
     ap.add_argument("--sp", type=int, help="Ulysses sequence-parallel size (default 2 for DeepSpeed, else 1)")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1)")
@@ -100,10 +114,14 @@ def parse_args(argv, prog=PROG, package=None):
     ap.add_argument("--deps", choices=["resolve", "none"],
                     help="what a release's environment gets besides the release: resolve (default; what the base "
                          "lacks or the release refuses, torch held at the base's) or none (DeepSpeed's way)")
-    ap.add_argument("--env-root", type=pathlib.Path, help=f"where the per-release environments live (default "
-                    f"{envs.DEFAULT_ROOT}; DeepSpeed's {envs.DEEPSPEED_ROOT})")
-    ap.add_argument("--cache-dir", type=pathlib.Path, help=f"results cache (default {cache_mod.DEFAULT_ROOT}; "
-                    f"DeepSpeed's {cache_mod.DEEPSPEED_ROOT})")
+    own = {"environments": [], "cache": []}
+    for d in packages.described():
+        for section, folders in own.items():
+            folders.append(f"{d.display_name}'s {d.root(section)}")
+    ap.add_argument("--env-root", type=pathlib.Path, help="where the per-release environments live (default "
+                    f"{packages.DEFAULTS['environments']['root']}; {', '.join(own['environments'])})")
+    ap.add_argument("--cache-dir", type=pathlib.Path, help=f"results cache (default "
+                    f"{packages.DEFAULTS['cache']['root']}; {', '.join(own['cache'])})")
     ap.add_argument("--no-build", action="store_true", help="never create an environment (missing: run fails)")
     ap.add_argument("--rerun", action="store_true", help="ignore cached results (and replace them)")
     ap.add_argument("--rerun-failed", action="store_true", help="run again the releases whose cached run failed")
@@ -120,21 +138,26 @@ def parse_args(argv, prog=PROG, package=None):
 
 
 def settle(args):
-    """Fill the per-package defaults and check what argparse cannot; BadInput names the first problem."""
+    """Fill the per-package defaults (its description's) and check what argparse cannot; BadInput names the
+    first problem."""
     if not releases.valid_name(args.package):
         raise BadInput(f"--package {args.package!r}: not a PyPI distribution name")
-    ds = releases.normalize_name(args.package) == "deepspeed"
-    if not ds and (args.model or args.emulation):
-        raise BadInput(f"--{'model' if args.model else 'emulation'} is DeepSpeed's; for {args.package} give --script")
-    if ds and not args.config:
-        raise BadInput("--config: DeepSpeed needs its config (JSON file)")
-    args.sp = args.sp if args.sp is not None else (2 if ds else 1)
+    desc = packages.describe(args.package)
+    if args.model and args.model not in desc["loops"]:
+        raise BadInput(f"--model is {packages.owner_of('loops', args.model)}'s; for {args.package} give --script")
+    if args.emulation and not desc["emulation"]:
+        raise BadInput(f"--emulation is {packages.owner_of('emulation')}'s; for {args.package} give --script")
+    if desc["config"]["required"] and not args.config:
+        raise BadInput(f"--config: {desc.display_name} needs its config (JSON file)")
+    defaults = desc["defaults"]
+    args.sp = args.sp if args.sp is not None else defaults["sp"]
     if args.sp < 1 or args.dp < 1:
         raise BadInput(f"--sp {args.sp} --dp {args.dp}: both must be >= 1")
-    args.reference = args.reference or ("single-rank" if ds else "first")
-    args.deps = args.deps or ("none" if ds else "resolve")
-    if ds and args.deps != "none":
-        raise BadInput("--deps resolve: DeepSpeed's environments install the release alone (--deps none)")
+    args.reference = args.reference or defaults["reference"]
+    args.deps = args.deps or defaults["deps"]
+    if args.deps not in desc["deps_allowed"]:
+        raise BadInput(f"--deps {args.deps}: {desc.display_name}'s environments take --deps "
+                       f"{' or '.join(desc['deps_allowed'])}")
     args.env_root = args.env_root or envs.default_root(args.package)
     args.cache_dir = args.cache_dir or cache_mod.default_root(args.package)
 
@@ -304,7 +327,9 @@ def main(argv=None, prog=PROG, package=None):
         return 2
     entry = (f"--script {study.entry.name}" if study.entry.kind == "script" else
              "gradtrace-train emulation" if study.entry.kind == "emulation" else f"--model {study.entry.name}")
+    desc = packages.describe(args.package)
     result["setup"] = {"command": f"{prog} " + " ".join(shlex.quote(a) for a in argv), "package": args.package,
+                       "display_name": desc.display_name, "config_title": desc["config"]["title"],
                        "entry": entry, "sp": args.sp, "dp": args.dp, "loss": args.loss, "config": cfg,
                        "deps": args.deps, "reference": result["reference"]}
     result["runs_executed"] = study.runs_executed
@@ -323,6 +348,17 @@ def main(argv=None, prog=PROG, package=None):
           f"({sum(1 for r in result['rows'] if r.get('cached'))} rows from the cache), "
           f"{time.time() - t0:.0f} s", file=sys.stderr)
     return rc
+
+
+def alias_main(argv=None, prog=None):
+    """A description's alias command (gradtrace-deepspeed-versions): `gradtrace-versions --package NAME`, the
+    package being the one whose description names this program."""
+    prog = prog or os.path.basename(sys.argv[0])
+    package = packages.by_alias(prog)
+    if package is None:
+        print(f"{prog}: no package description names this command as its alias", file=sys.stderr)
+        return 2
+    return main(argv, prog=prog, package=package)
 
 
 if __name__ == "__main__":

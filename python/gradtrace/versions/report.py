@@ -153,7 +153,7 @@ def conclusion(result) -> str:
 def markdown(result) -> str:
     """The report to attach to a bug report."""
     a = result["setup"]
-    name = "DeepSpeed" if a["package"].lower() == "deepspeed" else a["package"]
+    name = a.get("display_name") or a["package"]  # the package description's (results written before it: none)
     lines = [
         f"# {md_text(name)} versions compared with gradtrace", "",
         f"Command: `{a['command'].replace('`', chr(39))}`", "",
@@ -169,7 +169,7 @@ def markdown(result) -> str:
     ]
     if a.get("config") is not None:
         fence = "````"  # longer than any run of backticks json.dumps can write inside a string
-        lines += [f"{name} config:" if name == "DeepSpeed" else "Config:", "", fence + "json",
+        lines += [f"{a.get('config_title') or 'Config'}:", "", fence + "json",
                   json.dumps(a["config"], indent=2), fence, ""]
     lines += ["## Results", "", md_table(result["rows"], against(result)), "", conclusion(result), ""]
     tr = result.get("transition")

@@ -7,9 +7,8 @@ import pathlib
 import sys
 import time
 
-from gradtrace.deepspeed_versions import entries
 from gradtrace.versions import cache as cache_mod
-from gradtrace.versions import envs, releases, runner
+from gradtrace.versions import envs, packages, releases, runner
 
 
 class BadInput(Exception):
@@ -31,27 +30,56 @@ def last_error(log):
     return (lines[-1].strip() if lines else "no output")[:240]
 
 
+def single_rank_config(cfg, dp: int, rule: dict):
+    """The single-rank reference's config, by the description's rule: one rank takes the global batch (the keys
+    of rule["multiply_by_dp"] times dp) and the keys of rule["drop"] go (DeepSpeed derives train_batch_size
+    for world 1)."""
+    if cfg is None:
+        return None
+    ref = json.loads(json.dumps(cfg))
+    for k in rule["multiply_by_dp"]:
+        ref[k] = int(cfg.get(k, 1)) * dp
+    for k in rule["drop"]:
+        ref.pop(k, None)
+    return ref
+
+
 class Study:
     """The runs of one package under one entry point, layout and config."""
 
     def __init__(self, args, cfg):
         self.args, self.cfg = args, cfg
         self.package = args.package
-        self.is_deepspeed = releases.normalize_name(args.package) == "deepspeed"
+        self.desc = packages.describe(args.package)
         self.cache = cache_mod.Cache(args.cache_dir)
         if args.script:
             script = pathlib.Path(args.script)
             if not script.is_file():
                 raise BadInput(f"{script}: no such script")
-            self.entry = runner.Entry("script", str(script.resolve()), tuple(args.script_arg), args.loss)
+            self.entry = runner.Entry("script", str(script.resolve()), tuple(args.script_arg), args.loss,
+                                      files=(str(script.resolve()),))
         elif args.emulation:
             self.entry = runner.Entry("emulation", "gradtrace-train", (), args.loss)
         else:
-            self.entry = runner.Entry("model", args.model, (), args.loss)
+            self.entry = self.loop_entry(args.model, args.loss, getattr(args, "checkout", None))
         self.layout = runner.Layout(args.sp, args.dp)
         self.digest = self.entry.digest()
         self.runs_executed = 0
         self.host = envs.host_version(args.package)
+
+    def loop_entry(self, name, loss, checkout):
+        """The description's built-in loop `name`, found in a gradtrace source checkout (BadInput when none)."""
+        loop = self.desc["loops"][name]
+        root = runner.find_checkout(loop["script"], checkout)
+        if root is None:
+            where = (f"--checkout {checkout} has none" if checkout else
+                     f"no checkout was found above this package ({runner.PACKAGE_PARENT})")
+            raise BadInput(f"--model {name}: {self.desc.display_name}'s built-in loop is {loop['script']} in a gradtrace "
+                           f"source checkout, not part of the installed package, and {where} (give --checkout DIR, or "
+                           "--script)")
+        files = [root / f for f in loop.get("sources", ())] + runner.module_files(loop.get("package_sources", ()))
+        return runner.Entry("model", name, (), loss, files=tuple(map(str, files)), target=str(root / loop["script"]),
+                            target_args=tuple(loop.get("args", ())))
 
     def cfg_hash(self, cfg):
         return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
@@ -59,7 +87,7 @@ class Study:
     def key(self, release, layout, cfg):
         parts = dict(release=release, config=self.cfg_hash(cfg), entry=self.digest, layout=layout.text(),
                      kind=self.entry.kind)
-        if not self.is_deepspeed:  # DeepSpeed's keys stay as gradtrace-deepspeed-versions wrote them
+        if self.desc["cache"]["key_names_package"]:  # false: keys as gradtrace-deepspeed-versions wrote them
             parts.update(package=releases.normalize_name(self.package), deps=self.args.deps)
         return cache_mod.key(**parts)
 
@@ -88,8 +116,8 @@ class Study:
             res["env_seconds"] = round(time.time() - t0, 1)
             t1 = time.time()
             self.runs_executed += 1
-            rc = runner.run(self.entry, python, config_path, layout, d / "trace", d / "run.log",
-                            releases.normalize_name(self.package), release, self.args.timeout)
+            rc = runner.run(self.entry, python, config_path, layout, d / "trace", d / "run.log", self.desc, release,
+                            self.args.timeout)
             res["run_seconds"] = round(time.time() - t1, 1)
             if rc != 0:
                 res.update(status="failed", error=f"run exited {rc}: {last_error(d / 'run.log')} (log {d / 'run.log'})")
@@ -129,7 +157,7 @@ class Study:
         else:
             rel = (compared[-1] if self.entry.kind == "emulation" else
                    self.host or max(compared, key=releases.version_key))
-            cfg = entries.reference_config(self.cfg, self.layout.dp) if self.is_deepspeed else self.cfg
+            cfg = single_rank_config(self.cfg, self.layout.dp, self.desc["single_rank_reference"])
             r = self.capture(rel, runner.Layout(1, 1), cfg, "reference")
             desc = f"single rank, same global batch, {self.package} {rel}" + (
                 " (emulated)" if self.entry.kind == "emulation" else "")

@@ -1,5 +1,5 @@
 """The shell work behind every release environment of gradtrace-versions: make a venv, run a command into
-a log, hold a lock while one is built. Used by gradtrace.versions.envs and gradtrace.deepspeed_versions.envs."""
+a log, hold a lock while one is built (gradtrace.versions.envs)."""
 
 import contextlib
 import fcntl

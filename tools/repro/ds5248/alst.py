@@ -42,7 +42,7 @@ import sys
 import time
 
 from gradtrace import loss_recipes
-from gradtrace.deepspeed_versions import ds5248_run  # the launcher, ds_config, the CPU comm-op patch
+import loop  # the launcher, ds_config, the CPU comm-op patch (loop.py beside this file)
 
 # The --loss spellings this loop implements -> what gradtrace's RunInfo calls them (the one list of
 # recipes and aliases, semantics/loss_recipes.cc; gradtrace-diff explains factors from it).
@@ -76,7 +76,7 @@ def parse_args(argv=None):
     ap.add_argument("--capture", default="full", help="full, sketch:K or stats")
     ap.add_argument("--timeout", type=float, default=300, help="launcher: seconds before the job is killed")
     args = ap.parse_args(argv)
-    args.gas, args.no_contiguous_gradients = 1, False  # what ds5248_run.ds_config reads besides batch and zero_stage
+    args.gas, args.no_contiguous_gradients = 1, False  # what loop.ds_config reads besides batch and zero_stage
     if args.seq_len % args.sp:
         ap.error("--seq-len must divide by --sp")
     return args
@@ -249,7 +249,7 @@ def worker(args):
     import transformers
 
     torch.set_num_threads(1)
-    ds5248_run.disable_shm_comm_op()
+    loop.disable_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     if args.dp > 1 and not args.reference:
         gloo_subgroup_all_gather_backward()
@@ -260,7 +260,7 @@ def worker(args):
     run_world = args.sp * args.dp  # the layout whose data this job uses (the reference too)
     ds = make_dataset(args, rows=max(16, 2 * run_world * args.batch))
     mpu = None if args.reference else register_ulysses(args, model)
-    cfg = ds5248_run.ds_config(args)
+    cfg = loop.ds_config(args)
     if args.reference:
         cfg["train_micro_batch_size_per_gpu"] = args.batch * args.dp
     else:
@@ -287,8 +287,8 @@ def worker(args):
 
 
 def launch(args, argv):
-    """Ranks of this script (ds5248_run.launch): sp x dp, or 1 for --reference."""
-    return ds5248_run.launch(args, argv, script=__file__, world=1 if args.reference else None)
+    """Ranks of this script (loop.launch): sp x dp, or 1 for --reference."""
+    return loop.launch(args, argv, script=__file__, world=1 if args.reference else None)
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The #5248 study's DeepSpeed releases and their environments: a thin wrapper over the package's
-gradtrace.deepspeed_versions.envs (the one implementation, also used by gradtrace-deepspeed-versions).
+gradtrace.versions.envs with DeepSpeed's description (the one implementation, also used by gradtrace-versions).
 
     .venv/bin/python tools/repro/ds5248/envs.py                 # create every environment (idempotent)
     .venv/bin/python tools/repro/ds5248/envs.py 0.13.0 0.13.1   # only these
@@ -10,7 +10,7 @@ gradtrace.deepspeed_versions.envs (the one implementation, also used by gradtrac
 It needs the built gradtrace package (.venv finds it through tools/setup's .pth file; elsewhere
 PYTHONPATH=build/python and an interpreter with numpy). The environments live in the package's env root
 (~/.cache/gradtrace/deepspeed-envs, or $GRADTRACE_DS_ENVS): a shared torch-2.1.2 base and one ds-<version>
-venv per release; the pins and why they are what they are: python/gradtrace/deepspeed_versions/envs.py.
+venv per release; the pins and why they are what they are: python/gradtrace/versions/packages/deepspeed.json.
 The newest release (0.19.8) runs in the project's own .venv (torch 2.15.0, tools/constraints.txt).
 """
 
@@ -20,7 +20,7 @@ import pathlib
 import subprocess
 import sys
 
-from gradtrace.deepspeed_versions import envs as package_envs
+from gradtrace.versions import envs as package_envs
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -37,7 +37,7 @@ def python_of(version):
     """The interpreter that runs DeepSpeed `version` (it may not exist yet: create it with main())."""
     if version == NEWEST:
         return ROOT / ".venv" / "bin" / "python"
-    return package_envs.DEFAULT_ROOT / f"ds-{version}" / "bin" / "python"
+    return package_envs.default_root("deepspeed") / f"ds-{version}" / "bin" / "python"
 
 
 def check(version):
@@ -66,7 +66,7 @@ def main(argv=None):
         for v in versions:
             if v != NEWEST:
                 try:
-                    package_envs.python_of(v)
+                    package_envs.python_of("deepspeed", v)
                 except package_envs.EnvError as e:
                     print(f"{v}: {e}", file=sys.stderr)
     return 0 if all([check(v) for v in versions]) else 1

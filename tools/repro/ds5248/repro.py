@@ -13,7 +13,7 @@ DeepSpeed, captured by gradtrace.deepspeed_adapter), the matching single-rank fu
 gradtrace-diff; the reductions' effective divisors are gradtrace-diff --self's (checks.py). Then it runs gradtrace-train's emulation of that
 release (--scaling deepspeed@VERSION) on the same cell and diffs it against the real run (emulation.py).
 Dense cells run gradtrace-train's model on both sides (run.py --model gradtrace, weights and batches from
-one gradtrace-train --export-init file); MoE cells run DeepSpeed's MoE layer (gradtrace.deepspeed_versions.ds5248_model).
+one gradtrace-train --export-init file); MoE cells run DeepSpeed's MoE layer (model.py).
 Writes OUT/deepspeed-<v>/table.md and results.json; with --versions also the combined tools/repro/ds5248/results.json and table.md, rewritten
 after every cell so that partial progress survives.
 

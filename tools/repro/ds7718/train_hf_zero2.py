@@ -14,7 +14,7 @@ download), fixed random tokens, AdamW (Trainer's default), gloo on 127.0.0.1, DS
 Trainer's arguments come from the DeepSpeed config (micro-batch, gradient_accumulation_steps, bf16,
 gradient_clipping as max_grad_norm), which Trainer passes to DeepSpeed unchanged.
 
-Run by gradtrace-deepspeed-versions (its script contract, python/gradtrace/deepspeed_versions/command.py) it
+Run by gradtrace-deepspeed-versions (its script contract, python/gradtrace/versions/command.py) it
 reads GRADTRACE_OUT_DIR and GRADTRACE_DS_CONFIG; started by hand without RANK in the environment it
 spawns --world processes itself. Writes OUT/rank-NNNNN.gtrace (one per rank) and OUT/summary.json
 (rank 0: versions, the config, the engine's settings as DeepSpeed read them, and per optimizer step

@@ -80,7 +80,7 @@ class _MLP(nn.Module):
 
 class TinyLM(nn.Module):
     """forward(input_ids, labels, position_ids) -> per-token losses [b, s_local] (0 where ignored)
-    and the valid-token mask; the loss recipe (ds5248_run) reduces them."""
+    and the valid-token mask; the loss recipe (loop.py) reduces them."""
 
     def __init__(self, vocab, hidden, heads, layers, max_seq, sp_group=None, moe_experts=0):
         super().__init__()

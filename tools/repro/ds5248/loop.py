@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """DeepSpeed #5248 on CPU: the issue's Ulysses training loop with real DeepSpeed, captured by
-gradtrace.deepspeed_adapter.
+gradtrace.deepspeed_adapter (the models: model.py; the mpu: mpu.py).
 
-    python -m gradtrace.deepspeed_versions.ds5248_run --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
-    python -m gradtrace.deepspeed_versions.ds5248_run --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
-    (tools/repro/ds5248/run.py runs this main(); gradtrace-deepspeed-versions runs it
-    for --model ds5248 and --model moe)
+    python tools/repro/ds5248/run.py --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
+    python tools/repro/ds5248/run.py --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
+    (run.py runs this main(); gradtrace-versions --package deepspeed runs run.py for --model ds5248 and
+    --model moe: DeepSpeed's description, python/gradtrace/versions/packages/deepspeed.json)
 
 Without RANK in the environment it launches sp x dp worker processes of itself (gloo on 127.0.0.1,
 a free port); under torchrun it is one worker. Weights and data depend on --seed only, and the
@@ -23,10 +23,10 @@ The loop, per micro-step, as the issue's reporter wrote it:
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
+
+from gradtrace.versions import launch as launch_mod
+from gradtrace.versions.packages.deepspeed_hooks import disable_shm_comm_op
 
 
 def parse_args(argv=None):
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     ap.add_argument("--moe-experts", type=int, default=0,
                     help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
     ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
-                    help="tiny: ds5248_model's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
+                    help="tiny: model.py's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
                          "model (capture/model.cc), weights and global batches from --init")
     ap.add_argument("--init", help="--model gradtrace: the file of `gradtrace-train --export-init FILE` (same "
                                    "--seed --seq-len --vocab --hidden --heads --layers --steps --gas, and "
@@ -111,46 +111,17 @@ def apply_user_config(args, error):
     args.no_reduce_scatter = not zero.get("reduce_scatter", not args.no_reduce_scatter)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(args, argv, script=None, world=None, python=None, extra_env=None, log=None, module=None):
-    """Start `world` (default sp x dp) copies of `script` or `python -m module` (default this module) with
-    `python` (default this interpreter) as ranks on 127.0.0.1, each with RANK/WORLD_SIZE/MASTER_* and
-    `extra_env` set, output to the open file `log` (default: inherited); the worst exit status (124 after
-    args.timeout s)."""
+def launch(args, argv, script=None, world=None, python=None, extra_env=None, log=None):
+    """Start `world` (default sp x dp) copies of `script` (default this file) with `python` (default this
+    interpreter) as ranks on 127.0.0.1 (gradtrace.versions.launch), DeepSpeed's CPU variables set; the worst
+    exit status (124 after args.timeout s)."""
     world = args.sp * args.dp if world is None else world
-    port = str(free_port())
-    if script is not None:
-        target = [os.path.abspath(script)]
-    else:
-        target = ["-m", module or (__name__ if __name__ != "__main__" else "gradtrace.deepspeed_versions.ds5248_run")]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, **(extra_env or {}))
-        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
-                   # As DeepSpeed's launcher: the CPU accelerator's device_count() before 0.14 reads it, else
-                   # runs numactl (deepspeed/utils/numa.py), which ZeRO-3 reaches during the reduction.
-                   LOCAL_SIZE=str(world),
-                   GRADTRACE_RUN_ID=f"ds5248-{os.getpid()}-{port}", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([str(python or sys.executable)] + target + list(argv), env=env, stdout=log,
-                                      stderr=subprocess.STDOUT if log else None))
-    deadline = time.time() + args.timeout
-    rc = 0
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            print(f"ds5248: timed out after {args.timeout:.0f} s", file=sys.stderr)
-            return 124
-        rc = rc or p.returncode
-    return rc
+    env = dict(extra_env or {}, DS_ACCELERATOR="cpu",
+               # As DeepSpeed's launcher: the CPU accelerator's device_count() before 0.14 reads it, else
+               # runs numactl (deepspeed/utils/numa.py), which ZeRO-3 reaches during the reduction.
+               LOCAL_SIZE=str(world))
+    return launch_mod.launch([os.path.abspath(script or __file__)], argv, world, args.timeout, python=python,
+                             extra_env=env, log=log, name="ds5248")
 
 
 def ds_config(args):
@@ -174,33 +145,11 @@ def ds_config(args):
     return merge_config(cfg, user) if user else cfg
 
 
-def disable_shm_comm_op():
-    """DeepSpeed's TorchBackend JIT-compiles the CPU shared-memory comm op (deepspeed_shm_comm, about two
-    minutes of g++ on first use, cached in ~/.cache/torch_extensions) when it is created. Only
-    inference_all_reduce uses it; training collectives go to torch.distributed (gloo). Skip the build.
-    Runtime patch only: DeepSpeed's files are untouched."""
-    import importlib
-    try:
-        # Not `import deepspeed.comm.torch as m`: deepspeed.comm re-exports `torch`, and that form
-        # binds the torch package instead of the submodule.
-        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    except ImportError:
-        return
-    skip_shm_build(ds_torch_comm)
-
-
-def skip_shm_build(ds_torch_comm):
-    """disable_shm_comm_op's patch on an imported deepspeed.comm.torch (versions/script_main.py applies it as
-    a user's script imports that module)."""
-    if hasattr(ds_torch_comm, "build_shm_op"):
-        ds_torch_comm.build_shm_op = lambda: None
-
-
 def gloo_for_stubbed_oneccl():
     """DeepSpeed < 0.14 CPU accelerator: imports oneccl_bindings_for_pytorch unconditionally and names
     'ccl' as its communication backend; deepspeed.init_distributed then builds the CCL comm op (needs
-    oneCCL's CCL_ROOT). In the old-release environments (dsversions_envs) that import is satisfied by an
-    empty stub (its cpu_shims); there, name gloo instead, as 0.14+ does when oneCCL is absent. Runtime only."""
+    oneCCL's CCL_ROOT). In the old-release environments (gradtrace-versions, DeepSpeed's pinned base) that
+    import is satisfied by an empty stub; there, name gloo instead, as 0.14+ does when oneCCL is absent. Runtime only."""
     stub = sys.modules.get("oneccl_bindings_for_pytorch")
     if not getattr(stub, "__gradtrace_stub__", False):
         return
@@ -340,7 +289,7 @@ def init_distributed_on_cpu():
 
 def build_loop_model(args, mpu, recipe):
     """(model, gradtrace-train's init or None): the --model to train, its loss recipe and groups set."""
-    from gradtrace.deepspeed_versions.ds5248_model import build_gradtrace_model, build_model, load_gradtrace_init
+    from model import build_gradtrace_model, build_model, load_gradtrace_init
 
     sp_group = mpu.get_sequence_parallel_group() if args.sp > 1 else None
     init = None
@@ -383,7 +332,7 @@ def global_batch(args, init, step, micro):
     """(input_ids, labels, position_ids) of micro-step `micro` of `step`: all batch x dp rows, whole sequence;
     gradtrace-train's with --init (its --ignore-frac applies, not ours), else drawn from --seed."""
     import torch
-    from gradtrace.deepspeed_versions.ds5248_model import make_batch
+    from model import make_batch
 
     if init is not None:
         key = f"batch/{step}/{micro}/"
@@ -425,7 +374,7 @@ def worker(args):
     import torch.distributed as tdist
     import deepspeed
     from gradtrace.adapters import deepspeed_adapter
-    from gradtrace.deepspeed_versions.ds5248_mpu import UlyssesMPU
+    from mpu import UlyssesMPU
 
     torch.set_num_threads(1)
     init_distributed_on_cpu()
@@ -438,7 +387,7 @@ def worker(args):
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
                 "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
                 "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},
-        extra={"runner": "gradtrace.deepspeed_versions.ds5248_run", "argv": json.dumps(sys.argv[1:]),
+        extra={"runner": "tools/repro/ds5248/loop.py", "argv": json.dumps(sys.argv[1:]),
                "model": args.model})
     train(args, engine, cap, mpu, recipe, init)
     cap.close()
