@@ -118,10 +118,10 @@ def run_rank(rank, args):
             def hook(state, bucket):  # sums over the ranks, forgets to divide
                 return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
         recipe = "global-token-sum" if args.global_tokens else "local-mean"
-        cap = gradtrace.ddp_adapter.attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
-                                           divisor=1 if args.global_tokens else None, gas=args.gas, loss=recipe,
-                                           loss_description="CE summed over the rank's tokens / the global batch's "
-                                           "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
+        cap = gradtrace.attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
+                               divisor=1 if args.global_tokens else None, gas=args.gas, loss=recipe,
+                               loss_description="CE summed over the rank's tokens / the global batch's "
+                               "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
     elif kind == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -140,10 +140,10 @@ def run_rank(rank, args):
                     m.set_gradient_divide_factor(1.0)
                     m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (torch 2.15)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas,
-                                             loss="global-token-sum" if args.global_tokens else "local-mean",
-                                             loss_description="CE summed over the rank's tokens / the global batch's "
-                                             "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
+        cap = gradtrace.attach(net, args.out, optimizer=opt, gas=args.gas,
+                               loss="global-token-sum" if args.global_tokens else "local-mean",
+                               loss_description="CE summed over the rank's tokens / the global batch's "
+                               "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
     elif kind == "hsdp":  # FSDP2's hybrid sharding on a (replicate 2, shard world/2) mesh
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -153,20 +153,20 @@ def run_rank(rank, args):
             fully_shard(layer, mesh=mesh)
         net = fully_shard(model, mesh=mesh)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.fsdp2_adapter.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
-                                             loss_description="mean CE over the rank's tokens")
+        cap = gradtrace.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
+                               loss_description="mean CE over the rank's tokens")
     elif kind == "cp":
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, groups={"cp": None},
-                                              cp_kind="all-gather", dp=1, loss="token-weighted",
-                                              loss_description="CE summed over the rank's tokens / all-reduced count",
-                                              config={"scaling": "sum"})
+        cap = gradtrace.attach(net, args.out, optimizer=opt, groups={"cp": None},
+                               cp_kind="all-gather", dp=1, loss="token-weighted",
+                               loss_description="CE summed over the rank's tokens / all-reduced count",
+                               config={"scaling": "sum"})
     else:  # ref-dense, ref-seq: one rank, the whole batch and sequence
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(net, args.out, optimizer=opt, loss="global-token-weighted",
-                                              loss_description="mean CE over every token")
+        cap = gradtrace.attach(net, args.out, optimizer=opt, loss="global-token-weighted",
+                               loss_description="mean CE over every token")
     for step in range(args.steps):
         tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq") or args.global_tokens, data_from=args.data_from)
         for micro in range(args.gas):

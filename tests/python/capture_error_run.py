@@ -40,8 +40,8 @@ def rank_main(rank, port, args):
     cap = None
     if not args.no_capture:
         out = args.rank1_out if rank == 1 and args.rank1_out else args.out
-        cap = gradtrace.ddp_adapter.attach(net, out, optimizer=opt, run_id=args.run_id, loss="local-mean",
-                                           on_error=args.on_error, overwrite=args.overwrite)
+        cap = gradtrace.attach(net, out, optimizer=opt, run_id=args.run_id, loss="local-mean",
+                               on_error=args.on_error, overwrite=args.overwrite)
     for step in range(args.steps):
         g = torch.Generator().manual_seed(100 * step + rank)
         x = torch.randn(4, 32, generator=g)

@@ -47,7 +47,7 @@ def rank_main(rank, port, out, stall):
     net = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    cap = gradtrace.ddp_adapter.attach(net, out, optimizer=opt, run_id="clean-exit", loss="local-mean")
+    cap = gradtrace.attach(net, out, optimizer=opt, run_id="clean-exit", loss="local-mean")
     for _ in range(2):
         loss = net(torch.full((2, 4), rank + 1.0)).pow(2).mean()
         loss.backward()

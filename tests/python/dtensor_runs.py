@@ -159,7 +159,7 @@ def run_rank(rank, args):
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
         parallelize_module(model, mesh, tp_plan(kind == "tp-sp"))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, **opts)
+        cap = gradtrace.attach(model, args.out, optimizer=opt, **opts)
     elif kind == "fsdp-tp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -171,8 +171,8 @@ def run_rank(rank, args):
             fully_shard(layer, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.fsdp2_adapter.attach(model, args.out, optimizer=opt, loss="local-mean",
-                                             loss_description="mean CE over the dp rank's tokens")
+        cap = gradtrace.attach(model, args.out, optimizer=opt, loss="local-mean",
+                               loss_description="mean CE over the dp rank's tokens")
         dp_rank = mesh.get_local_rank("dp")
         rows = slice(dp_rank * BATCH // 2, (dp_rank + 1) * BATCH // 2)
     elif kind == "ddp-tp":
@@ -184,18 +184,18 @@ def run_rank(rank, args):
         parallelize_module(model, mesh["tp"], tp_plan(False))
         model = DDP(model, device_mesh=mesh["dp"])
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.ddp_adapter.attach(model, args.out, optimizer=opt, loss="local-mean",
-                                           loss_description="mean CE over the dp rank's tokens")
+        cap = gradtrace.attach(model, args.out, optimizer=opt, loss="local-mean",
+                               loss_description="mean CE over the dp rank's tokens")
         dp_rank = mesh.get_local_rank("dp")
         rows = slice(dp_rank * BATCH // 2, (dp_rank + 1) * BATCH // 2)
     elif kind == "megatron":
         shards = megatron_shards(model, rank, world)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, groups={"tp": None}, shards=shards,
-                                              **opts)
+        cap = gradtrace.attach(model, args.out, optimizer=opt, groups={"tp": None}, shards=shards,
+                               **opts)
     else:  # ref
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, **opts)
+        cap = gradtrace.attach(model, args.out, optimizer=opt, **opts)
     for step in range(args.steps):
         tokens, labels = batch(step)
         tokens, labels = tokens[rows], labels[rows]

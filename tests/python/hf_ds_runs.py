@@ -6,7 +6,7 @@ fp32, no clipping (DeepSpeed clips inside engine.step, after FINAL; Trainer befo
     python hf_ds_runs.py OUT 1                       # the reference: one process, no DeepSpeed, 2 samples a micro-step
     python hf_ds_runs.py OUT 2 --zero S [--capture C,...]   # 2 gloo ranks, ZeRO stage S, 1 sample a micro-step
 
-Captures (each into OUT/C): ``callback`` gradtrace.hf_adapter.GradtraceCallback, the one-liner;
+Captures (each into OUT/C): ``callback`` gradtrace.attach(trainer) (its GradtraceCallback), the one-liner;
 ``adapter`` gradtrace.deepspeed_adapter attached to trainer.model_wrapped at on_train_begin (what the
 ds7718 repro did before the callback could); ``grad`` what GradtraceCallback did before issue 26, every
 ``.grad`` at on_pre_optimizer_step, which ZeRO leaves empty.
@@ -39,7 +39,7 @@ def adapter_callback(out, box):
 
         def on_train_begin(self, args, state, control, model=None, **kw):
             engine = box[0].model_wrapped
-            self.cap = gradtrace.deepspeed_adapter.attach(engine, out, loss_recipe=LOSS)
+            self.cap = gradtrace.attach(engine, out, loss=LOSS)
             model.register_forward_hook(self._forward, with_kwargs=True)
 
         def _forward(self, module, a, kwargs, output):
@@ -109,8 +109,8 @@ def run_rank(rank, world, out, stage, captures):
     box, callbacks = [], []
     for c in captures:
         path = os.path.join(out, c)
-        callbacks.append({"callback": lambda: gradtrace.hf_adapter.GradtraceCallback(path, loss=LOSS),
-                          "adapter": lambda: adapter_callback(path, box), "grad": lambda: grad_callback(path)}[c]())
+        if c != "callback":  # the one-liner is gradtrace.attach(trainer), below
+            callbacks.append({"adapter": lambda: adapter_callback(path, box), "grad": lambda: grad_callback(path)}[c]())
     with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(output_dir=scratch, per_device_train_batch_size=SAMPLES // GAS // world,
                                  gradient_accumulation_steps=GAS, max_steps=2, logging_steps=1, use_cpu=True,
@@ -118,6 +118,8 @@ def run_rank(rank, world, out, stage, captures):
                                  lr_scheduler_type="constant", seed=0, disable_tqdm=True, max_grad_norm=0.0,
                                  deepspeed=deepspeed_config(stage) if world > 1 else None)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+        if "callback" in captures:
+            gradtrace.attach(trainer, os.path.join(out, "callback"), loss=LOSS)
         box.append(trainer)
         trainer.train()
     if world > 1:

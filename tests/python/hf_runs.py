@@ -1,9 +1,9 @@
-"""A Hugging Face Trainer run captured by gradtrace.hf_adapter.GradtraceCallback, for the adapter tests:
+"""A Hugging Face Trainer run captured by gradtrace.attach(trainer) (its GradtraceCallback), for the adapter tests:
 a config-built one-layer Llama (no downloads), 4 samples = one global batch per step, SGD, on CPU;
 WORLD processes (gloo DDP through accelerate) each take 4 / WORLD samples.
 
-    python hf_runs.py WORLD OUT               # Trainer + gradtrace.hf_adapter.GradtraceCallback
-    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.hf_adapter.attach_accelerate, no Trainer
+    python hf_runs.py WORLD OUT               # Trainer + gradtrace.attach(trainer, ...)
+    python hf_runs.py WORLD OUT accelerate    # Accelerator.prepare + gradtrace.attach(accelerator, ...), no Trainer
     python hf_runs.py WORLD OUT accelerate S  # the same with a DeepSpeed plugin, ZeRO stage S
 
 Accelerate without Trainer: each rank trains a small MLP on its own rows (rank r: inputs r + 1),
@@ -40,8 +40,10 @@ def run_rank(rank, world, out, port):
                                  logging_steps=1, use_cpu=True, report_to=[], save_strategy="no", learning_rate=0.1,
                                  optim="sgd", lr_scheduler_type="constant", seed=0, disable_tqdm=True,
                                  ddp_backend="gloo" if world > 1 else None)
-        cb = gradtrace.hf_adapter.GradtraceCallback(out, loss="global-token-weighted")
-        Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        cap = gradtrace.attach(trainer, out, loss="global-token-weighted")  # adds its callback
+        trainer.train()
+        assert cap.recorded["FINAL"] == 2, cap  # the callback closed it at the end of training
 
 
 def accelerator(deepspeed_stage):
@@ -72,7 +74,13 @@ def run_accelerate_rank(rank, world, out, port, deepspeed_stage=0):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
-    cap = gradtrace.hf_adapter.attach_accelerate(acc, model, out, optimizer=opt, loss="local-mean")
+    if not deepspeed_stage:  # under DDP the Accelerator keeps the module, not the DDP model it returned
+        try:
+            gradtrace.attach(acc, out, optimizer=opt)
+            raise AssertionError("gradtrace.attach(accelerator) without model= under DDP did not refuse")
+        except ValueError as e:
+            assert str(e).startswith("gradtrace.attach: pass the model accelerator.prepare returned as model="), e
+    cap = gradtrace.attach(acc, out, model=model, optimizer=opt, loss="local-mean")
     for _ in range(4):  # 2 optimizer steps of 2 micro-steps
         with acc.accumulate(model):
             loss = model(torch.full((2, 4), rank + 1.0)).pow(2).mean()

@@ -1,8 +1,8 @@
 """PyTorch Lightning runs captured by gradtrace.lightning_adapter, for tests/python/test_lightning_adapter.py:
 a two-layer MLP (4 parameters), 16 samples per optimizer step whatever the layout, SGD, CPU.
 
-    python lightning_runs.py trainer DEVICES GAS OUT [--sum-loss] [--fsdp2]   # Trainer + GradtraceCallback
-    python lightning_runs.py fabric DEVICES GAS OUT                 # Fabric + attach_fabric, optimizer.step(closure)
+    python lightning_runs.py trainer DEVICES GAS OUT [--sum-loss] [--fsdp2]   # Trainer + gradtrace.attach(trainer, ...)
+    python lightning_runs.py fabric DEVICES GAS OUT                 # Fabric + gradtrace.attach(model, ...), optimizer.step(closure)
 
 DEVICES > 1 runs Lightning's own "ddp" strategy on gloo: Lightning starts the other ranks by running this
 script again (its subprocess launcher), as it does for a user's script. Each rank takes 16 / (DEVICES x GAS)
@@ -88,9 +88,10 @@ def run_trainer(devices, gas, out, sum_loss, fsdp2=False, times_world=False):
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
                          accumulate_grad_batches=gas, max_steps=STEPS, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         use_distributed_sampler=False,
-                         callbacks=[gradtrace.lightning_adapter.GradtraceCallback(out, loss="local-mean")])
+                         use_distributed_sampler=False)
+    cap = gradtrace.attach(trainer, out, loss="local-mean")  # adds its callback, closed at the end of fit
     trainer.fit(Module())
+    assert cap.recorded["FINAL"] == STEPS, cap
 
 
 def run_fabric(devices, gas, out):
@@ -104,7 +105,7 @@ def run_fabric(devices, gas, out):
     model, opt = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     loader = fabric.setup_dataloaders(torch.utils.data.DataLoader(
         dataset(), batch_size=SAMPLES_PER_STEP // (devices * gas), shuffle=False))
-    cap = gradtrace.lightning_adapter.attach_fabric(fabric, model, opt, out, gas=gas, loss="local-mean")
+    cap = gradtrace.attach(model, out, optimizer=opt, gas=gas, loss="local-mean")
     batches = list(loader)
     for step in range(STEPS):
         micro = batches[step * gas:(step + 1) * gas]

@@ -238,12 +238,12 @@ def run_rank(rank, args):
         rules = [] if args.no_rules else \
             [("^(norm|norm2)\\.|^down\\.bias$", {"kind": "REPLICATED", "grad_group": "tp"})]
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, groups={"tp": tp_group, "dp": dp_group},
-                                              shards=shards, rules=rules, **opts)
+        cap = gradtrace.attach(model, args.out, optimizer=opt, groups={"tp": tp_group, "dp": dp_group},
+                               shards=shards, rules=rules, **opts)
         rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
     else:  # ref
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, **opts)
+        cap = gradtrace.attach(model, args.out, optimizer=opt, **opts)
     named = dict(model.named_parameters())
 
     def reduce_tp():

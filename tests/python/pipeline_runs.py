@@ -95,7 +95,7 @@ def run_ref(args):
     torch.manual_seed(0)
     model = Net(args.tied or args.tied_unsummed)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = gradtrace.manual_adapter.attach(model, args.out, optimizer=opt, loss="local-mean")
+    cap = gradtrace.attach(model, args.out, optimizer=opt, loss="local-mean")
     for step in range(args.steps):
         tokens, labels = batch(step)
         loss = loss_fn(model(tokens), labels)
@@ -150,14 +150,14 @@ def run_rank(rank, args):
     params = [p for m in wrapped for p in m.parameters()]
     opt = torch.optim.SGD(params, lr=0.1)
     if args.ddp:
-        cap = gradtrace.ddp_adapter.attach(schedule, args.out, optimizer=opt, loss="local-mean")
+        cap = gradtrace.attach(schedule, args.out, optimizer=opt, loss="local-mean")
     elif args.fsdp2:
-        cap = gradtrace.fsdp2_adapter.attach(schedule, args.out, optimizer=opt, loss="local-mean")
+        cap = gradtrace.attach(schedule, args.out, optimizer=opt, loss="local-mean")
     elif args.per_stage:  # what a user tried first: the stage module itself, the pipeline degree as a keyword
-        cap = gradtrace.manual_adapter.attach(modules[0], args.out, optimizer=opt, pp=args.pp, loss="local-mean")
+        cap = gradtrace.attach(modules[0], args.out, optimizer=opt, pp=args.pp, loss="local-mean")
     else:
-        cap = gradtrace.manual_adapter.attach(schedule, args.out, optimizer=opt, groups={"dp": dp_group},
-                                              loss="local-mean")
+        cap = gradtrace.attach(schedule, args.out, optimizer=opt, groups={"dp": dp_group},
+                               loss="local-mean")
     rows = slice(dp_index * BATCH // args.dp, (dp_index + 1) * BATCH // args.dp)
     first, last = 0 in indices, n_stages - 1 in indices
     # The tied embedding's copies: the first stage's and the last stage's ranks of this replica.

@@ -167,19 +167,19 @@ def test_recapture_into_a_finished_directory_needs_overwrite(tmp_path):
 
 def test_a_live_trace_is_refused_even_with_overwrite_and_whatever_on_error(tmp_path):
     model = tiny_model()
-    live = gradtrace.manual_adapter.attach(model, tmp_path, run_id="live")
+    live = gradtrace.attach(model, tmp_path, run_id="live")
     try:
         for on_error in ("warn", "raise"):
             for overwrite in (False, True):
                 with pytest.raises(gradtrace.TraceError) as e:
-                    gradtrace.manual_adapter.attach(tiny_model(), tmp_path, run_id="other", on_error=on_error,
-                                                    overwrite=overwrite)
+                    gradtrace.attach(tiny_model(), tmp_path, run_id="other", on_error=on_error,
+                                     overwrite=overwrite)
                 assert str(e.value).startswith(f"{tmp_path / 'rank-00000.gtrace'}: exists: another run is writing "
                                                "here now (run 'live'")
     finally:
         live.close()
     with pytest.raises(ValueError, match="on_error='ignore'"):
-        gradtrace.manual_adapter.attach(tiny_model(), tmp_path / "x", on_error="ignore")
+        gradtrace.attach(tiny_model(), tmp_path / "x", on_error="ignore")
 
 
 IN_PROCESS = ROOT / "tests" / "python" / "write_error_in_process.py"

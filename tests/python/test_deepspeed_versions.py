@@ -103,14 +103,14 @@ USER_SCRIPT = '''
 import os
 import deepspeed
 import torch
-from gradtrace import deepspeed_adapter
+import gradtrace
 
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                        config=os.environ["GRADTRACE_DS_CONFIG"])
-cap = deepspeed_adapter.attach(engine, os.environ["GRADTRACE_OUT_DIR"])
+cap = gradtrace.attach(engine, os.environ["GRADTRACE_OUT_DIR"])
 dp, rank = int(os.environ["GRADTRACE_DP"]), int(os.environ["RANK"])
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)  # the global batch

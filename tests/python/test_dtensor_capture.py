@@ -206,8 +206,8 @@ def test_record_takes_offsets_of_hand_written_shards(tmp_path):
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)  # this rank's shard: columns 2..5 of a [3, 8] weight; bias rows 1..3 of [6]
-    cap = gradtrace.manual_adapter.attach(model, tmp_path, groups={"tp": [0]},
-                                          shards={"weight": (1, 2, 8), model.bias: (0, 1, 6)})
+    cap = gradtrace.attach(model, tmp_path, groups={"tp": [0]},
+                           shards={"weight": (1, 2, 8), model.bias: (0, 1, 6)})
     w = torch.arange(12.0).reshape(3, 4)
     cap.record("POST_REDUCE", "tp", [model.weight, model.bias], tensors=[w, torch.ones(3)])
     cap.record("POST_REDUCE", "tp", [model.weight], tensors=[torch.full((3, 8), 7.0)], offsets={model.weight: (0, 0)})

@@ -122,9 +122,9 @@ WHERE = {1: "gradients are partitioned by DeepSpeed ZeRO stage 1/2 (its optimize
 def test_a_capture_that_reads_grad_under_zero_says_so_and_inspect_marks_it(runs):
     lines = [x for x in runs["grad_stderr"].splitlines() if x.startswith("gradtrace: WARNING")]
     assert sorted(lines) == [f"gradtrace: WARNING: rank {r}: optimizer step 0 ended and no gradient was recorded (no "
-                             f"PRE_REDUCE, POST_REDUCE or FINAL): {WHERE[runs['stage']]}: attach "
-                             "gradtrace.deepspeed_adapter to the engine (gradtrace.hf_adapter.GradtraceCallback and "
-                             "attach_accelerate do)" for r in (0, 1)]
+                             f"PRE_REDUCE, POST_REDUCE or FINAL): {WHERE[runs['stage']]}: attach to the engine "
+                             "(gradtrace.attach(engine, ...); gradtrace.attach of a Trainer or an Accelerator does)"
+                             for r in (0, 1)]
     inspect = [str(BUILD / "bin" / "gradtrace-inspect")]
     marked = subprocess.run(inspect + [str(runs["grad"])], capture_output=True, text=True, timeout=60)
     assert marked.returncode == 0

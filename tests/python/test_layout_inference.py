@@ -35,7 +35,7 @@ def _rank(rank, store_path, out):
     ep = [rank - rank % 2, rank - rank % 2 + 1]
     model = Moe()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = gradtrace.manual_adapter.attach(model, out, optimizer=opt, groups={"ep": ep}, loss="local-mean")
+    cap = gradtrace.attach(model, out, optimizer=opt, groups={"ep": ep}, loss="local-mean")
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     cap.close()

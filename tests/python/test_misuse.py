@@ -92,14 +92,14 @@ def test_an_unknown_loss_recipe_is_refused_before_anything_is_written(tmp_path, 
                f"(\"\" leaves it unspecified)")
     model = Tiny()
     with pytest.raises(ValueError) as e:
-        manual_adapter.attach(model, tmp_path / "manual", loss="global-token-mean")
+        gradtrace.attach(model, tmp_path / "manual", loss="global-token-mean")
     assert str(e.value) == message
     ddp = torch.nn.parallel.DistributedDataParallel(Tiny())
     with pytest.raises(ValueError) as e:
-        ddp_adapter.attach(ddp, tmp_path / "ddp", loss="global-token-mean")
+        gradtrace.attach(ddp, tmp_path / "ddp", loss="global-token-mean")
     assert str(e.value) == message
     with pytest.raises(ValueError) as e:
-        manual_adapter.attach(model, tmp_path / "cfg", config={"loss": "mean"})
+        gradtrace.attach(model, tmp_path / "cfg", config={"loss": "mean"})
     assert str(e.value) == (f"gradtrace: config[\"loss\"]='mean' is not a known loss recipe; known: {KNOWN} "
                             f"(\"\" leaves it unspecified)")
     with pytest.raises(ValueError) as e:  # the CLI aliases are the DeepSpeed adapter's only
@@ -111,7 +111,7 @@ def test_an_unknown_loss_recipe_is_refused_before_anything_is_written(tmp_path, 
     # "" (unspecified) and every known name are accepted and written as given.
     for name in ["", *loss_recipes.known()]:
         out = tmp_path / f"ok-{name or 'unspecified'}"
-        cap = manual_adapter.attach(model, out, loss=name)
+        cap = gradtrace.attach(model, out, loss=name)
         cap.close()
         assert gradtrace.TraceReader(out / "rank-00000.gtrace").run_info["config"]["loss"] == name
 
@@ -130,6 +130,7 @@ DEEPSPEED_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["DS_ACCELERATOR"] = "cpu"
     import torch, deepspeed
+    import gradtrace
     from gradtrace import deepspeed_adapter
     from gradtrace.versions.packages.deepspeed_hooks import disable_shm_comm_op
     disable_shm_comm_op()
@@ -139,12 +140,17 @@ DEEPSPEED_SCRIPT = textwrap.dedent("""
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                            config={"train_micro_batch_size_per_gpu": 1, "steps_per_print": 1 << 30,
                                                    "zero_optimization": {"stage": 0}})
-    try:
-        deepspeed_adapter.attach(engine, sys.argv[1] + "/bad", loss_recipe="global-token-mean")
-    except ValueError as e:
-        print("ERROR", e)
+    for options in ({"loss": "global-token-mean"}, {"steps": 2, "params": "weight"}):
+        try:
+            gradtrace.attach(engine, sys.argv[1] + "/bad", **options)
+        except ValueError as e:
+            print("ERROR", e)
     print("WROTE", os.path.exists(sys.argv[1] + "/bad"))
-    cap = deepspeed_adapter.attach(engine, sys.argv[1] + "/alias", loss_recipe="loss-div-sp")
+    cap = gradtrace.attach(engine, sys.argv[1] + "/alias", loss="loss-div-sp")
+    cap.close()
+    cap = deepspeed_adapter.attach(engine, sys.argv[1] + "/old", "stats", loss_recipe="loss-div-sp")  # the old name
+    cap.close()
+    cap = deepspeed_adapter.attach(engine, sys.argv[1] + "/old2", loss_recipe="loss")  # said once
     cap.close()
 """)
 
@@ -156,12 +162,23 @@ def test_deepspeed_adapter_refuses_an_unknown_recipe_and_maps_the_aliases(tmp_pa
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = [line for line in p.stdout.splitlines() if line.startswith(("ERROR", "WROTE"))]
-    assert lines == [f"ERROR gradtrace.deepspeed_adapter: loss_recipe='global-token-mean' is not a known loss recipe; "
+    assert lines == [f"ERROR gradtrace.attach: loss='global-token-mean' is not a known loss recipe; "
                      f"known: {KNOWN}, or the aliases loss, loss-div-sp, alst, alst-div-sp "
                      f"(\"\" leaves it unspecified)",
+                     "ERROR gradtrace.attach: params, steps cannot be honoured for a DeepSpeed engine: a DeepSpeed "
+                     "engine records every step and parameter, and its layout comes from the engine (and its mpu); "
+                     "it accepts config, extra, loss, loss_description, mode, mpu, on_error, overwrite, phases, run_id",
                      "WROTE False"]
     cfg = gradtrace.TraceReader(tmp_path / "alias" / "rank-00000.gtrace").run_info["config"]
     assert cfg["loss"] == "local-mean-div-sp"
+    old = gradtrace.TraceReader(tmp_path / "old" / "rank-00000.gtrace").run_info["config"]
+    assert (old["loss"], old["capture_mode"]) == ("local-mean-div-sp", "stats")  # the old positional mode
+    assert gradtrace.TraceReader(tmp_path / "old2" / "rank-00000.gtrace").run_info["config"]["loss"] == "local-mean"
+    said = [line for line in p.stderr.splitlines() if "FutureWarning" in line]
+    assert said == [f"<string>:{DEEPSPEED_SCRIPT.splitlines().index(line) + 1}: FutureWarning: "
+                    "gradtrace.deepspeed_adapter.attach is deprecated and will be removed in the next release: use "
+                    "gradtrace.attach(engine, out_dir, loss=...) (loss= is loss_recipe=)"
+                    for line in DEEPSPEED_SCRIPT.splitlines() if "/old\"" in line], p.stderr[-3000:]
 
 
 def test_the_examples_name_real_recipes():
@@ -177,8 +194,8 @@ def test_a_group_never_declared_is_refused_at_capture_time(tmp_path, gloo):
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cp = dist.new_group([0])
-    cap = manual_adapter.attach(model, tmp_path, optimizer=opt, groups={"cp": cp}, cp_kind="all-gather",
-                                loss="token-weighted")
+    cap = gradtrace.attach(model, tmp_path, optimizer=opt, groups={"cp": cp}, cp_kind="all-gather",
+                           loss="token-weighted")
     params = list(model.parameters())
     model(torch.ones(2, 4)).sum().backward()
     with pytest.raises(ValueError) as e:
@@ -206,9 +223,12 @@ def test_a_group_never_declared_is_refused_at_capture_time(tmp_path, gloo):
 
 def test_ddp_adapter_on_an_unwrapped_model_says_wrap_it_first(tmp_path, gloo):
     net = Tiny()
-    with pytest.raises(TypeError) as e:
+    from gradtrace.adapters import deprecation
+
+    deprecation._SAID.discard("gradtrace.ddp_adapter.attach")  # said once per process: say it here
+    with pytest.raises(TypeError) as e, pytest.warns(FutureWarning, match="gradtrace.ddp_adapter.attach is deprecated"):
         ddp_adapter.attach(net, tmp_path, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    assert str(e.value) == ("gradtrace.ddp_adapter.attach: expected a DistributedDataParallel model (wrap the model "
+    assert str(e.value) == ("gradtrace: expected a DistributedDataParallel model (wrap the model "
                             "with DDP first), got Tiny")
     assert not tmp_path.joinpath("rank-00000.gtrace").exists() and net._forward_pre_hooks == {}
 
@@ -217,7 +237,7 @@ def test_ddp_adapter_on_an_unwrapped_model_says_wrap_it_first(tmp_path, gloo):
 
 def test_a_run_without_optimizer_steps_warns_that_it_has_no_final(tmp_path, gloo):
     model = Tiny()
-    cap = manual_adapter.attach(model, tmp_path / "nofinal", groups={"cp": [0]}, cp_kind="all-gather")
+    cap = gradtrace.attach(model, tmp_path / "nofinal", groups={"cp": [0]}, cp_kind="all-gather")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         for _ in range(2):  # an optimizer stepped by hand, never told to gradtrace
@@ -237,16 +257,16 @@ def test_a_normal_run_does_not_warn(tmp_path, gloo):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        cap = ddp_adapter.attach(model, tmp_path / "ddp", optimizer=opt, loss="local-mean")
+        cap = gradtrace.attach(model, tmp_path / "ddp", optimizer=opt, loss="local-mean")
         _train(model, opt, cap, steps=2)
         cap.close()
         manual = Tiny()
-        cap = manual_adapter.attach(manual, tmp_path / "manual", steps=[1])  # cap.step() instead of optimizer=
+        cap = gradtrace.attach(manual, tmp_path / "manual", steps=[1])  # cap.step() instead of optimizer=
         for step in range(2):
             manual(torch.ones(2, 4)).sum().backward()
             cap.step()
         cap.close()
-        cap = manual_adapter.attach(Tiny(), tmp_path / "untrained")  # opened and closed: nothing to say
+        cap = gradtrace.attach(Tiny(), tmp_path / "untrained")  # opened and closed: nothing to say
         cap.close()
     assert _gradtrace_warnings(record) == []
     finals = [f["step"] for f in _frames(tmp_path / "ddp") if f["type"] == "bucket" and f["phase"] == "FINAL"]
@@ -260,7 +280,7 @@ def test_a_normal_run_does_not_warn(tmp_path, gloo):
 def test_requested_steps_never_reached_are_named_at_close(tmp_path, gloo):
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = manual_adapter.attach(model, tmp_path / "five", optimizer=opt, steps=[5])
+    cap = gradtrace.attach(model, tmp_path / "five", optimizer=opt, steps=[5])
     _train(model, opt, cap, steps=2)
     with pytest.warns(UserWarning) as record:
         cap.close()
@@ -270,7 +290,7 @@ def test_requested_steps_never_reached_are_named_at_close(tmp_path, gloo):
 
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = manual_adapter.attach(model, tmp_path / "some", optimizer=opt, steps=[7, 1, 2])
+    cap = gradtrace.attach(model, tmp_path / "some", optimizer=opt, steps=[7, 1, 2])
     _train(model, opt, cap, steps=2)
     with pytest.warns(UserWarning) as record:
         cap.close()
@@ -282,7 +302,7 @@ def test_requested_steps_never_reached_are_named_at_close(tmp_path, gloo):
     # steps=N is an upper bound: fewer steps trained is no misuse
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = manual_adapter.attach(model, tmp_path / "bound", optimizer=opt, steps=10)
+    cap = gradtrace.attach(model, tmp_path / "bound", optimizer=opt, steps=10)
     _train(model, opt, cap, steps=2)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -295,7 +315,7 @@ def test_requested_steps_never_reached_are_named_at_close(tmp_path, gloo):
 def test_micro_steps_are_counted_and_a_missing_gas_is_named(tmp_path, gloo):
     model = torch.nn.parallel.DistributedDataParallel(Tiny())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = ddp_adapter.attach(model, tmp_path / "nogas", optimizer=opt)
+    cap = gradtrace.attach(model, tmp_path / "nogas", optimizer=opt)
     _train(model, opt, cap, steps=2, micro=2)
     assert cap.recorder.micro_steps == [2, 2] and cap.recorder.inferred_gas == 2
     with pytest.warns(UserWarning) as record:
@@ -312,7 +332,7 @@ def test_micro_steps_are_counted_and_a_missing_gas_is_named(tmp_path, gloo):
 
     model = torch.nn.parallel.DistributedDataParallel(Tiny())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = ddp_adapter.attach(model, tmp_path / "gas2", optimizer=opt, gas=2)
+    cap = gradtrace.attach(model, tmp_path / "gas2", optimizer=opt, gas=2)
     _train(model, opt, cap, steps=2, micro=2)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -323,7 +343,7 @@ def test_micro_steps_are_counted_and_a_missing_gas_is_named(tmp_path, gloo):
     # micro-step counts that differ between optimizer steps give no gas
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cap = manual_adapter.attach(model, tmp_path / "uneven", optimizer=opt)
+    cap = gradtrace.attach(model, tmp_path / "uneven", optimizer=opt)
     _train(model, opt, cap, steps=1, micro=3)
     _train(model, opt, cap, steps=1, micro=1)
     assert cap.recorder.micro_steps == [3, 1] and cap.recorder.inferred_gas is None

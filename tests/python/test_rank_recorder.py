@@ -27,7 +27,7 @@ def _train(cap, model, steps):
 def test_steps_and_params_filters_keep_the_whole_table(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADTRACE_RUN_ID", "run-from-env")
     model = _model()
-    cap = gradtrace.manual_adapter.attach(model, tmp_path, steps=[1, 2], params=r"^2\.")
+    cap = gradtrace.attach(model, tmp_path, steps=[1, 2], params=r"^2\.")
     _train(cap, model, 4)
     cap.close()
     reader = gradtrace.TraceReader(tmp_path / "rank-00000.gtrace")
@@ -47,10 +47,10 @@ def test_steps_and_params_filters_keep_the_whole_table(tmp_path, monkeypatch):
 
 def test_layout_rules_and_overrides_fill_param_info_and_config(tmp_path):
     model = _model()
-    cap = gradtrace.manual_adapter.attach(
+    cap = gradtrace.attach(
         model, tmp_path, tp=1, pp=1, gas=4, loss="local-mean", loss_description="mean of squares",
         rules=[(r"^0\.weight$", {"kind": "TP_SHARD", "partition_dim": 0, "shard_count": 2}),
-               (r"bias", {"kind": "REPLICATED", "grad_group": "tp"})])
+(r"bias", {"kind": "REPLICATED", "grad_group": "tp"})])
     cap.close()
     run = gradtrace.TraceReader(tmp_path / "rank-00000.gtrace").run_info
     kinds = [(p["kind"], p["grad_group"], p.get("partition_dim"), p["shard_count"]) for p in run["params"]]

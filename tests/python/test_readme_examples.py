@@ -1,10 +1,12 @@
-"""Issue 19: the README's and python/README's examples run as written. Code blocks are read out of the
-two files (not copied here), so an edit that breaks an example breaks this test. Shell blocks run line by
+"""The README's and python/README's examples run as written; every README block is claimed by a test. Code
+blocks are read out of the two files (not copied here), so an edit that breaks an example breaks this test. Shell blocks run line by
 line from a scratch directory that links build/, finding the commands by name as `. .venv/bin/activate`
 does (tools/setup links them to this build's binaries); Python blocks run in one real process with a
 1-rank gloo group and the few names the prose assumes (a model, a gradient tensor, a process group)."""
 
+import inspect
 import os
+import pathlib
 import re
 import shlex
 import subprocess
@@ -49,21 +51,91 @@ def run(line, cwd):
     return p.returncode, p.stdout + p.stderr
 
 
-def test_readme_capture_and_diff_block_runs_as_written(scratch):
-    """'Using it on your own runs': captures, inspects and diffs the #5248 pair; then 'Sending a bug report'."""
-    (block,) = [b for b in blocks("README.md", "sh") if "gradtrace-train --nproc 4" in b]
-    lines = commands(block)
-    assert len(lines) == 6, lines
-    expected = [0, 0, 0, 1, 1, 1]  # train, train, inspect; the diff and --self find the 2x (sp(B))
-    for line, want in zip(lines, expected):
+README = (ROOT / "README.md").read_text()
+
+
+def all_blocks():
+    """Every fenced block of README.md as (language, text)."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
+
+
+def block_with(lang, marker):
+    (block,) = [text for language, text in all_blocks() if language == lang and marker in text]
+    return block
+
+
+# Each README block, by a line only it holds, and the test that runs it (the wheel's: tools/wheel-check).
+CLAIMED = {"Verdict: scaled -- B/A = 2.000 = dp(B)": "test_readme_ddp_example_runs_as_written",
+           "./tools/demo": "test_readme_two_commands",
+           "auditwheel repair": "tools/wheel-check (tests/wheel/readme_wheel_block.py)",
+           "# train.py": "test_readme_ddp_example_runs_as_written",
+           "torchrun --nproc-per-node 2 train.py traces/dp2-bug 2": "test_readme_ddp_example_runs_as_written",
+           "gradtrace-pack": "test_readme_5248_and_bug_report_blocks_run_as_written",
+           "gradtrace-versions --package": "test_versions_command.py (its ergas fixture runs it)",
+           "gradtrace-train --nproc 2": "test_readme_5248_and_bug_report_blocks_run_as_written"}
+
+
+def test_every_readme_block_is_run_by_a_test():
+    found = all_blocks()
+    assert len(found) == len(CLAIMED), [text.splitlines()[0] for _, text in found]
+    for _, text in found:
+        assert sum(marker in text for marker in CLAIMED) == 1, text.splitlines()[0]
+    assert len(README.splitlines()) < 200
+
+
+def test_readme_two_commands():
+    lines = commands(block_with("sh", "./tools/demo"))
+    assert lines == ["./tools/demo", "./tools/test"]
+    for line in lines:
+        path = ROOT / line
+        assert os.access(path, os.X_OK), line
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, line
+    assert "exec ./tools/test" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
+
+
+def test_readme_ddp_example_runs_as_written(tmp_path):
+    """'Capture your training': train.py as printed, its five commands, and the report the README shows."""
+    (tmp_path / "train.py").write_text(block_with("python", "# train.py"))
+    lines = commands(block_with("sh", "train.py traces/dp2-bug"))
+    assert len(lines) == 5, lines
+    outputs = []
+    for line, want in zip(lines, [0, 0, 0, 0, 1]):
+        rc, out = run(line, tmp_path)
+        assert rc == want, f"{line}: exit {rc}\n{out[-3000:]}"
+        outputs.append(out)
+    assert "Verdict: match -- all 4 parameters match" in outputs[2]
+    shown = block_with("text", "Verdict: scaled")
+    printed = outputs[4].splitlines()
+    for line in shown.splitlines():
+        assert line == "..." or line in printed, line
+
+
+def test_readme_5248_and_bug_report_blocks_run_as_written(scratch):
+    """'The DeepSpeed #5248 question' on gradtrace-train, then 'Send a bug report' on its traces."""
+    lines = commands(block_with("sh", "gradtrace-train --nproc 2"))
+    assert len(lines) == 3, lines
+    for line, want in zip(lines, [0, 0, 1]):  # train, train; the diff finds the 2x (sp(B))
         rc, out = run(line, scratch)
         assert rc == want, f"{line}: exit {rc}\n{out[-3000:]}"
-    assert "B/A = 2.000 = sp(B)" in (scratch / "report.md").read_text()
-    (pack,) = [b for b in blocks("README.md", "sh") if "gradtrace-pack" in b]
+    assert "B/A = 2.000 = sp(B)" in out and "use backward(loss / sp)" in out
     (scratch / "ds_config.json").write_text('{"zero_optimization": {"stage": 2}}\n')
-    for line, want in zip(commands(pack), [0, 1, 0]):
+    for line, want in zip(commands(block_with("sh", "gradtrace-pack")), [0, 1, 0]):
         rc, out = run(line, scratch)
         assert rc == want, f"{line}: exit {rc}\n{out[-3000:]}"
+
+
+def test_readme_states_the_code():
+    """The format version, the command list and the attach options the README names are the code's."""
+    major, minor = gradtrace.FORMAT_VERSION
+    assert re.findall(r"format (\d+\.\d+)", README) == [f"{major}.{minor}"]
+    (listed,) = re.findall(r"puts the commands on PATH: (.*?)\.\n", README, re.S)
+    names = re.findall(r"`(gradtrace-[\w-]+)`", listed)
+    venv_bin = pathlib.Path(sys.executable).parent
+    assert sorted(names) == sorted(p.name for p in venv_bin.glob("gradtrace-*")), names
+    calls = re.findall(r"gradtrace\.attach\(([^`]*?)\)", README)
+    assert len(calls) >= 6
+    options = {name for call in calls for name in re.findall(r"(\w+)=", call)}
+    assert options and options <= set(inspect.signature(gradtrace.attach).parameters), options
 
 
 class Net(torch.nn.Module):

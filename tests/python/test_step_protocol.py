@@ -61,7 +61,7 @@ def expected_grads(optimizer_cls, **kw):
 def train(out, optimizer_cls, use_closure, **kw):
     net = model()
     opt = optimizer_cls(net.parameters(), **kw)
-    cap = gradtrace.manual_adapter.attach(net, out, optimizer=opt, loss="local-mean")
+    cap = gradtrace.attach(net, out, optimizer=opt, loss="local-mean")
     for step in range(STEPS):
         closure = make_closure(net, opt, *data(step), cap)
         if use_closure:
@@ -116,7 +116,7 @@ def test_something_that_is_no_optimizer_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(TypeError, match=r"^gradtrace: NotAnOptimizer is not a torch.optim.Optimizer \(nor a wrapper "
                                         r"of one\): FINAL is taken at the optimizer's step, so pass the torch optimizer$"):
-        gradtrace.manual_adapter.attach(net, tmp_path / "x", optimizer=NotAnOptimizer())
+        gradtrace.attach(net, tmp_path / "x", optimizer=NotAnOptimizer())
 
 
 def test_a_step_the_grad_scaler_skips_gets_no_final_and_keeps_the_numbering(tmp_path):
@@ -126,7 +126,7 @@ def test_a_step_the_grad_scaler_skips_gets_no_final_and_keeps_the_numbering(tmp_
     net = model()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
-    cap = gradtrace.manual_adapter.attach(net, tmp_path / "amp", optimizer=opt, loss="local-mean")
+    cap = gradtrace.attach(net, tmp_path / "amp", optimizer=opt, loss="local-mean")
     stepped = []
     with pytest.warns(UserWarning, match=r"gradtrace: rank 0: the optimizer did not step in step 1 \(zero_grad came "
                                          r"after 1 micro-step\(s\) with no optimizer.step, e.g. a GradScaler"):

@@ -14,6 +14,8 @@ Needs PyPI (the test downloads about 3 MB).
 """
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 
@@ -49,10 +51,24 @@ def msssim(tmp_path_factory):
     return (tmp, *bisect_run(tmp, "pytorch-msssim", "msssim_denoise.py", "0.1.1", "1.0.0"))
 
 
+def readme_versions_line():
+    """The README's gradtrace-versions example, as words: this module runs it with its train.py."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M) if "gradtrace-versions --package" in b]
+    (line,) = [x.split("  #")[0].strip() for x in block.splitlines() if x.strip()]
+    return shlex.split(line)
+
+
 @pytest.fixture(scope="module")
 def ergas(tmp_path_factory):
+    """The README's example as written (its train.py: torchmetrics_ergas.py), with this module's cache."""
     tmp = tmp_path_factory.mktemp("torchmetrics")
-    return (tmp, *bisect_run(tmp, "torchmetrics", "torchmetrics_ergas.py", "1.3.1", "1.4.1"))
+    words = readme_versions_line()
+    assert words[0] == "gradtrace-versions" and words[words.index("--script") + 1] == "train.py", words
+    args = [SCRIPTS / "torchmetrics_ergas.py" if w == "train.py" else w for w in words[1:]]
+    p = command(tmp, *args, "--json", tmp / "b.json", "--markdown", tmp / "b.md")
+    res = json.loads((tmp / "b.json").read_text()) if (tmp / "b.json").exists() else None
+    return tmp, p, res
 
 
 def test_bisect_names_pytorch_msssim_0_2_0(msssim):

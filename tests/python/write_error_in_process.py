@@ -45,7 +45,7 @@ def limit_file_size(n):
 
 def attach(model, out, **kwargs):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return gradtrace.manual_adapter.attach(model, out, optimizer=opt, **kwargs), opt
+    return gradtrace.attach(model, out, optimizer=opt, **kwargs), opt
 
 
 def warn(out):

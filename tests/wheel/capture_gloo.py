@@ -44,8 +44,8 @@ def train_step(rank, reduce, out_dir):
     net = torch.nn.parallel.DistributedDataParallel(model())
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     hook = {} if reduce == "mean" else {"hook": summing_hook, "hook_state": dist.group.WORLD}
-    cap = gradtrace.ddp_adapter.attach(net, out_dir, optimizer=opt, run_id=f"wheel-check-{reduce}",
-                                       loss="local-mean", **hook)
+    cap = gradtrace.attach(net, out_dir, optimizer=opt, run_id=f"wheel-check-{reduce}",
+                           loss="local-mean", **hook)
     x, y = batch(rank)
     loss = torch.nn.functional.mse_loss(net(x), y)
     loss.backward()

@@ -111,9 +111,9 @@ def capture(model, out, rank, world, *, degrees, groups=None, rules=(), default_
                     groups={"world": list(range(world)), **(groups or {})}, default_group=default_group)
     for pattern, fields in rules:
         layout.add_rule(pattern, **fields)
-    return gradtrace.manual_adapter.attach(model, str(out), optimizer=optimizer, layout=layout,
-                                           run_id=f"zoo-{pathlib.Path(out).name}", loss=loss,
-                                           loss_description=loss_description, config=config or {})
+    return gradtrace.attach(model, str(out), optimizer=optimizer, layout=layout,
+                            run_id=f"zoo-{pathlib.Path(out).name}", loss=loss,
+                            loss_description=loss_description, config=config or {})
 
 
 def reduce_grads(params, group, divisor):

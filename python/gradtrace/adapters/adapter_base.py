@@ -5,12 +5,16 @@ explicit ``step()``), carry the grad norm the user reports, and undo its hooks o
 
 from __future__ import annotations
 
+import os
+
+from .capture_protocol import Capture
 from .rank_recorder import RankRecorder
 from .step_protocol import optimizer_hooks
 
 
-class Capture:
-    """The object an adapter's ``attach`` returns; one per rank, not thread-safe.
+class TorchCapture(Capture):
+    """What ``gradtrace.attach`` returns for a PyTorch model (plain, DDP, FSDP2, DTensor, a pipeline);
+    one per rank, not thread-safe.
 
     ``recorder``: the :class:`gradtrace.rank_recorder.RankRecorder` (its ``step``, ``micro``,
     ``recorded`` counts and ``path``). With ``optimizer`` given, FINAL and the step bookkeeping run
@@ -42,7 +46,18 @@ class Capture:
 
     @property
     def path(self) -> str:
+        """This rank's trace file, ``out_dir/rank-NNNNN.gtrace``."""
         return self.recorder.path
+
+    @property
+    def out_dir(self) -> str:
+        """The trace set's folder."""
+        return os.path.dirname(self.recorder.path)
+
+    @property
+    def recorded(self) -> dict[str, int]:
+        """Frames written so far, by phase."""
+        return self.recorder.recorded
 
     def final(self) -> None:
         """Writes FINAL for the current step; adapters override it (FSDP2 writes shards)."""
@@ -73,21 +88,16 @@ class Capture:
         self._grad_norm = None
 
     def detach(self) -> None:
+        """Removes gradtrace's hooks from the model and the optimizer; the file stays open."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
 
     def close(self) -> None:
+        """Removes the hooks, warns about a run that recorded no FINAL, and finishes the trace; idempotent."""
         self.detach()
         self.recorder.warn_unfinished(stacklevel=3)
         self.recorder.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 LAYOUT_KEYWORDS = {"dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules",

@@ -2,7 +2,7 @@
 
     model = DDP(net)
     opt = torch.optim.AdamW(model.parameters())
-    cap = gradtrace.ddp_adapter.attach(model, "traces/run", optimizer=opt, loss="local-mean")
+    cap = gradtrace.attach(model, "traces/run", optimizer=opt, loss="local-mean")
     for batch in data:
         loss = model(batch).mean(); loss.backward()
         cap.record_step(loss, valid_tokens)   # optional StepInfo of this micro-step
@@ -19,7 +19,8 @@ FINAL is every parameter's ``.grad`` before ``optimizer.step()`` (or at ``cap.st
 
 from __future__ import annotations
 
-from .adapter_base import Capture, make_layout
+from . import deprecation
+from .adapter_base import TorchCapture, make_layout
 from .rank_recorder import RankRecorder
 
 __all__ = ["attach", "DDPCapture", "KNOWN_HOOKS"]
@@ -58,7 +59,9 @@ def hook_name(hook) -> str:
     return getattr(hook, "__name__", "") if hook is not None else ""
 
 
-class DDPCapture(Capture):
+class DDPCapture(TorchCapture):
+    """A DistributedDataParallel model's capture (``gradtrace.attach`` of a DDP model): PRE/POST_REDUCE per
+    bucket from a comm hook that wraps yours, FINAL at the optimizer's step."""
     def __init__(self, model, out_dir, optimizer=None, *, hook=None, hook_state=None, divisor=None, groups=None,
                  layout=None, names_from=None, **options):
         import torch
@@ -72,7 +75,7 @@ class DDPCapture(Capture):
         if info is not None:  # a pipeline whose stage is a DDP model (PipelineStage runs its no_sync)
             model = info.only_stage("ddp_adapter")
         if not isinstance(model, DistributedDataParallel):
-            raise TypeError("gradtrace.ddp_adapter.attach: expected a DistributedDataParallel model (wrap the model "
+            raise TypeError("gradtrace: expected a DistributedDataParallel model (wrap the model "
                             f"with DDP first), got {type(model).__name__}")
         # The module whose parameter names the trace uses: DDP's own, or one it wraps further down (Lightning's
         # LightningModule under its _LightningModuleWrapperBase), so that one-device and DDP traces diff without renames.
@@ -172,6 +175,7 @@ class DDPCapture(Capture):
                              divisor=self.divisor if phase == "POST_REDUCE" else 0.0)
 
     def close(self) -> None:
+        """Drops records of a backward that raised, then closes as every capture does."""
         self._pending = []  # only a backward that raised leaves any
         super().close()
 
@@ -193,7 +197,9 @@ class DDPCapture(Capture):
 
 
 def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
-    """Attach to a DistributedDataParallel ``model`` (before its first backward) and open this
+    """Deprecated: use :func:`gradtrace.attach`, which takes the same options.
+
+    Attach to a DistributedDataParallel ``model`` (before its first backward) and open this
     rank's ``out_dir/rank-NNNNN.gtrace``. ``optimizer``: FINAL and the step count follow its
     ``step()`` (else call ``cap.step()``). Keywords: ``hook``/``hook_state`` (your comm hook, run
     inside the recording one), ``divisor`` (what your hook divides by, recorded on POST_REDUCE),
@@ -204,6 +210,7 @@ def attach(model, out_dir, optimizer=None, **options) -> DDPCapture:
     ``layout=``), and the RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``,
     ``loss``, ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
     ``model`` may also be a torch.distributed.pipelining schedule or PipelineStage whose one stage per rank
-    is a DDP model: the trace then names the whole model with each parameter's stage (manual_adapter.attach,
+    is a DDP model: the trace then names the whole model with each parameter's stage (gradtrace.attach,
     Pipelines)."""
+    deprecation.replaced_by_attach("gradtrace.ddp_adapter.attach", "gradtrace.attach(model, out_dir, optimizer=...)")
     return DDPCapture(model, out_dir, optimizer, **options)

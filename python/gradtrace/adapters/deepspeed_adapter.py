@@ -1,7 +1,7 @@
 """Capture a real DeepSpeed run into a gradtrace trace set, with one call.
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg, mpu=mpu)
-    cap = gradtrace.deepspeed_adapter.attach(engine, "traces/run", mpu=mpu, loss_recipe="local-mean")
+    cap = gradtrace.attach(engine, "traces/run", mpu=mpu, loss="local-mean")
     for batch in data:
         loss = engine(**batch)
         engine.backward(loss)
@@ -50,12 +50,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import torch
 
+from . import deprecation
 from . import deepspeed_pipe, deepspeed_zero3
 from . import loss_recipes, no_gradient
+from .capture_protocol import Capture
 from .deepspeed_divisors import declared_divisor
 from .layout import Layout
 from .rank_recorder import RankRecorder
@@ -99,8 +102,8 @@ def _reduce_bucket_size(engine, stage) -> int:
     return int(getattr(ds_engine, "MEMORY_OPT_ALLREDUCE_SIZE", 0))
 
 
-class DeepSpeedCapture:
-    """The object ``attach`` returns. Not thread-safe; one per rank."""
+class DeepSpeedCapture(Capture):
+    """What ``gradtrace.attach`` returns for a DeepSpeed engine. Not thread-safe; one per rank."""
 
     def __init__(self, engine, out_dir, mode: str = "full", mpu=None, *, loss_recipe: str = "",
                  config: dict | None = None, extra: dict | None = None, run_id: str | None = None,
@@ -112,6 +115,7 @@ class DeepSpeedCapture:
         loss_recipe = loss_recipes.check(loss_recipe, who="gradtrace.deepspeed_adapter", keyword="loss_recipe",
                                          aliases=True)
         self.engine = engine
+        self.out_dir = os.fspath(out_dir)
         self.mpu = mpu
         self.mode = mode
         self.wanted = set(phases)
@@ -500,6 +504,7 @@ class DeepSpeedCapture:
     # ---- PipelineEngine (gradtrace.adapters.deepspeed_pipe) ---------------------------------------
 
     def pipeline_forward_begins(self):
+        """PipelineEngine: a micro-batch's forward starts; its buckets are numbered from 0."""
         self.micro = self._forwards
         self._bucket_id = 0
 
@@ -580,16 +585,11 @@ class DeepSpeedCapture:
         self._restore.clear()
 
     def close(self):
+        """Puts DeepSpeed's methods back and finishes the trace; idempotent."""
         self.detach()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _expert_layout(named_parameters, groups: dict):
@@ -623,7 +623,9 @@ _ABSENT = _Absent()
 
 
 def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeedCapture:
-    """Attach a capture to a DeepSpeed engine (after deepspeed.initialize) and open this rank's trace
+    """Deprecated: use :func:`gradtrace.attach`, which takes the same options.
+
+    Attach a capture to a DeepSpeed engine (after deepspeed.initialize) and open this rank's trace
     file ``out_dir/rank-NNNNN.gtrace``. Keyword arguments: ``loss_recipe`` (a gradtrace recipe name, or an
     alias of ``gradtrace.loss_recipes.ALIASES``: ``loss``, ``loss-div-sp``, ``alst``, ``alst-div-sp``),
     ``config`` (extra Config fields: seed, seq_len, batch, layers, hidden, heads, vocab, ignore_frac,
@@ -631,4 +633,6 @@ def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeed
     (RunInfo.extra), ``run_id`` (default $GRADTRACE_RUN_ID, else drawn by rank 0 and broadcast), ``phases``,
     ``on_error`` ("warn", the default: a write error such as a full disk disables capture on that rank with
     one warning and training goes on; "raise": TraceError) and ``overwrite`` (replace a finished trace)."""
+    deprecation.replaced_by_attach("gradtrace.deepspeed_adapter.attach",
+                                   "gradtrace.attach(engine, out_dir, loss=...) (loss= is loss_recipe=)")
     return DeepSpeedCapture(engine, out_dir, mode, mpu, **kwargs)

@@ -41,6 +41,7 @@ DATA_PARALLEL_NAMES = frozenset({"dp", "shard", "replicate", "dp_shard", "dp_rep
 
 
 def is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor (False on a torch without torch.distributed)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without torch.distributed

@@ -4,7 +4,7 @@
         fully_shard(block)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters())
-    cap = gradtrace.fsdp2_adapter.attach(model, "traces/fsdp", optimizer=opt)
+    cap = gradtrace.attach(model, "traces/fsdp", optimizer=opt)
 
 PRE_REDUCE / POST_REDUCE: every FSDP module (each ``fully_shard`` call) gets a custom
 reduce-scatter (``FSDPModule.set_custom_reduce_scatter``, the public hook FSDP2 offers) that runs
@@ -38,7 +38,8 @@ from __future__ import annotations
 import logging
 import math
 
-from .adapter_base import Capture, make_layout
+from . import deprecation
+from .adapter_base import TorchCapture, make_layout
 from .dtensor import block_pieces, local_index
 from ..codec.dtypes import torch_dtype_name
 from .rank_recorder import RankRecorder
@@ -80,7 +81,9 @@ def _fsdp_block(fp, world: int, r: int):
     return shape, index, math.prod(len(ix) for ix in index)
 
 
-class FSDP2Capture(Capture):
+class FSDP2Capture(TorchCapture):
+    """A fully_shard'ed (FSDP2) model's capture: PRE/POST_REDUCE around FSDP's reduce-scatter, FINAL as
+    this rank's shards (or full gradients with ``full_final``)."""
     def __init__(self, model, out_dir, optimizer=None, *, full_final: bool = False, groups=None, layout=None,
                  **options):
         import torch
@@ -164,6 +167,8 @@ class FSDP2Capture(Capture):
         return out if off * world == input_numel else None
 
     def reduce_scatter(self, pg, output_tensor, input_tensor, group, op, async_op):
+        """FSDP's reduce-scatter of one parameter group, recorded: the input as PRE_REDUCE, the output as
+        POST_REDUCE once FSDP has finished it."""
         import torch.distributed as dist
 
         self.flush()
@@ -231,6 +236,7 @@ class FSDP2Capture(Capture):
     # ---- FINAL ---------------------------------------------------------------------------------
 
     def final(self) -> None:
+        """FINAL: each parameter's local shard at its offsets (the full gradient with ``full_final``)."""
         from torch.distributed.tensor import DTensor, Shard
 
         self.flush()
@@ -262,6 +268,7 @@ class FSDP2Capture(Capture):
         rec.write_bucket("FINAL", pieces, group="", bucket_id=0)
 
     def close(self) -> None:
+        """Writes POST_REDUCE records still pending, then closes as every capture does."""
         self.flush()
         super().close()
 
@@ -300,13 +307,16 @@ def _RecordingReduceScatter(capture, param_group):
 
 
 def attach(model, out_dir, optimizer=None, **options) -> FSDP2Capture:
-    """Attach to a model after ``fully_shard`` (before its first backward) and open this rank's
+    """Deprecated: use :func:`gradtrace.attach`, which takes the same options.
+
+    Attach to a model after ``fully_shard`` (before its first backward) and open this rank's
     ``out_dir/rank-NNNNN.gtrace``. ``optimizer``: FINAL and the step count follow its ``step()``
     (else call ``cap.step()``). Keywords: ``full_final`` (write full gradients, not shards),
     ``groups``, layout overrides (``dp``, ``gas``, ``rules``, ... or ``layout=``), and the
     RankRecorder's options (``mode``, ``steps``, ``params``, ``run_id``, ``loss``,
     ``loss_description``, ``config``, ``extra``, ``on_error``: "warn" or "raise", ``overwrite``).
     ``model`` may also be a torch.distributed.pipelining schedule or PipelineStage whose one stage per rank
-    is fully_shard'ed: the trace then names the whole model with each parameter's stage (manual_adapter.attach,
+    is fully_shard'ed: the trace then names the whole model with each parameter's stage (gradtrace.attach,
     Pipelines)."""
+    deprecation.replaced_by_attach("gradtrace.fsdp2_adapter.attach", "gradtrace.attach(model, out_dir, optimizer=...)")
     return FSDP2Capture(model, out_dir, optimizer, **options)

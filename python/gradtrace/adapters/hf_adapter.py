@@ -1,7 +1,8 @@
-"""Capture a Hugging Face Trainer run with one callback, or an Accelerate loop with one call.
+"""Capture a Hugging Face Trainer run, or an Accelerate loop, with one call.
 
-    trainer = Trainer(model=model, args=args, train_dataset=data,
-                      callbacks=[gradtrace.hf_adapter.GradtraceCallback("traces/run")])
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    gradtrace.attach(trainer, "traces/run")   # adds a GradtraceCallback; it closes at the end of training
+    trainer.train()
 
 At ``on_train_begin`` the callback takes what Trainer actually runs (``trainer.model_wrapped``) and
 attaches the matching adapter (gradtrace.adapters.hf_backends): a DeepSpeed engine (ZeRO 0-3)
@@ -16,7 +17,7 @@ norm Trainer logs (``logs["grad_norm"]``, before clipping) goes into the optimiz
 
 Accelerate without Trainer, after ``accelerator.prepare``:
 
-    cap = gradtrace.hf_adapter.attach_accelerate(accelerator, model, "traces/run", optimizer=opt)
+    cap = gradtrace.attach(accelerator, "traces/run", model=model, optimizer=opt)
     for batch in data:
         with accelerator.accumulate(model):
             loss = model(**batch).loss
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import sys
 
-from . import hf_backends
-from .adapter_base import Capture, check_callback_options, check_loss
+from . import deprecation, hf_backends
+from .adapter_base import TorchCapture, check_callback_options, check_loss
 
 __all__ = ["GradtraceCallback", "attach_accelerate"]
 
@@ -40,7 +41,10 @@ def attach_accelerate(accelerator, model, out_dir, optimizer=None, **options):
     """Attach the adapter for what ``accelerator.prepare`` made of ``model`` (a DeepSpeed engine, an
     FSDP2 or DDP model, or the model itself) and open this rank's trace. ``optimizer``: the prepared one
     (FINAL at its real step, once per accumulation; a DeepSpeed engine captures inside ``engine.step``).
-    ``options``: as for the other adapters; gas defaults to the accelerator's."""
+    ``options``: as for the other adapters; gas defaults to the accelerator's. Deprecated: use
+    ``gradtrace.attach(accelerator, out_dir, model=model, optimizer=optimizer)``."""
+    deprecation.replaced_by_attach("gradtrace.hf_adapter.attach_accelerate",
+                                   "gradtrace.attach(accelerator, out_dir, optimizer=optimizer)")
     check_loss(options)
     if "gas" not in options and getattr(accelerator, "deepspeed_engine_wrapped", None) is None:
         options["gas"] = int(accelerator.gradient_accumulation_steps)
@@ -81,12 +85,15 @@ class GradtraceCallback(_callback_base()):
         self.capture = None
         self.backend: str | None = None
         self._handles = []
+        self._closed = False
 
     @property
     def recorder(self):
+        """The capture's RankRecorder (None under DeepSpeed, or before training starts)."""
         return getattr(self.capture, "recorder", None)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        """Attaches the adapter for what the Trainer runs (``model_wrapped``): DeepSpeed, FSDP2, DDP or one process."""
         trainer = _calling_trainer()
         wrapped = trainer.model_wrapped if trainer is not None else model
         accelerator = getattr(trainer, "accelerator", None)
@@ -104,7 +111,7 @@ class GradtraceCallback(_callback_base()):
     def _drives_steps(self) -> bool:
         """Torch adapters are attached without the optimizer: FINAL and the steps follow Trainer's events.
         A DeepSpeed engine does both inside ``engine.step``."""
-        return isinstance(self.capture, Capture)
+        return isinstance(self.capture, TorchCapture)
 
     def _forward(self, module, args, kwargs, output):
         cap = self.capture
@@ -121,21 +128,30 @@ class GradtraceCallback(_callback_base()):
             cap.record_step(loss, tokens)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """FINAL: the gradients the optimizer is about to use (after the Trainer's clipping)."""
         if self.capture is not None and self._drives_steps:
             self.capture.final()
 
     def on_step_end(self, args, state, control, **kwargs):
+        """Counts the optimizer step."""
         if self.capture is not None and self._drives_steps:
             self.capture.recorder.next_step()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        """The grad norm and learning rate the Trainer logged, into the optimizer-step StepInfo."""
         if self.capture is not None and self._drives_steps and logs and "grad_norm" in logs:
             self.capture.recorder.write_optimizer_step(logs["grad_norm"], lr=logs.get("learning_rate"),
                                                        step=state.global_step - 1)
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Closes the capture at the end of training."""
+        self.close()
+
+    def close(self) -> None:
+        """Removes the forward hook and closes the capture (at the end of training, or earlier); idempotent."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self.capture is not None:
+        if self.capture is not None and not self._closed:
+            self._closed = True
             self.capture.close()

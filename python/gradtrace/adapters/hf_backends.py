@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import sys
 
-from .adapter_base import Capture, LAYOUT_KEYWORDS, make_layout
+from .adapter_base import TorchCapture, make_layout
+from .attach_options import check_options, deepspeed_options
 from .rank_recorder import RankRecorder
 
 PACKAGES = ("transformers", "accelerate")
-# The DeepSpeed adapter takes its layout from the engine (and the mpu) and records every step and parameter.
-NOT_FOR_DEEPSPEED = {"steps", "params", "groups", "layout", *LAYOUT_KEYWORDS}
 
 
 def backend_of(model, accelerator=None) -> tuple[str, object]:
@@ -42,10 +41,10 @@ def backend_of(model, accelerator=None) -> tuple[str, object]:
 
 def attach(model, out_dir, *, accelerator=None, optimizer=None, driven_by: str = "accelerate", **options):
     """The adapter for what ``model`` is (:func:`backend_of`), attached: a DeepSpeedCapture or a
-    :class:`gradtrace.adapters.adapter_base.Capture`. ``optimizer``: as for the torch adapters (FINAL at its
+    :class:`gradtrace.adapters.adapter_base.TorchCapture`. ``optimizer``: as for the torch adapters (FINAL at its
     ``step()``; None: the caller drives FINAL and the step count). ``options``: the torch adapters'
-    keywords; under DeepSpeed ``loss`` is its ``loss_recipe`` and ``loss_description`` a config field,
-    and options it cannot honour (``steps``, ``params``, layout overrides) get one warning."""
+    keywords; under DeepSpeed an option it cannot honour (``steps``, ``params``, layout overrides) is a
+    ValueError."""
     kind, target = backend_of(model, accelerator)
     extra = {"driven_by": driven_by, **(options.pop("extra", None) or {})}
     if kind == "deepspeed":
@@ -62,20 +61,15 @@ def attach(model, out_dir, *, accelerator=None, optimizer=None, driven_by: str =
 
 
 def _attach_deepspeed(engine, out_dir, extra, options):
+    """A DeepSpeed engine under Trainer, accelerate or Lightning: ``options`` as gradtrace.attach takes them; one
+    it cannot honour (``steps``, ``params``, layout overrides) is a ValueError before anything is hooked."""
     from .deepspeed_adapter import DeepSpeedCapture
 
-    ignored = sorted(k for k in options if k in NOT_FOR_DEEPSPEED)
-    if ignored:
-        sys.stderr.write(f"gradtrace: WARNING: {', '.join(ignored)} ignored under DeepSpeed: the layout comes from the "
-                         f"engine, and every step and parameter is recorded\n")
-    kept = {k: v for k, v in options.items() if k not in NOT_FOR_DEEPSPEED}
-    config = dict(kept.pop("config", None) or {})
-    if "loss_description" in kept:
-        config["loss_description"] = kept.pop("loss_description")
-    recipe = kept.pop("loss", "")
+    check_options(options, "deepspeed", "a DeepSpeed engine")
+    kept = deepspeed_options(options)
     # DeepSpeedEngine keeps the mpu it was given (ALST / Ulysses SP through accelerate): sp comes from it.
-    return DeepSpeedCapture(engine, out_dir, kept.pop("mode", "full"), getattr(engine, "mpu", None),
-                            loss_recipe=recipe, config=config, extra=extra, packages=PACKAGES, **kept)
+    mpu = kept.pop("mpu", getattr(engine, "mpu", None))
+    return DeepSpeedCapture(engine, out_dir, mpu=mpu, extra=extra, packages=PACKAGES, **kept)
 
 
 def _attach_single(model, out_dir, optimizer, kind, extra, options):
@@ -92,4 +86,4 @@ def _attach_single(model, out_dir, optimizer, kind, extra, options):
     recorder = RankRecorder(model.named_parameters(), out_dir, framework="hf-trainer",
                             framework_version=transformers.__version__, packages=PACKAGES, layout=layout,
                             optimizer=optimizer, extra=extra, **options)
-    return Capture(recorder, model, optimizer)
+    return TorchCapture(recorder, model, optimizer)

@@ -55,6 +55,7 @@ def same_position_ranks(group: list[int], world: int, rank: int) -> list[int]:
 
 
 def world_and_rank() -> tuple[int, int]:
+    """(world size, rank) of the default process group; (1, 0) without one."""
     import torch.distributed as tdist
 
     if tdist.is_available() and tdist.is_initialized():
@@ -148,6 +149,7 @@ class Layout:
         return out
 
     def coordinate(self, name: str) -> int:
+        """This rank's index in group ``name`` (0 when it is not in it)."""
         ranks = self.groups.get(name, [])
         return ranks.index(self.rank) if self.rank in ranks else 0
 

@@ -1,10 +1,11 @@
 """Capture a PyTorch Lightning run: one Trainer callback, or one call after ``fabric.setup``.
 
-    trainer = lightning.Trainer(strategy="ddp", accumulate_grad_batches=2,
-                                callbacks=[gradtrace.lightning_adapter.GradtraceCallback("traces/run")])
+    trainer = lightning.Trainer(strategy="ddp", accumulate_grad_batches=2)
+    gradtrace.attach(trainer, "traces/run")   # adds a GradtraceCallback; it closes at the end of training
+    trainer.fit(module, data)
 
     model, opt = fabric.setup(model, opt)
-    cap = gradtrace.lightning_adapter.attach_fabric(fabric, model, opt, "traces/run")
+    cap = gradtrace.attach(model, "traces/run", optimizer=opt)
 
 What the strategy runs decides the adapter (gradtrace.adapters.hf_backends.backend_of): DDP
 (``strategy="ddp"``, any start method) ``ddp_adapter`` (PRE/POST per bucket on the micro-step that
@@ -26,9 +27,10 @@ from __future__ import annotations
 
 import sys
 
-from .adapter_base import Capture, check_callback_options, check_loss
+from . import deprecation
+from .adapter_base import TorchCapture, check_callback_options, check_loss
 
-__all__ = ["GradtraceCallback", "attach_fabric", "attach_trainer"]
+__all__ = ["GradtraceCallback", "attach_fabric", "attach_trainer", "fabric_capture"]
 
 PACKAGES = ("lightning", "pytorch-lightning")
 
@@ -93,16 +95,23 @@ def attach_trainer(trainer, pl_module, out_dir, **options):
                          "run with one (FINAL is what that optimizer's step uses)")
     options.setdefault("gas", int(trainer.accumulate_grad_batches))
     cap = _attach(trainer.strategy.model, pl_module, out_dir, optimizers[0], "lightning.Trainer", **options)
-    if isinstance(cap, Capture):
+    if isinstance(cap, TorchCapture):
         cap.count_micro_steps_by_caller()
     return cap
 
 
 def attach_fabric(fabric, model, optimizer, out_dir, **options):
-    """Attach after ``model, optimizer = fabric.setup(model, optimizer)``: ``model`` the _FabricModule,
-    ``optimizer`` the _FabricOptimizer (or the torch optimizer). FINAL is taken at the optimizer's step,
-    after its closure when one is passed; micro-steps are counted at the model's forward. ``options`` as
-    for the other adapters (pass ``gas=`` when you accumulate)."""
+    """Deprecated: use ``gradtrace.attach(model, out_dir, optimizer=optimizer)``."""
+    deprecation.replaced_by_attach("gradtrace.lightning_adapter.attach_fabric",
+                                   "gradtrace.attach(model, out_dir, optimizer=optimizer)")
+    return fabric_capture(model, optimizer, out_dir, **options)
+
+
+def fabric_capture(model, optimizer, out_dir, **options):
+    """The capture of a module from ``model, optimizer = fabric.setup(model, optimizer)``: ``model`` the
+    _FabricModule, ``optimizer`` the _FabricOptimizer (or the torch optimizer). FINAL is taken at the
+    optimizer's step, after its closure when one is passed; micro-steps are counted at the model's forward.
+    ``options`` as gradtrace.attach takes them (pass ``gas=`` when you accumulate)."""
     check_loss(options)
     module = getattr(model, "module", model)  # the user's module, under Fabric's wrappers
     wrapped = getattr(model, "_forward_module", model)  # what the strategy made of it (DDP, FSDP2, itself)
@@ -136,26 +145,33 @@ class GradtraceCallback(_callback_base()):
 
     @property
     def recorder(self):
+        """The capture's RankRecorder (None under DeepSpeed, or before training starts)."""
         return getattr(self.capture, "recorder", None)
 
     def on_train_start(self, trainer, pl_module):
+        """Attaches the adapter for what the strategy made of the module."""
         self.capture = attach_trainer(trainer, pl_module, self.out_dir, **dict(self.options))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if isinstance(self.capture, Capture):
+        """Counts a micro-step (Lightning's one-device loop never calls the module's forward)."""
+        if isinstance(self.capture, TorchCapture):
             self.capture.recorder.begin_micro_step(*_micro_batch_inputs(batch))
 
     def on_before_backward(self, trainer, pl_module, loss):
-        if isinstance(self.capture, Capture):
+        """The micro-step's StepInfo: the loss Lightning passes to backward."""
+        if isinstance(self.capture, TorchCapture):
             self.capture.record_step(loss)
 
     def on_train_end(self, trainer, pl_module):
-        self._close()
+        """Closes the capture at the end of training."""
+        self.close()
 
     def on_exception(self, trainer, pl_module, exception):
-        self._close()
+        """Closes the capture when training raises: the frames written so far stay readable."""
+        self.close()
 
-    def _close(self):
+    def close(self) -> None:
+        """Closes the capture (at the end of training, when it raises, or earlier); idempotent."""
         if self.capture is not None and not self._closed:
             self._closed = True
             self.capture.close()

@@ -1,7 +1,7 @@
 """Capture hand-written parallel training (your own SP/CP/EP/TP collectives, Megatron-like code).
 
-    cap = gradtrace.manual_adapter.attach(model, "traces/cp2", optimizer=opt,
-                                          groups={"cp": cp_group}, cp_kind="all-gather", loss="global-token-weighted")
+    cap = gradtrace.attach(model, "traces/cp2", optimizer=opt, groups={"cp": cp_group}, cp_kind="all-gather",
+                           loss="global-token-weighted")
     loss.backward()
     with cap.around("cp", params):            # PRE_REDUCE before, POST_REDUCE after your collective
         for p in params:
@@ -17,7 +17,7 @@ the trace names the whole model with each parameter's stage, and records the sch
 and scale_grads (gradtrace.adapters.pipeline):
 
     schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
-    cap = gradtrace.manual_adapter.attach(schedule, "traces/pp", optimizer=opt, groups={"dp": dp_group})
+    cap = gradtrace.attach(schedule, "traces/pp", optimizer=opt, groups={"dp": dp_group})
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ import math
 import re
 from contextlib import contextmanager
 
-from .adapter_base import Capture, make_layout
+from . import deprecation
+from .adapter_base import TorchCapture, make_layout
 from .rank_recorder import RankRecorder
 
 __all__ = ["attach", "ManualCapture"]
 
 
-class ManualCapture(Capture):
+class ManualCapture(TorchCapture):
+    """A plain, DTensor-parallel or hand-sharded module's capture, or a pipeline's: FINAL from ``.grad``;
+    PRE/POST_REDUCE where your own collectives call ``record()``/``around()``."""
     def __init__(self, model, out_dir, optimizer=None, *, groups=None, layout=None, framework: str = "pytorch",
                  framework_version: str | None = None, shards=None, **options):
         import torch
@@ -223,7 +226,9 @@ def _shard_specs(model, shards) -> dict:
 
 
 def attach(model, out_dir, optimizer=None, **options) -> ManualCapture:
-    """Attach to any ``torch.nn.Module`` and open this rank's ``out_dir/rank-NNNNN.gtrace``.
+    """Deprecated: use :func:`gradtrace.attach`, which takes the same options.
+
+    Attach to any ``torch.nn.Module`` and open this rank's ``out_dir/rank-NNNNN.gtrace``.
     ``optimizer``: FINAL and the step count follow its ``step()`` (else call ``cap.step()``).
     Keywords: ``groups`` (name -> ProcessGroup or global ranks: "dp", "cp", "tp", ... set the
     degrees and this rank's coordinates), layout overrides (``dp``, ``cp``, ``cp_kind``, ``tp``,
@@ -251,4 +256,5 @@ def attach(model, out_dir, optimizer=None, **options) -> ManualCapture:
     stages; the groups ``pp`` (the stage's group) and ``dp`` (unless given: the ranks at this rank's
     position in their pipeline group) are recorded, and from a schedule its micro-batches and
     ``scale_grads``. Micro-steps count micro-batches (forwards of this rank's first stage)."""
+    deprecation.replaced_by_attach("gradtrace.manual_adapter.attach", "gradtrace.attach(model, out_dir, optimizer=...)")
     return ManualCapture(model, out_dir, optimizer, **options)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-ATTACH_DEEPSPEED = ("attach gradtrace.deepspeed_adapter to the engine (gradtrace.hf_adapter.GradtraceCallback and "
-                    "attach_accelerate do)")
+ATTACH_DEEPSPEED = ("attach to the engine (gradtrace.attach(engine, ...); gradtrace.attach of a Trainer or an "
+                    "Accelerator does)")
 
 
 def reason(params, written=None) -> str:

@@ -3,7 +3,7 @@ runs, the pipeline's process group, the schedule's micro-batches and whether it 
 the whole model's parameter table that every rank of a pipelined run records (FORMAT.md 4.1, 1.5).
 
     schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
-    cap = gradtrace.manual_adapter.attach(schedule, "traces/pp", optimizer=opt)
+    cap = gradtrace.attach(schedule, "traces/pp", optimizer=opt)
 
 An adapter given a schedule (or a ``PipelineStage``, or a list of them) captures the stages' modules;
 the table names every stage's parameters, in stage order, by the names the stage modules give them

@@ -102,9 +102,11 @@ class GuardedWriter:
 
     @property
     def path(self) -> str:
+        """The recorder's trace file."""
         return self._recorder.path
 
     def write_step(self, step: dict) -> None:
+        """Writes a StepInfo unless capture is disabled on this rank."""
         if self._writer is not None:
             try:
                 self._writer.write_step(step)
@@ -112,6 +114,7 @@ class GuardedWriter:
                 self._recorder.write_failed(e)
 
     def write_bucket(self, record: dict) -> None:
+        """Writes a bucket record unless capture is disabled on this rank."""
         if self._writer is not None:
             try:
                 self._writer.write_bucket(record)
@@ -383,9 +386,11 @@ class RankRecorder:
             self._reevaluating = False
 
     def wants(self, phase: str) -> bool:
+        """Whether ``phase`` is recorded now (asked for, and this step is captured)."""
         return phase in self.phases and self.capturing
 
     def param_id(self, param) -> int | None:
+        """The parameter table's id of ``param``; None for one not in the table."""
         return self.ids.get(id(param))
 
     # ---- frames --------------------------------------------------------------------------------
@@ -507,6 +512,7 @@ class RankRecorder:
         self.next_step(check=False)
 
     def next_step(self, check: bool = True) -> None:
+        """Ends the optimizer step: checks (``check``) that it recorded gradients, then counts it."""
         if check:
             self.check_gradients_recorded()
         if self.capturing and self.step % 10 == 0:

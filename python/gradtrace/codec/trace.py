@@ -127,10 +127,12 @@ class TraceReader:
 
     @property
     def rank(self) -> int:
+        """The rank the file's RunInfo names."""
         return self.run_info.get("rank", 0)
 
     @property
     def model_fingerprint(self) -> str:
+        """The fingerprint of the file's parameter table (names, shapes, dtypes)."""
         return self.run_info.get("model_fingerprint", "")
 
     @property
@@ -146,6 +148,7 @@ class TraceReader:
 
     @property
     def file_size(self) -> int:
+        """The file's size in bytes when it was opened."""
         return self._file_size
 
     @property
@@ -296,6 +299,7 @@ class TraceWriter:
 
     @property
     def bytes_written(self) -> int:
+        """Bytes written to the file so far (compressed)."""
         return self._writer.bytes_written
 
     @property

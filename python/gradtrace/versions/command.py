@@ -38,8 +38,8 @@ Script contract (--script PATH): the command starts PATH once per rank with the 
 `python PATH [--script-arg ...]`, with this environment:
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT  torch.distributed's env://
     OMP_NUM_THREADS=1, and the description's run variables (DeepSpeed: DS_ACCELERATOR=cpu, LOCAL_SIZE)
-    GRADTRACE_OUT_DIR            the trace directory: give it to a gradtrace adapter (manual_adapter.attach,
-                                 ddp_adapter.attach, hf_adapter.GradtraceCallback, deepspeed_adapter.attach)
+    GRADTRACE_OUT_DIR            the trace directory: give it to gradtrace.attach(model or engine or trainer,
+                                 os.environ["GRADTRACE_OUT_DIR"], ...)
     GRADTRACE_PACKAGE, GRADTRACE_RELEASE   the package (normalised name) and the release under test
     GRADTRACE_CONFIG             --config's file (a copy), when given; also under the description's name for
                                  it (DeepSpeed: GRADTRACE_DS_CONFIG), for the single-rank reference with

@@ -23,8 +23,8 @@ clean = torch.rand(2, 1, 176, 176, generator=g)  # ms_ssim's 5 scales need a sid
 noisy = (clean + 0.2 * torch.rand(2, 1, 176, 176, generator=g)).clamp(0, 1)
 model = torch.nn.Conv2d(1, 1, 3, padding=1)  # a residual correction: the output stays near the image
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-cap = gradtrace.manual_adapter.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
-                                      loss_description="1 - pytorch_msssim.ms_ssim(data_range=1)")
+cap = gradtrace.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
+                       loss_description="1 - pytorch_msssim.ms_ssim(data_range=1)")
 loss = 1 - ms_ssim(noisy + 0.1 * model(noisy), clean, data_range=1.0)
 loss.backward()
 cap.record_step(loss)

@@ -21,8 +21,8 @@ noisy = (clean + 0.2 * torch.rand(2, 1, 32, 32, generator=g)).clamp(0, 1)
 conv = lambda: torch.nn.Conv2d(1, 1, 3, padding=1)  # noqa: E731
 model = conv() if old else torch.nn.Sequential(conv(), conv())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-cap = gradtrace.manual_adapter.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
-                                      loss_description="1 - pytorch_msssim.ssim(data_range=1)")
+cap = gradtrace.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
+                       loss_description="1 - pytorch_msssim.ssim(data_range=1)")
 loss = 1 - ssim(noisy + 0.1 * model(noisy), clean, data_range=1.0, win_size=7)
 loss.backward()
 cap.record_step(loss)

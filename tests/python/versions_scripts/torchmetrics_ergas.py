@@ -21,8 +21,8 @@ target = 0.5 + torch.rand(2, 3, 16, 16, generator=g)
 observed = target + 0.1 * torch.randn(2, 3, 16, 16, generator=g)
 model = torch.nn.Conv2d(3, 3, 1)  # a per-band linear correction
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-cap = gradtrace.manual_adapter.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
-                                      loss_description="torchmetrics ERGAS (ratio 4)")
+cap = gradtrace.attach(model, os.environ["GRADTRACE_OUT_DIR"], optimizer=opt,
+                       loss_description="torchmetrics ERGAS (ratio 4)")
 loss = ergas(model(observed), target)
 loss.backward()
 cap.record_step(loss)

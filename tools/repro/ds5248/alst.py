@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DeepSpeed's own Ulysses recipe for Hugging Face models (ALST) on CPU, captured by gradtrace.deepspeed_adapter.
+"""DeepSpeed's own Ulysses recipe for Hugging Face models (ALST) on CPU, captured by gradtrace.attach.
 
     export PYTHONPATH=build/python
     .venv/bin/python tools/repro/ds5248/alst.py --sp 2 --out traces/alst-sp2                 # the ALST run
@@ -191,12 +191,12 @@ def register_ulysses(args, model):
 
 
 def attach_capture(args, engine, mpu, fingerprint):
-    """gradtrace.deepspeed_adapter on the engine, with the run's settings in Config and RunInfo.extra."""
+    """gradtrace.attach on the engine, with the run's settings in Config and RunInfo.extra."""
     import transformers
-    from gradtrace import deepspeed_adapter
+    import gradtrace
     recipe = "local-mean" if args.reference else LOSS_NAMES[args.loss]
-    return deepspeed_adapter.attach(
-        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
+    return gradtrace.attach(
+        engine, args.out, mode=args.capture, mpu=mpu, loss=recipe,
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch * (args.dp if args.reference else 1),
                 "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab,
                 "ignore_frac": args.ignore_frac, "optimizer": "sgd", "lr": args.lr, "steps": 1},

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """DeepSpeed #5248 on CPU: the issue's Ulysses training loop with real DeepSpeed, captured by
-gradtrace.deepspeed_adapter (the models: model.py; the mpu: mpu.py).
+gradtrace.attach(engine, ...) (the models: model.py; the mpu: mpu.py).
 
     python tools/repro/ds5248/run.py --sp 2 --zero-stage 2 --loss loss --out traces/sp2-z2-loss
     python tools/repro/ds5248/run.py --sp 1 --dp 1 --batch 1 --out traces/ref   # the reference
@@ -373,6 +373,7 @@ def worker(args):
     import torch
     import torch.distributed as tdist
     import deepspeed
+    import gradtrace
     from gradtrace.adapters import deepspeed_adapter
     from mpu import UlyssesMPU
 
@@ -382,8 +383,8 @@ def worker(args):
     recipe = deepspeed_adapter.LOSS_RECIPES[args.loss]
     model, init = build_loop_model(args, mpu, recipe)
     engine = initialize_engine(args, model, mpu)
-    cap = deepspeed_adapter.attach(
-        engine, args.out, mode=args.capture, mpu=mpu, loss_recipe=recipe,
+    cap = gradtrace.attach(
+        engine, args.out, mode=args.capture, mpu=mpu, loss=recipe,
         config={"seed": args.seed, "seq_len": args.seq_len, "batch": args.batch, "layers": args.layers,
                 "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "ignore_frac": args.ignore_frac,
                 "optimizer": "sgd", "lr": args.lr, "steps": args.steps, "moe_experts": args.moe_experts},

@@ -8,7 +8,7 @@
 
 For every cell of (layout x ZeRO stage x loss recipe x ignore fraction, plus the extra cells of
 cells.py: gradient accumulation, contiguous_gradients false, MoE) it runs run.py (the issue's loop, real
-DeepSpeed, captured by gradtrace.deepspeed_adapter), the matching single-rank full-sequence reference
+DeepSpeed, captured by gradtrace.attach), the matching single-rank full-sequence reference
 (same weights, same global batch, same DeepSpeed and torch), and compares FINAL gradients with
 gradtrace-diff; the reductions' effective divisors are gradtrace-diff --self's (checks.py). Then it runs gradtrace-train's emulation of that
 release (--scaling deepspeed@VERSION) on the same cell and diffs it against the real run (emulation.py).

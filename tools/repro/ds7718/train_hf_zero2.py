@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """DeepSpeed #7718 / #7749 on CPU: a Hugging Face Trainer run with ZeRO-2 and gradient accumulation,
-captured with gradtrace.hf_adapter.GradtraceCallback, which attaches gradtrace.deepspeed_adapter to Trainer's
+captured with gradtrace.attach(trainer), whose callback attaches the DeepSpeed capture to Trainer's
 engine (FINAL gradients + DeepSpeed's get_global_grad_norm()).
 
     python tools/repro/ds7718/train_hf_zero2.py --config tools/repro/ds7718/zero2_bf16_overlap.json \
@@ -93,20 +93,19 @@ def run_rank(args):
                "world": world, "steps_run": args.steps, "lr": args.lr, "trainer": ts,
                "ds_config": copy.deepcopy(args.ds_config), "steps": []}
     import gradtrace
-    cb = gradtrace.hf_adapter.GradtraceCallback(args.out, phases=tuple(args.phases.split(",")),
-                                                extra={"repro": "ds7718"})
     with tempfile.TemporaryDirectory() as scratch:
         targs = TrainingArguments(output_dir=scratch, max_steps=args.steps, logging_steps=1, report_to=[],
                                   save_strategy="no", learning_rate=args.lr, seed=seed, lr_scheduler_type="constant",
                                   disable_tqdm=True, use_cpu=True, deepspeed=args.ds_config,
                                   dataloader_drop_last=True, **ts)
-        trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[cb])
+        trainer = Trainer(model=model, args=targs, train_dataset=data)
+        cap = gradtrace.attach(trainer, args.out, phases=tuple(args.phases.split(",")), extra={"repro": "ds7718"})
         trainer.train()
     logged = [e for e in trainer.state.log_history if "grad_norm" in e]  # Trainer's log lines, one per step
     summary["steps"] = [{"step": e["step"], "loss": e.get("loss"), "grad_norm": e.get("grad_norm"),
                          "learning_rate": e.get("learning_rate")} for e in logged]
-    summary["recorded"] = dict(cb.capture.recorded)
-    summary["unrecordable"] = dict(cb.capture.unrecordable)
+    summary["recorded"] = dict(cap.recorded)
+    summary["unrecordable"] = dict(cap.capture.unrecordable)
     engine = trainer.model_wrapped
     summary["engine"] = {"zero_stage": int(engine.zero_optimization_stage()), "bf16": bool(engine.bfloat16_enabled()),
                          "gas": int(engine.gradient_accumulation_steps()), "optimizer": type(engine.optimizer).__name__,

@@ -1,5 +1,5 @@
 """A gradtrace-versions script (its contract: python/gradtrace/versions/command.py) for DeepSpeed's PipelineEngine
-with gradient accumulation: the model and data of tools/repro/upstream/ds_pipe.py, captured with gradtrace.deepspeed_adapter.
+with gradient accumulation: the model and data of tools/repro/upstream/ds_pipe.py, captured with gradtrace.attach(engine, ...).
 
     gradtrace-versions --package deepspeed --script tools/repro/ds_pipe/capture.py \
         --config tools/repro/ds_pipe/ds_pipe.json --sp 1 --dp 2 --releases 0.18.0,0.19.2,0.19.8
@@ -44,7 +44,7 @@ if stages == 1:
     net = torch.nn.Sequential(*layers())
     cfg = {**CONFIG, "train_micro_batch_size_per_gpu": GAS * MB, "gradient_accumulation_steps": 1}
     engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
-    cap = gradtrace.deepspeed_adapter.attach(engine, out, loss_recipe="local-mean")
+    cap = gradtrace.attach(engine, out, loss="local-mean")
     loss = cross_entropy(engine(x), y)
     engine.backward(loss)
     cap.record_step(loss, 0)
@@ -55,7 +55,7 @@ else:
     net = PipelineModule(layers=layers(), num_stages=stages, loss_fn=cross_entropy, partition_method="uniform")
     cfg = {**CONFIG, "train_micro_batch_size_per_gpu": MB}
     engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
-    cap = gradtrace.deepspeed_adapter.attach(engine, out, loss_recipe="local-mean")
+    cap = gradtrace.attach(engine, out, loss="local-mean")
     engine.train_batch(data_iter=iter([(x[k * MB:(k + 1) * MB], y[k * MB:(k + 1) * MB]) for k in range(GAS)]))
 cap.close()
 torch.distributed.destroy_process_group()
