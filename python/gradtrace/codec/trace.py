@@ -274,7 +274,7 @@ class TraceWriter:
                  write_index: bool = True, overwrite: bool = False):
         self.path = os.fspath(path)
         self.mode = _gtcodec.parse_capture_mode(mode)
-        # None: the C++ writer's default (WriterOptions, docs/performance.md), not a copy of it.
+        # None: the C++ writer's default (WriterOptions, docs/dev/performance.md), not a copy of it.
         args = (self.path, _run_info_to_json(run_info)) + (() if zstd_level is None else (zstd_level,))
         self._writer = _gtcodec.Writer(*args, write_index=write_index, overwrite=overwrite)
         self.run_info: dict = _run_info_from_json(self._writer.run_info_json())
