@@ -378,7 +378,7 @@ std::vector<Cause> CausesOf(Dimension d) {
 // by the factor. Empty when a candidate is no degree cause (1, predivide, gas^2, a ratio of the two
 // configurations) or fewer than two causes fit.
 std::vector<Finding> Alternatives(double scale, const std::string& kind, const SideFacts& a, const SideFacts& b,
-                                  const Finding& chosen, double ctol) {
+                                  const Finding& chosen, double ctol, bool others_match) {
   std::vector<Finding> out;
   if (kind == "expert" || kind == "mixed") return out;  // experts: the ep/edp rules decide (PickCandidate)
   const char side = chosen.side == "A" ? 'A' : 'B';
@@ -412,6 +412,9 @@ std::vector<Finding> Alternatives(double scale, const std::string& kind, const S
         c.ruled_out = RuledOut::kPlainMeanConvention;
       }
       if (cause == Cause::kLossMultiplier && off_by_factor && !plain) c.ruled_out = RuledOut::kReductionsCarryFactor;
+      if (cause == Cause::kLossMultiplier && others_match && c.ruled_out == RuledOut::kNo) {
+        c.ruled_out = RuledOut::kOtherParamsMatch;
+      }
       out.push_back(std::move(c));
     }
   }
@@ -470,9 +473,24 @@ void NameRerun(double scale, const SideFacts& a, const SideFacts& b, Finding* f)
 }
 
 // Settles a finding whose factor several causes fit: the one the traces leave, or kAmbiguous with the rerun.
-void Settle(double scale, const SideFacts& a, const SideFacts& b, std::vector<Finding> alternatives, Finding* f) {
-  const auto left = std::count_if(alternatives.begin(), alternatives.end(),
-                                  [](const Finding& x) { return x.ruled_out == RuledOut::kNo; });
+void Settle(double scale, const SideFacts& a, const SideFacts& b, std::vector<Finding> alternatives, bool others_match,
+            Finding* f) {
+  auto count_left = [&] {
+    return std::count_if(alternatives.begin(), alternatives.end(),
+                         [](const Finding& x) { return x.ruled_out == RuledOut::kNo; });
+  };
+  auto left = count_left();
+  // Only part of the model carries the factor and the recorded reductions divide as needed: it enters outside
+  // them, so the divisors they would have ruled out stay (marked), and the rerun tells them apart.
+  if (left == 0 && others_match) {
+    for (auto& x : alternatives) {
+      if (x.cause == Cause::kReductionDivisor && x.ruled_out == RuledOut::kReductionsAsNeeded) {
+        x.ruled_out = RuledOut::kNo;
+        x.outside_recorded = true;
+      }
+    }
+    left = count_left();
+  }
   if (left == 0) return;  // the evidence contradicts every candidate: the rules' own choice stands
   if (left == 1) {
     Finding chosen = *std::find_if(alternatives.begin(), alternatives.end(),
@@ -502,8 +520,8 @@ std::optional<double> LossRatio(const SideFacts& a, const SideFacts& b, double s
 
 }  // namespace
 
-Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b,
-                      double ctol) {
+Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b, double ctol,
+                      bool others_match) {
   // The recorded layouts' prediction settles the cause when it equals the factor.
   const pb::ParamKind kind = KindOf(param_kind);
   const auto pa = Predict(a.config, kind), pb_ = Predict(b.config, kind);
@@ -531,8 +549,8 @@ Finding ExplainFactor(double scale, const std::string& param_kind, const SideFac
     f.param_kind = param_kind;
     side = f.side == "A" ? &a : &b;
     if (f.cause == Cause::kLossMultiplier || f.cause == Cause::kReductionDivisor) {
-      auto alternatives = Alternatives(scale, param_kind, a, b, f, ctol);
-      if (!alternatives.empty()) Settle(scale, a, b, std::move(alternatives), &f);
+      auto alternatives = Alternatives(scale, param_kind, a, b, f, ctol, others_match);
+      if (!alternatives.empty()) Settle(scale, a, b, std::move(alternatives), others_match, &f);
       if (f.cause == Cause::kAmbiguous) {
         f.predicted = predicted;
         f.prediction_differs = predicted && !Near(scale, *predicted, ctol);

@@ -95,6 +95,7 @@ enum class RuledOut {
   kPlainMeanConvention,    // a reduction divisor: that side's reductions are the plain mean over their group (the
                            // convention a loss is written for), so the loss is what is off
   kRecipeGivesFactor,      // that side's recorded loss recipe (a local mean per shard) over-counts by the split already
+  kOtherParamsMatch,       // a loss multiple: it would scale every gradient, and other parameters match
 };
 
 struct Finding {
@@ -121,12 +122,17 @@ struct Finding {
   std::string rerun_side;              // "A" or "B"
   int rerun_value = 0;                 // that degree in the rerun
   bool rerun_with_reductions = false;  // kAmbiguous in one dimension: recording PRE/POST would separate them
+  // A reduction divisor although the side's recorded reductions divide as its layout needs: only part of the
+  // model carries the factor, so it enters outside them (a second all-reduce, a hook that scales gradients).
+  bool outside_recorded = false;
   bool Up() const { return factor > 1; }
 };
 
 // The finding for parameters of `param_kind` ("dense", "expert", "mixed", ...)
-// whose FINAL gradients are `scale` x A's, factors equal within relative `ctol`.
-Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b, double ctol);
+// whose FINAL gradients are `scale` x A's, factors equal within relative `ctol`. `others_match`: other
+// parameters of the comparison match (B/A = 1), so a loss multiple, which scales every gradient, is ruled out.
+Finding ExplainFactor(double scale, const std::string& param_kind, const SideFacts& a, const SideFacts& b, double ctol,
+                      bool others_match = false);
 
 // The finding for parameters that are not a multiple of A: lossy compression,
 // a reduction group that leaves out a split dimension, or unequal valid-token

@@ -209,6 +209,9 @@ void AddScaleGroups(const std::vector<ParamResult>& params, const TraceSide& a, 
   }
   std::sort(scalable.begin(), scalable.end(),
             [](const ParamResult* x, const ParamResult* y) { return x->metrics.scale < y->metrics.scale; });
+  // Some parameters match: a factor carried by the others cannot be a loss multiple (it scales every gradient).
+  const bool any_match = std::any_of(scalable.begin(), scalable.end(),
+                                     [&](const ParamResult* p) { return std::fabs(p->metrics.scale - 1) <= ctol; });
   for (size_t i = 0; i < scalable.size();) {
     double first = scalable[i]->metrics.scale;
     size_t j = i;
@@ -224,7 +227,9 @@ void AddScaleGroups(const std::vector<ParamResult>& params, const TraceSide& a, 
     }
     g.param_kind = kinds.size() == 1 ? *kinds.begin() : "mixed";
     Cause k;
-    g.explanation = ExplainScale(*g.scale, g.count, total, semantics::ExplainedKind(kinds, b.config), a, b, ctol, &k);
+    const bool others_match = any_match && std::fabs(*g.scale - 1) > ctol;
+    g.explanation =
+        ExplainScale(*g.scale, g.count, total, semantics::ExplainedKind(kinds, b.config), a, b, ctol, &k, others_match);
     g.expression = k.expression;
     g.cause = k.cause;
     g.dimension = k.dimension == semantics::Dimension::kSpCp ? semantics::Dimension::kSp : k.dimension;
@@ -314,6 +319,8 @@ std::string RuledOutBy(const semantics::Finding& alt) {
       return alt.side + "'s reductions alone are off by the whole factor";
     case semantics::RuledOut::kPlainMeanConvention:
       return alt.side + "'s reductions are the plain mean over their group, the convention a loss is written for";
+    case semantics::RuledOut::kOtherParamsMatch:
+      return "the other parameters match, and a loss multiple would scale every gradient";
     case semantics::RuledOut::kRecipeGivesFactor:
       return alt.side + "'s recorded loss recipe, a local mean per shard, over-counts by the split already";
     case semantics::RuledOut::kNo:
@@ -324,6 +331,11 @@ std::string RuledOutBy(const semantics::Finding& alt) {
 
 // The candidates of a finding several causes fit (semantics::Finding::alternatives), their sentences and the
 // rerun that separates those the traces leave.
+// A divisor applied outside the side's recorded reductions (semantics::Finding::outside_recorded).
+std::string OutsideWords(const semantics::Finding& f) {
+  return f.outside_recorded ? ", outside its recorded reductions (which divide as its layout needs)" : "";
+}
+
 void AlternativesInto(const semantics::Finding& f, const TraceSide& a, const TraceSide& b, Cause* k) {
   for (const auto& alt : f.alternatives) {
     CandidateCause c;
@@ -331,7 +343,7 @@ void AlternativesInto(const semantics::Finding& f, const TraceSide& a, const Tra
     c.dimension = alt.dimension;
     c.side = alt.side;
     c.expression = alt.expression;
-    c.explanation = FindingWords(alt, alt.side == "A" ? a : b);
+    c.explanation = FindingWords(alt, alt.side == "A" ? a : b) + OutsideWords(alt);
     c.ruled_out_by = RuledOutBy(alt);
     c.rerun_predicts = alt.rerun_factor;
     k->candidates.push_back(std::move(c));
@@ -381,8 +393,9 @@ std::string AmbiguityWords(const Cause& k) {
 
 double ClusterTolerance(double rtol) { return std::clamp(10 * rtol, 1e-6, 0.01); }
 
-Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol) {
-  const semantics::Finding f = semantics::ExplainFactor(scale, param_kind, Facts(a), Facts(b), ctol);
+Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol,
+                   bool others_match) {
+  const semantics::Finding f = semantics::ExplainFactor(scale, param_kind, Facts(a), Facts(b), ctol, others_match);
   Cause k;
   k.expression = f.expression;
   k.cause = f.cause;
@@ -393,7 +406,7 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
   if (f.cause == semantics::Cause::kAmbiguous) {
     k.why = AmbiguityWords(k);
   } else {
-    k.why = FindingWords(f, f.side == "A" ? a : b) + RuledOutWords(k);
+    k.why = FindingWords(f, f.side == "A" ? a : b) + OutsideWords(f) + RuledOutWords(k);
   }
   if (f.prediction_differs) k.why += "; the configurations predict B/A = " + FormatFixed(*f.predicted);
   if (f.loss_ratio) {
@@ -404,13 +417,13 @@ Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide&
 }
 
 std::string ExplainScale(double scale, int count, int total, const std::string& param_kind, const TraceSide& a,
-                         const TraceSide& b, double ctol, Cause* cause) {
+                         const TraceSide& b, double ctol, Cause* cause, bool others_match) {
   std::string which = count == total ? "for all " + std::to_string(total) + " parameters"
                                      : "for " + std::to_string(count) + " of " + std::to_string(total) + " parameters";
   if (count == 1 && total == 1) which = "for the only parameter";
   const std::string group = GroupWords(param_kind);
   if (!group.empty() && count != total) which += " (" + group + ")";
-  Cause k = ExplainCause(scale, param_kind, a, b, ctol);
+  Cause k = ExplainCause(scale, param_kind, a, b, ctol, others_match);
   std::string s =
       "B/A = " + FormatFixed(scale) + (k.expression.empty() ? "" : " = " + k.expression) + " " + which + ": " + k.why;
   if (cause) *cause = std::move(k);

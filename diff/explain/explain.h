@@ -35,15 +35,17 @@ struct Cause {
   semantics::Dimension dimension = semantics::Dimension::kNone;
   std::string side;
   std::optional<double> predicted;
-  std::string why;  // words
+  std::string why;                         // words
   std::vector<CandidateCause> candidates;  // Group::candidates
   std::string rerun;                       // Group::rerun
 };
-Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol);
+// `others_match`: other parameters of the comparison match (semantics::ExplainFactor).
+Cause ExplainCause(double scale, const std::string& param_kind, const TraceSide& a, const TraceSide& b, double ctol,
+                   bool others_match = false);
 
 // One sentence: "B/A = 2.000 = sp(B) for all 14 parameters: <why>".
 std::string ExplainScale(double scale, int count, int total, const std::string& param_kind, const TraceSide& a,
-                         const TraceSide& b, double ctol, Cause* cause);
+                         const TraceSide& b, double ctol, Cause* cause, bool others_match = false);
 
 // Groups `params` (already judged): "scale" groups for match/scaled clustered by
 // factor, then one group each for mismatch, missing and nonfinite. Most serious first

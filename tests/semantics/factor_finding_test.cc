@@ -338,6 +338,46 @@ TEST(FactorFinding, TpAgainstALossTimesTp) {
   EXPECT_EQ(right.dimension, Dimension::kTp);
 }
 
+// Issue 44's planted bug: only some parameters (the norms) are tp = 2 x the reference while the others match.
+// A loss multiple would scale every gradient, so the traces rule it out and leave tp summed as the divisor.
+// With dp = tp = 2 and B's recorded reductions dividing as needed, the factor enters outside them: both
+// divisors stay, marked, and doubling dp tells them apart.
+TEST(FactorFinding, PartOfTheModelScaledIsNoLossMultiple) {
+  pb::Config ref = Cfg(1, 1, "mean", "local-mean"), b = Cfg(1, 1, "mean", "local-mean");
+  b.set_tp(2);
+  b.set_world(2);
+  const Finding whole = ExplainFactor(2.0, "dense", Side(ref), Side(b), 1e-4);
+  EXPECT_EQ(whole.cause, Cause::kAmbiguous);  // every parameter x 2: the loss or the divisor
+  const Finding part = ExplainFactor(2.0, "dense", Side(ref), Side(b), 1e-4, /*others_match=*/true);
+  EXPECT_EQ(part.cause, Cause::kReductionDivisor);
+  EXPECT_EQ(part.dimension, Dimension::kTp);
+  EXPECT_FALSE(part.outside_recorded);  // no reductions recorded: nothing says where it enters
+  ASSERT_EQ(part.alternatives.size(), 2u);
+  EXPECT_EQ(part.alternatives[0].cause, Cause::kLossMultiplier);
+  EXPECT_EQ(part.alternatives[0].ruled_out, RuledOut::kOtherParamsMatch);
+
+  pb::Config b4 = Cfg(2, 1, "mean", "local-mean");
+  b4.set_tp(2);
+  b4.set_world(4);
+  SideFacts sb = Side(b4);
+  sb.reductions = {{"dense", 2, 2.0, 2.0}};  // FSDP's reduce-scatter over dp divides by dp, as needed
+  const Finding both = ExplainFactor(2.0, "dense", Side(ref), sb, 1e-4, /*others_match=*/true);
+  EXPECT_EQ(both.cause, Cause::kAmbiguous);
+  int divisors_left = 0, losses = 0;
+  for (const auto& alt : both.alternatives) {
+    if (alt.cause == Cause::kLossMultiplier) {
+      ++losses;
+      EXPECT_EQ(alt.ruled_out, RuledOut::kOtherParamsMatch);
+    } else if (alt.ruled_out == RuledOut::kNo) {
+      ++divisors_left;
+      EXPECT_TRUE(alt.outside_recorded);
+    }
+  }
+  EXPECT_EQ(losses, 2);
+  EXPECT_EQ(divisors_left, 2);
+  EXPECT_EQ(both.rerun, Dimension::kDp);  // dp 4: dp(B) predicts 4, tp(B) still 2
+}
+
 // DeepSpeed PR #5259: expert gradients averaged over edp (dp 4 / ep 2) are ep = 2 x too large; the PRs are
 // cited for DeepSpeed traces.
 TEST(FactorFinding, ExpertsAveragedOverEdpNameEp) {
