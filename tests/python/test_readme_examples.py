@@ -66,12 +66,13 @@ def block_with(lang, marker):
 
 # Each README block, by a line only it holds, and the test that runs it (the wheel's: tools/wheel-check).
 CLAIMED = {"Verdict: scaled -- B/A = 2.000 = dp(B)": "test_readme_ddp_example_runs_as_written",
-           "./tools/demo": "test_readme_two_commands",
+           "./tools/demo": "test_readme_two_commands, test_readme_main_job_the_demo_runs",
            "auditwheel repair": "tools/wheel-check (tests/wheel/readme_wheel_block.py)",
            "# train.py": "test_readme_ddp_example_runs_as_written",
            "torchrun --nproc-per-node 2 train.py traces/dp2-bug 2": "test_readme_ddp_example_runs_as_written",
            "gradtrace-pack": "test_readme_5248_and_bug_report_blocks_run_as_written",
            "gradtrace-versions --package": "test_versions_command.py (its ergas fixture runs it)",
+           "gradtrace-matrix --script": "test_matrix.py (its grid fixture runs it)",
            "gradtrace-train --nproc 2": "test_readme_5248_and_bug_report_blocks_run_as_written"}
 
 
@@ -91,6 +92,20 @@ def test_readme_two_commands():
         assert os.access(path, os.X_OK), line
         assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, line
     assert "exec ./tools/test" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
+
+
+def test_readme_main_job_the_demo_runs(tmp_path):
+    """The first command: the #5248 scenario end to end (tools/setup finds everything in place: seconds)."""
+    env = dict(os.environ, GRADTRACE_DEMO_OUT=str(tmp_path / "demo"), GRADTRACE_BUILD_DIR=str(BUILD))
+    p = subprocess.run([str(ROOT / "tools" / "demo")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+               re.finditer(r"^  (sp=2, .*?)\s+exit (\d)  (.*)$", p.stdout, re.M)}
+    assert {k: v[0] for k, v in summary.items()} == {
+        "sp=2, backward(loss)": 1, "sp=2, backward(loss / sp)": 0, "sp=2, unequal shards, backward(loss / sp)": 1,
+        "sp=2, unequal shards, token-weighted loss": 0}
+    assert summary["sp=2, backward(loss)"][1].startswith("B/A = 2.000 = sp(B) for all 29 parameters")
+    assert summary["sp=2, backward(loss / sp)"][1] == "all 29 parameters match"
 
 
 def test_readme_ddp_example_runs_as_written(tmp_path):

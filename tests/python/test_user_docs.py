@@ -18,7 +18,7 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-USER_PAGES = sorted(p for p in (ROOT / "docs" / "user").rglob("*") if p.is_file()) + [ROOT / "README.md"]
+USER_PAGES = sorted(p for p in (ROOT / "docs" / "user").rglob("*.md")) + [ROOT / "README.md"]
 INDEXES = [ROOT / "docs" / "dev" / "README.md", ROOT / "docs" / "studies" / "README.md"]
 LINKED_PAGES = sorted((ROOT / "docs" / "user").glob("*.md")) + INDEXES + [ROOT / "README.md"]
 
