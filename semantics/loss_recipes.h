@@ -9,7 +9,7 @@
 //                                        global batch: all ranks (dp x split) add up to the batch's gradient,
 //                                        so the reductions must sum (FSDP2 set_gradient_divide_factor(1.0),
 //                                        a DDP comm hook that sums)
-// (capture/loss.h implements the gradtrace-train ones; alst-tutorial is the
+// (capture/train/loss.h implements the gradtrace-train ones; alst-tutorial is the
 // ALST tutorial's loop, where every SP rank back-propagates the whole loss
 // through all_gather, whose backward sums.)
 #pragma once

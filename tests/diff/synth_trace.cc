@@ -68,7 +68,8 @@ semantics::ReductionPath PathOf(const pb::Config& c, int64_t bucket_numel) {
   return semantics::ChooseReductionPath(c.zero_stage(), semantics::RecordedZeroSettings(c), bucket_numel);
 }
 
-// Whether POST_REDUCE holds each rank's partition of the bucket (else the whole bucket), as in capture/reducer.cc.
+// Whether POST_REDUCE holds each rank's partition of the bucket (else the whole bucket), as in
+// capture/train/reducer.cc.
 bool Partitioned(const pb::Config& c, semantics::ReductionPath path) {
   return path == semantics::ReductionPath::kZero3ReduceScatter ||
          (path == semantics::ReductionPath::kZeroPartitioned && semantics::RecordedZeroSettings(c).reduce_scatter);

@@ -1,6 +1,6 @@
 """gradtrace-train's emulation of DeepSpeed 0.19.8 against real DeepSpeed 0.19.8, trace against trace.
 
-Both sides run gradtrace-train's model (capture/model.cc; on the DeepSpeed side model.py's GradtraceLM,
+Both sides run gradtrace-train's model (capture/train/model.cc; on the DeepSpeed side model.py's GradtraceLM,
 whose attention is DeepSpeed's DistributedAttention) from the same initial weights and global batch:
 `gradtrace-train --export-init FILE` writes them, `run.py --model gradtrace --init FILE` loads them, so
 there is one implementation of init and data. Parameter names are identical, so no --rename.

@@ -65,7 +65,7 @@ def parse_args(argv=None):
                     help="replace every MLP by deepspeed.moe.layer.MoE with this many experts (0: dense)")
     ap.add_argument("--model", choices=["tiny", "gradtrace"], default="tiny",
                     help="tiny: model.py's TinyLM, weights and data from --seed; gradtrace: gradtrace-train's "
-                         "model (capture/model.cc), weights and global batches from --init")
+                         "model (capture/train/model.cc), weights and global batches from --init")
     ap.add_argument("--init", help="--model gradtrace: the file of `gradtrace-train --export-init FILE` (same "
                                    "--seed --seq-len --vocab --hidden --heads --layers --steps --gas, and "
                                    "gradtrace-train --batch = this --batch x --dp)")

@@ -224,7 +224,7 @@ def load_gradtrace_init(path):
 
 
 def gradtrace_causal_attention(q, k, v):
-    """capture/ulysses.cc CausalAttention, op for op: q, k, v [b, seq (full), heads (local), hd]."""
+    """capture/train/ulysses.cc CausalAttention, op for op: q, k, v [b, seq (full), heads (local), hd]."""
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     t = q.shape[1]
@@ -288,7 +288,7 @@ class _GtEmbed(nn.Module):
 
 
 class GradtraceLM(nn.Module):
-    """capture/model.cc's TransformerLM (dense) with its parameter names and order: embed.tok/pos,
+    """capture/train/model.cc's TransformerLM (dense) with its parameter names and order: embed.tok/pos,
     blocks.N.{ln1, attn.qkv, attn.out, ln2, mlp.fc1, mlp.fc2}, ln_f, lm_head (no bias); pre-LN,
     exact GELU, attention scaled by 1/sqrt(head_dim) with a causal mask, here wrapped in DeepSpeed's
     DistributedAttention. Weights come from the init file, not from a seed. forward() and the loss

@@ -48,7 +48,7 @@ void AddReductionOptions(CLI::App& app, TrainOptions& o) {
 
 // The loss and the optimizer loop.
 void AddTrainingOptions(CLI::App& app, TrainOptions& o) {
-  // The recipes capture/loss.cc implements, by name or by an alias (semantics/loss_recipes.h), held as the name.
+  // The recipes capture/train/loss.cc implements, by name or by an alias (semantics/loss_recipes.h), held as the name.
   app.add_option("--loss", o.loss, "loss recipe")
       ->transform(CLI::IsMember(std::vector<std::string>{"local-mean", "local-mean-div-sp", "token-weighted",
                                                          "global-token-weighted", "full-sequence"},
