@@ -720,6 +720,8 @@ void RegisterSemantics(py::module_& m) {
     for (const auto& [alias, recipe] : semantics::LossRecipeAliases()) out[py::str(alias)] = recipe;
     return out;
   });
+  // The reduction paths' names (semantics/reduction_path.h), in the enum's order: the one list the adapters check.
+  m.def("reduction_paths", [] { return semantics::ReductionPathNames(); });
   // The path a bucket takes (semantics/reduction_path.h), by the names bucket_divisor takes.
   m.def(
       "reduction_path",

@@ -47,6 +47,12 @@ const char* ReductionPathName(ReductionPath path) {
   return "unknown";
 }
 
+std::vector<std::string> ReductionPathNames() {
+  std::vector<std::string> out;
+  for (const auto& p : kPathNames) out.emplace_back(p.name);
+  return out;
+}
+
 std::optional<ReductionPath> ParseReductionPath(const std::string& name) {
   for (const auto& p : kPathNames) {
     if (name == p.name) return p.path;

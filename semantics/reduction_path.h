@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gradtrace.pb.h"
 #include "scaling_policy.h"
@@ -48,6 +49,8 @@ ReductionPath ChooseReductionPath(int zero_stage, const ZeroSettings& settings, 
 // The paths' names in the adapters and the binding: "engine", "zero",
 // "zero3-reduce-scatter", "zero3-allreduce".
 const char* ReductionPathName(ReductionPath path);
+// Every path's name, in the table's order (the binding's reduction_paths()).
+std::vector<std::string> ReductionPathNames();
 std::optional<ReductionPath> ParseReductionPath(const std::string& name);
 
 }  // namespace gradtrace::semantics

@@ -112,3 +112,17 @@ def test_loss_aliases_are_the_cpp_list():
 def test_the_reduction_path_rule(stage, elements, bucket, rs, contiguous, path):
     """stage3.py:1673 (0.19.8), through the one C++ function the adapter's declared divisor uses."""
     assert _gtcodec.reduction_path(stage, elements, bucket, rs, contiguous) == path
+
+
+def test_reduction_path_names_are_semantics_own():
+    """The DeepSpeed adapter's reduction paths are semantics/'s list (reduction_path.cc), not a copy, and each is
+    a path the one rule can choose."""
+    from gradtrace.adapters import deepspeed_divisors
+
+    assert deepspeed_divisors.PATHS == tuple(_gtcodec.reduction_paths()) == \
+        ("engine", "zero", "zero3-reduce-scatter", "zero3-allreduce")
+    chosen = {_gtcodec.reduction_path(stage, 10, 100, reduce_scatter, True)
+              for stage in range(4) for reduce_scatter in (True, False)}
+    assert chosen == set(deepspeed_divisors.PATHS)
+    with pytest.raises(ValueError, match="path: expected one of"):
+        deepspeed_divisors.declared_divisor("0.19.8", "zero3", 2)

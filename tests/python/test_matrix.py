@@ -165,3 +165,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr and len(p.stderr.strip().splitlines()) <= 2, p.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_hostile_folder_names_and_expectations(planted, tmp_path):
+    """A folder name from --collect reaches the terminal escaped and the HTML escaped; a malformed expectation
+    is one line and exit 2."""
+    d, _, _ = planted
+    grid_dir = tmp_path / "grid"
+    grid_dir.mkdir()
+    shutil.copytree(d / "runs" / "dp1-tp1", grid_dir / "dp1-tp1")
+    shutil.copytree(d / "runs" / "dp2-tp1", grid_dir / "x\x1b[31m<b>")
+    p = matrix("--collect", grid_dir, "--html", tmp_path / "m.html", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "\x1b" not in p.stdout and "x\\x1b[31m<b>" in p.stdout
+    page = (tmp_path / "m.html").read_text()
+    assert "<b>" not in page and "x\x1b[31m&lt;b&gt;" in page
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": "1.0", "layouts": {"dp2-tp1": {
+        "verdict": "match", "scales": {"norm.weight": "two"}}}}))
+    bad = matrix("--collect", grid_dir, "--expect", tmp_path / "bad.json", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"gradtrace-matrix: {tmp_path / 'bad.json'}: layout 'dp2-tp1': expected "
+        '{"verdict": ..., "scales": {name: number}}']

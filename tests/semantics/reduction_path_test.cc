@@ -107,5 +107,16 @@ TEST(ReductionPath, PredictionFollowsTheRecordedPath) {
   }
 }
 
+// The names' one list (the binding's reduction_paths(), the Python adapters' PATHS): each parses back to its path.
+TEST(ReductionPathNames, EveryNameParsesBackInTheTablesOrder) {
+  const auto names = ReductionPathNames();
+  ASSERT_EQ(names, (std::vector<std::string>{"engine", "zero", "zero3-reduce-scatter", "zero3-allreduce"}));
+  for (const auto& name : names) {
+    const auto path = ParseReductionPath(name);
+    ASSERT_TRUE(path.has_value()) << name;
+    EXPECT_EQ(ReductionPathName(*path), name);
+  }
+}
+
 }  // namespace
 }  // namespace gradtrace::semantics

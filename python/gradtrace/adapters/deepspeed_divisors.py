@@ -14,8 +14,8 @@ from functools import lru_cache
 
 from .. import _gtcodec
 
-# The adapters' reduction paths -> the table's (semantics/scaling_policy.h ReductionPath).
-PATHS = ("engine", "zero", "zero3-reduce-scatter", "zero3-allreduce")
+# The reduction paths' names, from semantics/ (reduction_path.h ReductionPathName) through the binding: one list.
+PATHS = tuple(_gtcodec.reduction_paths())
 
 
 @lru_cache(maxsize=None)

@@ -39,8 +39,10 @@ def load(path: str) -> dict:
         raise BadExpectation(f"{path}: not a gradtrace-matrix expectation (schema_version 1.x with layouts)")
     for name, e in data["layouts"].items():
         if not isinstance(e, dict) or not isinstance(e.get("verdict"), str) or \
-                not isinstance(e.get("scales", {}), dict):
-            raise BadExpectation(f"{path}: layout {name!r}: expected {{\"verdict\": ..., \"scales\": {{...}}}}")
+                not isinstance(e.get("scales", {}), dict) or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in e.get("scales", {}).values()):
+            raise BadExpectation(f"{path}: layout {name!r}: expected "
+                                 f"{{\"verdict\": ..., \"scales\": {{name: number}}}}")
     return data
 
 

@@ -82,10 +82,15 @@ def _cells(r: dict) -> list:
 HEAD = ["LAYOUT", "WORLD", "VERDICT", "EXIT", "WORST", "FIRST STEP", "CAUSE"]
 
 
+def printable(cell: str) -> str:
+    """A cell for a terminal: control characters (a folder name from --collect is anyone's) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cell)
+
+
 def text(matrix: dict, width: int = 110) -> str:
-    rows = [_cells(r) for r in matrix["layouts"]]
+    rows = [[printable(c) for c in _cells(r)] for r in matrix["layouts"]]
     widths = [max(len(c[i]) for c in rows + [HEAD]) for i in range(len(HEAD) - 1)]
-    lines = [f"gradtrace-matrix: {matrix['summary']}", ""]
+    lines = [f"gradtrace-matrix: {printable(matrix['summary'])}", ""]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
     lines.append(fmt.format(*HEAD))
     for c in rows:
@@ -94,7 +99,7 @@ def text(matrix: dict, width: int = 110) -> str:
     if matrix.get("expectation"):
         e = matrix["expectation"]
         lines += ["", f"expectation {e['file']}: " + ("held" if e["held"] else "broken")]
-        lines += [f"  {b}" for b in e["broken"]]
+        lines += [f"  {printable(b)}" for b in e["broken"]]
     return "\n".join(lines) + "\n"
 
 
