@@ -48,3 +48,38 @@ def test_lower_rooms_never_include_higher_ones():
                           ("semantics", "capture"), ("semantics", "diff"), ("semantics", "pack"),
                           ("diff", "pack"), ("diff", "inspect"), ("capture", "diff")]:
         assert back_edges(lower, higher) == [], (lower, higher)
+
+
+# diff/'s phases in the order the data flows (diff/CMakeLists.txt). Issue 47 item 1 wants no include from a phase
+# to a later one; these are the ones today, most of them report/report.h serving as the shared model. The list is
+# a ratchet: a new back-edge fails, and so does one removed without striking it here.
+DIFF_PHASES = ["load", "compare", "evidence", "explain", "report"]
+KNOWN_DIFF_BACK_EDGES = {
+    "diff/load/gather.h: compare/metrics.h", "diff/load/packed_run.h: report/json_io.h",
+    "diff/load/trace_set.cc: compare/tolerance.h", "diff/compare/diff_engine.cc: evidence/evidence.h",
+    "diff/compare/diff_engine.cc: evidence/grad_norm.h", "diff/compare/diff_engine.cc: evidence/setup_check.h",
+    "diff/compare/diff_engine.cc: explain/explain.h", "diff/compare/diff_engine.h: report/report.h",
+    "diff/compare/merge.cc: report/partial_report.h", "diff/compare/step_table.cc: evidence/evidence.h",
+    "diff/compare/step_table.cc: report/json_io.h", "diff/compare/step_table.h: report/report.h",
+    "diff/evidence/bucket_view.h: report/report.h", "diff/evidence/evidence.h: report/report.h",
+    "diff/evidence/grad_norm.h: report/report.h", "diff/evidence/self_check.cc: explain/divisor_words.h",
+    "diff/evidence/self_check.cc: explain/explain.h", "diff/evidence/self_check.h: report/report.h",
+    "diff/explain/divisor_words.h: report/report.h", "diff/explain/explain.h: report/report.h",
+}
+
+
+def diff_back_edges():
+    out = set()
+    for i, phase in enumerate(DIFF_PHASES):
+        for source, names in includes(f"diff/{phase}").items():
+            for path in INCLUDE.findall((ROOT / source).read_text()):
+                room = path.split("/")[0]
+                if room in DIFF_PHASES and DIFF_PHASES.index(room) > i:
+                    out.add(f"{source}: {path}")
+    return out
+
+
+def test_diff_phases_gain_no_back_edge():
+    now = diff_back_edges()
+    assert sorted(now - KNOWN_DIFF_BACK_EDGES) == [], "a new include from a diff/ phase to a later one"
+    assert sorted(KNOWN_DIFF_BACK_EDGES - now) == [], "gone: strike it from KNOWN_DIFF_BACK_EDGES"
