@@ -186,3 +186,53 @@ def test_hostile_folder_names_and_expectations(planted, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"gradtrace-matrix: {tmp_path / 'bad.json'}: layout 'dp2-tp1': expected "
         '{"verdict": ..., "scales": {name: number}}']
+
+
+TINY = '''
+import json, os, sys
+import numpy as np
+import gradtrace
+
+layout = json.loads(os.environ["GRADTRACE_LAYOUT"])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if layout["tp"] == 2:
+    print("tiny: tp 2 is broken here", file=sys.stderr)
+    sys.exit(3)
+if layout["tp"] == 4:
+    sys.exit(0)  # trains, captures nothing
+info = {"rank": rank, "params": [{"name": "w", "shape": [4], "dtype": "fp32"}]}
+os.makedirs(os.environ["GRADTRACE_OUT_DIR"], exist_ok=True)
+with gradtrace.TraceWriter(os.path.join(os.environ["GRADTRACE_OUT_DIR"], f"rank-{rank:05d}.gtrace"), info) as w:
+    w.write_step({"step": 0, "loss": 1.0})
+    w.write_bucket({"step": 0, "phase": "FINAL",
+                    "slices": [{"param_id": 0, "values": np.arange(4, dtype=np.float32), "mode": "full"}]})
+'''
+
+
+def test_a_layout_that_fails_or_writes_nothing_is_listed_as_failed(tmp_path):
+    """A script without torch (a trace written with gradtrace.TraceWriter): tp 2 exits 3, tp 4 exits 0 without a
+    trace. Both rows say so, with the log; the matrix exits 1; the layout that ran matches."""
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    p = matrix("--script", script, "--grid", "tp=1,2,4", "--layout", "tp=8", "--max-world", "4", "--out",
+               tmp_path / "runs", "--json", tmp_path / "m.json", cwd=tmp_path, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rows = by_name(json.loads((tmp_path / "m.json").read_text()))
+    assert [(n, r["status"], r["run_exit"]) for n, r in rows.items()] == [
+        ("tp1", "ran", 0), ("tp2", "failed", 3), ("tp4", "failed", 0), ("tp8", "skipped", None)]
+    assert rows["tp2"]["reason"] == f"exit 3: tiny: tp 2 is broken here (log: {tmp_path / 'runs' / 'tp2.log'})"
+    assert rows["tp4"]["reason"] == f"the script exited 0 but wrote no trace into {tmp_path / 'runs' / 'tp4'}"
+    assert rows["tp1"]["verdict"] == "reference" and rows["tp2"]["verdict"] == ""
+    assert "1 layouts" not in p.stdout and p.stdout.splitlines()[0] == (
+        "gradtrace-matrix: 3 layouts against tp1: 0 match, 2 failed (tp2, tp4), 1 skipped")
+
+
+def test_a_reference_that_does_not_run_stops_the_matrix_in_one_line(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('broken: no model here', file=sys.stderr)\nsys.exit(1)\n")
+    p = matrix("--script", script, "--grid", "dp=1,2", "--out", tmp_path / "runs", cwd=tmp_path, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        f"gradtrace-matrix: the reference dp1 did not run (failed: exit 1: broken: no model here (log: "
+        f"{tmp_path / 'runs' / 'dp1.log'})); nothing to compare")
+    assert not (tmp_path / "runs" / "dp2.log").exists()  # nothing else was started
