@@ -58,6 +58,7 @@ import torch
 from . import deprecation
 from . import deepspeed_pipe, deepspeed_zero3
 from . import loss_recipes, no_gradient
+from .attach_options import check_options, deepspeed_options
 from .capture_protocol import Capture
 from .deepspeed_divisors import declared_divisor
 from .layout import Layout
@@ -620,6 +621,17 @@ class _Absent:
 
 
 _ABSENT = _Absent()
+
+
+def capture_with_options(engine, out_dir, given: dict, what: str = "a DeepSpeed engine", **fixed) -> DeepSpeedCapture:
+    """The capture of ``engine`` from ``gradtrace.attach``'s options (attach_options): an option the engine cannot
+    honour is a ValueError naming ``what``, before anything is hooked; ``loss`` is ``loss_recipe``. ``fixed``:
+    the caller's own keywords (a Trainer's ``extra`` and ``packages``)."""
+    check_options(given, "deepspeed", what)
+    options = deepspeed_options(given)
+    # An engine keeps the mpu it was made with (Ulysses SP, ALST through accelerate): sp comes from it unless given.
+    mpu = options.pop("mpu", getattr(engine, "mpu", None))
+    return DeepSpeedCapture(engine, out_dir, mpu=mpu, **fixed, **options)
 
 
 def attach(engine, out_dir, mode: str = "full", mpu=None, **kwargs) -> DeepSpeedCapture:

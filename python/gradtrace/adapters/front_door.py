@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .attach_options import ACCEPTS, check_options, deepspeed_options
+from .attach_options import ACCEPTS, check_options
 from .capture_protocol import NO_FRAMES, Capture
 
 ACCEPTED_OBJECTS = ("a torch.nn.Module (plain, DistributedDataParallel, fully_shard'ed or DTensor-parallel), a "
@@ -86,7 +86,9 @@ def attach(obj, out_dir, given: dict) -> Capture:
     if kind == "pipeline":
         kind = _pipeline_kind(obj)
     if kind == "deepspeed":
-        return _deepspeed(obj, out_dir, given, "a DeepSpeed engine")
+        from .deepspeed_adapter import capture_with_options
+
+        return capture_with_options(obj, out_dir, given)
     if kind == "accelerate":
         return _accelerate(obj, out_dir, given)
     if kind == "hf-trainer":
@@ -111,16 +113,6 @@ def attach(obj, out_dir, given: dict) -> Capture:
     return ManualCapture(obj, out_dir, optimizer, **options)
 
 
-def _deepspeed(engine, out_dir, given: dict, what: str) -> Capture:
-    check_options(given, "deepspeed", what)
-    from .deepspeed_adapter import DeepSpeedCapture
-
-    options = deepspeed_options(given)
-    # An engine keeps the mpu it was made with (Ulysses SP, ALST): sp comes from it unless one is given.
-    mpu = options.pop("mpu", getattr(engine, "mpu", None))
-    return DeepSpeedCapture(engine, out_dir, mpu=mpu, **options)
-
-
 def _accelerate(accelerator, out_dir, given: dict) -> Capture:
     """The model ``accelerator.prepare`` made (``model=``, or the one it prepared), through its backend."""
     from . import hf_backends
@@ -133,12 +125,8 @@ def _accelerate(accelerator, out_dir, given: dict) -> Capture:
     if backend == "fsdp1":
         raise TypeError("gradtrace.attach: the Accelerator runs FSDP1, whose flat shards gradtrace does not map; "
                         "use fsdp_version 2")
-    what = f"an Accelerator running {backend}"
-    if backend == "deepspeed":  # the engine steps inside engine.step: the optimizer is not needed
-        check_options(options, "deepspeed", what, extra_ok=("optimizer",))
-    else:
-        check_options(options, "module", what, extra_ok=ACCEPTS.get(backend, ()))
-        _plain_module_only(options, what)
+    _check_wrapped(options, backend, f"an Accelerator running {backend}")
+    if backend != "deepspeed":
         options.setdefault("gas", int(accelerator.gradient_accumulation_steps))
     optimizer = options.pop("optimizer", None)
     return hf_backends.attach(model, out_dir, accelerator=accelerator, optimizer=optimizer, driven_by="accelerate",
@@ -160,6 +148,16 @@ def _prepared_model(accelerator):
         raise ValueError(f"gradtrace.attach: pass the model accelerator.prepare returned as model= (the Accelerator "
                          f"has prepared {len(models)} model(s) and keeps the module, not the wrapper it trains)")
     return models[0]
+
+
+def _check_wrapped(given: dict, backend: str, what: str) -> None:
+    """The options of a model a framework wrapped (accelerate, Fabric) against what its ``backend`` honours; the
+    optimizer too under DeepSpeed, whose engine steps it inside ``engine.step``."""
+    if backend == "deepspeed":
+        check_options(given, "deepspeed", what, extra_ok=("optimizer",))
+    else:
+        check_options(given, "module", what, extra_ok=ACCEPTS.get(backend, ()))
+        _plain_module_only(given, what)
 
 
 def _plain_module_only(given: dict, what: str) -> None:
@@ -238,12 +236,7 @@ def _fabric(model, out_dir, given: dict) -> Capture:
 
     wrapped = getattr(model, "_forward_module", model)
     backend = hf_backends.backend_of(wrapped)[0]
-    what = f"a Fabric module running {backend}"
-    if backend == "deepspeed":
-        check_options(given, "deepspeed", what, extra_ok=("optimizer",))
-    else:
-        check_options(given, "module", what, extra_ok=ACCEPTS.get(backend, ()))
-        _plain_module_only(given, what)
+    _check_wrapped(given, backend, f"a Fabric module running {backend}")
     options = dict(given)
     optimizer = options.pop("optimizer", None)
     return fabric_capture(model, optimizer, out_dir, **options)

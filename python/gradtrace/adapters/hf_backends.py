@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 from .adapter_base import TorchCapture, make_layout
-from .attach_options import check_options, deepspeed_options
 from .rank_recorder import RankRecorder
 
 PACKAGES = ("transformers", "accelerate")
@@ -63,13 +62,9 @@ def attach(model, out_dir, *, accelerator=None, optimizer=None, driven_by: str =
 def _attach_deepspeed(engine, out_dir, extra, options):
     """A DeepSpeed engine under Trainer, accelerate or Lightning: ``options`` as gradtrace.attach takes them; one
     it cannot honour (``steps``, ``params``, layout overrides) is a ValueError before anything is hooked."""
-    from .deepspeed_adapter import DeepSpeedCapture
+    from .deepspeed_adapter import capture_with_options
 
-    check_options(options, "deepspeed", "a DeepSpeed engine")
-    kept = deepspeed_options(options)
-    # DeepSpeedEngine keeps the mpu it was given (ALST / Ulysses SP through accelerate): sp comes from it.
-    mpu = kept.pop("mpu", getattr(engine, "mpu", None))
-    return DeepSpeedCapture(engine, out_dir, mpu=mpu, extra=extra, packages=PACKAGES, **kept)
+    return capture_with_options(engine, out_dir, options, extra=extra, packages=PACKAGES)
 
 
 def _attach_single(model, out_dir, optimizer, kind, extra, options):

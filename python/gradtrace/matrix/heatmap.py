@@ -53,6 +53,7 @@ def page(matrix: dict, out_path: str) -> str:
     def href(r):
         return os.path.relpath(r["report_html"], here) if r["report_html"] else ""
 
+    params_of = [{p["name"]: p for p in r["params"]} for r in compared]  # one lookup per cell, not a scan
     names, kinds = [], {}
     for r in compared:
         for p in r["params"]:
@@ -90,9 +91,8 @@ def page(matrix: dict, out_path: str) -> str:
                          f"({len(members)})</th></tr>")
             for n in members:
                 cells = []
-                for r in compared:
-                    p = next((q for q in r["params"] if q["name"] == n), None)
-                    cells.append(_cell(p, href(r), f"{n} in {r['name']}"))
+                for r, by_name in zip(compared, params_of):
+                    cells.append(_cell(by_name.get(n), href(r), f"{n} in {r['name']}"))
                 parts.append(f"<tr><th class='param'>{e(n)}</th>{''.join(cells)}</tr>")
         parts.append("</table>")
     parts.append("</body></html>\n")
