@@ -115,8 +115,7 @@ Status VisitFinal(const TraceSet& set, int64_t step, int threads,
   return first_error;
 }
 
-void AddSelfGradNorm(const TraceSet& set, std::optional<double> final_norm, Report* report) {
-  const std::optional<double> reported = ReportedGradNorm(set, report->step);
+void AddSelfGradNorm(std::optional<double> reported, std::optional<double> final_norm, Report* report) {
   report->a.reported_grad_norm = reported;
   if (!reported || !final_norm) return;
   GradNormCheck g;

@@ -47,14 +47,13 @@ class FinalNormSum {
   bool whole_ = true;
 };
 
-// --self: the set's reported norm for the report's step against `final_norm`,
-// the norm of its FINAL gradients there (FinalNormSum over a VisitFinal pass
-// that --self shares with its replica check; read only when the set reported
-// a norm). Sets report->grad_norm (side a; nothing when the set reported no
-// norm or `final_norm` is empty) and, when misreported, a "grad-norm" finding
-// and -- if the reductions are ok -- the summary. The verdict and exit code
+// --self and the guard (evidence/self_judge.h): the norm the run reported for the report's step
+// (ReportedGradNorm) against `final_norm`, the norm of its FINAL gradients there (--self: FinalNormSum
+// over a VisitFinal pass shared with its replica check, read only when the set reported a norm). Sets
+// report->grad_norm (side a; nothing when `reported` or `final_norm` is empty) and, when misreported, a
+// "grad-norm" finding and -- if the reductions are ok -- the summary. The verdict and exit code
 // stay those of the reductions, as in the diff.
-void AddSelfGradNorm(const TraceSet& set, std::optional<double> final_norm, Report* report);
+void AddSelfGradNorm(std::optional<double> reported, std::optional<double> final_norm, Report* report);
 
 // Every parameter's FINAL at `step`, ranks joined as replicas/partitions, in
 // batches of at most 4 Mi elements on `threads` workers: visit(ids, values)

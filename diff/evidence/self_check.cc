@@ -17,8 +17,8 @@
 #include "evidence/bucket_view.h"
 #include "evidence/grad_norm.h"
 #include "expected_divisor.h"
-#include "explain/divisor_words.h"
 #include "explain/explain.h"
+#include "explain/self_judge.h"
 #include "load/gather.h"
 #include "load/progress.h"
 #include "load/thread_pool.h"
@@ -45,41 +45,6 @@ struct Reduction {
   std::vector<const FrameRef*> post;  // members' POST frames
   std::set<int32_t> sample;           // when not empty, only these parameters are measured (SampleReductions)
 };
-
-struct ParamAcc {
-  double ss = 0, sp = 0, pp = 0;
-  int64_t compared = 0;
-  // Model-parallel reductions (semantics::ModelParallelReduction): ||S||^2 and n x the sum of the
-  // members' ||PRE||^2 over its reductions; they are equal (Cauchy-Schwarz) only when every member's
-  // input was the same values, identical copies rather than partial sums.
-  double sum_sq = 0, members_sq = 0;
-  std::set<int32_t> buckets;
-  std::string group;
-  int group_size = 0;
-  double declared = 0;
-  std::vector<std::string> problems;
-  void Merge(const ParamAcc& o) {
-    ss += o.ss;
-    sp += o.sp;
-    pp += o.pp;
-    compared += o.compared;
-    sum_sq += o.sum_sq;
-    members_sq += o.members_sq;
-    buckets.insert(o.buckets.begin(), o.buckets.end());
-    if (group.empty()) group = o.group;
-    group_size = std::max(group_size, o.group_size);
-    if (declared == 0) declared = o.declared;
-    problems.insert(problems.end(), o.problems.begin(), o.problems.end());
-  }
-};
-
-// Whether the members of a reduction put in identical copies of one gradient, not partial sums:
-// ||S||^2 = n x the sum of the n members' ||PRE||^2 within rtol^2 (Cauchy-Schwarz: equal only when
-// every member holds the same values).
-bool IdenticalInputs(double sum_sq, double members_sq, double rtol) {
-  return members_sq > 0 && std::isfinite(sum_sq) && std::isfinite(members_sq) &&
-         std::fabs(1 - sum_sq / members_sq) <= rtol * rtol;
-}
 
 }  // namespace
 
@@ -220,13 +185,13 @@ void SampleReductions(const TraceSet& set, StepReductions* step) {
 // elements the record holds.
 int64_t AccumulatePost(const std::vector<int32_t>& ids, const std::vector<SideValues>& sums,
                        const std::vector<SideValues>& held, const ReductionKey& key, const FrameRef& post,
-                       std::map<AccKey, ParamAcc>* acc, CellSums* cell) {
+                       std::map<AccKey, ReductionSums>* acc, CellSums* cell) {
   int64_t held_total = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const SideValues& s = sums[k];
     const SideValues& p = held[k];
     if (p.ranks == 0) continue;
-    ParamAcc& a = (*acc)[{ids[k], key.group}];
+    ReductionSums& a = (*acc)[{ids[k], key.group}];
     a.buckets.insert(key.bucket);
     a.group = key.group;
     a.group_size = static_cast<int>(key.members.size());
@@ -310,7 +275,7 @@ struct PreSum {
   std::vector<SideValues> sums;      // S, per parameter of `ids`
   std::map<int, double> pre_sq;      // member -> its ||PRE||^2
   std::vector<char> model_parallel;  // per parameter: reduced over a model-parallel group
-  // Model-parallel parameters: ||S||^2 and n x the sum of the members' ||PRE||^2 (ParamAcc.sum_sq).
+  // Model-parallel parameters: ||S||^2 and n x the sum of the members' ||PRE||^2 (ReductionSums.sum_sq).
   std::vector<double> sum_sq, members_sq;
   bool identical = false;  // the members' inputs were the same values (IdenticalInputs over all of them)
 };
@@ -383,7 +348,7 @@ BucketCell CellOf(const ReductionPass& pass, const ReductionKey& key, const Fram
 
 // What checking one reduction adds to the report.
 struct ReductionResult {
-  std::map<AccKey, ParamAcc> acc;
+  std::map<AccKey, ReductionSums> acc;
   std::vector<BucketCell> cells;
   std::vector<Finding> findings;
 };
@@ -444,10 +409,10 @@ Status CheckReduction(const ReductionPass& pass, const ReductionKey& key, const 
 // Every reduction in parallel (CheckReduction). Returns the accumulators per (parameter id, group);
 // appends one bucket-view cell per member's POST record to report->bucket_view (cells of a micro-step
 // > 0 whose parameters `accumulating` lists for the rank are marked), and the reductions' findings.
-Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
-                                                          const SelfOptions& options,
-                                                          const std::set<std::pair<int, int32_t>>& accumulating,
-                                                          Report* report) {
+Expected<std::map<AccKey, ReductionSums>> AccumulateReductions(const TraceSet& set, const StepReductions& step,
+                                                               const SelfOptions& options,
+                                                               const std::set<std::pair<int, int32_t>>& accumulating,
+                                                               Report* report) {
   std::vector<std::pair<ReductionKey, Reduction>> work(step.reductions.begin(), step.reductions.end());
   const int threads = ResolveThreads(options.threads);
   // A sample reads each frame once (one member's POST, no replicas to find by their bytes): nothing is worth
@@ -472,7 +437,7 @@ Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, c
   });
   progress.Finish();
   if (!first_error.ok()) return first_error;
-  std::map<AccKey, ParamAcc> total;
+  std::map<AccKey, ReductionSums> total;
   for (ReductionResult& r : results) {
     for (auto& [k, acc] : r.acc) total[k].Merge(acc);
     report->bucket_view.insert(report->bucket_view.end(), r.cells.begin(), r.cells.end());
@@ -484,138 +449,12 @@ Expected<std::map<AccKey, ParamAcc>> AccumulateReductions(const TraceSet& set, c
   return total;
 }
 
-// One parameter's effective divisor and verdict (tolerance.h: rtol with the absolute floor).
-SelfParam JudgeSelfParam(const pb::ParamInfo& info, const ParamAcc& acc, const pb::Config& config, double rtol,
-                         double ctol, double atol, std::vector<Finding>* findings) {
-  SelfParam p;
-  p.name = info.name();
-  p.numel = info.numel();
-  p.group = acc.group;
-  p.group_size = acc.group_size;
-  p.buckets.assign(acc.buckets.begin(), acc.buckets.end());
-  p.compared = acc.compared;
-  p.declared = acc.declared;
-  p.param_kind = semantics::ParamKindName(info.kind());
-  p.model_parallel = semantics::ModelParallelReduction(info, p.group);
-  p.identical_inputs = p.model_parallel && IdenticalInputs(acc.sum_sq, acc.members_sq, rtol);
-  p.expected =
-      p.group_size > 0 ? semantics::ExpectedDivisorOver(config, info, {p.group, p.group_size, p.identical_inputs}) : 0;
-  const double n = static_cast<double>(acc.compared);
-  if (acc.compared == 0 || acc.sp == 0) {
-    p.divisor = std::nan("");
-    p.residual = std::nan("");
-    p.verdict = SelfVerdict::kMissing;
-  } else if (std::sqrt(acc.pp / n) <= atol && std::sqrt(acc.ss / n) <= atol) {
-    // Zero up to rounding on both sides: no divisor to measure, nothing wrong.
-    p.divisor = std::nan("");
-    p.residual = 0;
-    p.verdict = SelfVerdict::kOk;
-  } else {
-    p.divisor = acc.ss / acc.sp;
-    double res2 = std::max(0.0, acc.pp - acc.sp * acc.sp / acc.ss);
-    p.residual = acc.pp > 0 ? std::sqrt(res2 / acc.pp) : 0;
-    // Relative to ||POST||, with the absolute floor's share (tolerance.h).
-    const double allowed = std::max(rtol, 1e-6) + (acc.pp > 0 ? atol * std::sqrt(n / acc.pp) : 0);
-    if (p.residual > allowed) {
-      p.verdict = SelfVerdict::kInconsistent;
-    } else if (p.expected > 0 && std::fabs(p.divisor - p.expected) > ctol * p.expected) {
-      p.verdict = SelfVerdict::kWrongDivisor;
-    } else {
-      p.verdict = SelfVerdict::kOk;
-    }
-    if (p.declared > 0 && std::fabs(p.declared - p.divisor) > ctol * std::fabs(p.divisor)) {
-      findings->push_back({"divisor", "'" + p.name + "': producer declared divisor " + FormatFixed(p.declared) +
-                                          " but the effective divisor is " + FormatFixed(p.divisor)});
-    }
-  }
-  for (const auto& pr : acc.problems) findings->push_back({"divisor", "'" + p.name + "': " + pr});
-  if (!acc.problems.empty() && p.verdict == SelfVerdict::kOk) p.verdict = SelfVerdict::kMissing;
-  return p;
-}
-
-// The group of parameters whose reductions are not a multiple of their inputs: no divisor is claimed.
-void NameInconsistent(const pb::Config& config, Group* g) {
-  g->kind = "inconsistent";
-  g->count = static_cast<int>(g->params.size());
-  const semantics::Cause cause = semantics::InconsistentReductionCause(config);
-  g->cause = cause;
-  g->explanation = std::to_string(g->count) + (g->count == 1 ? " parameter" : " parameters") +
-                   ": POST_REDUCE is not a multiple of the sum of PRE_REDUCE over the group, or the replicas of FINAL "
-                   "disagree (residual above tolerance): no divisor is claimed";
-  if (cause == semantics::Cause::kLossyCompression) {
-    g->explanation += FillSentence(
-        "; the run communicates through {hook}, a lossy low-rank compression: its reductions approximate the sum",
-        {{"hook", config.comm_hook()}});
-  }
-}
-
-// Parameters with the same effective divisor over groups of the same size, largest group first.
-void GroupDivisors(const pb::Config& config, bool deepspeed, double ctol, Report* report) {
-  std::vector<const SelfParam*> ok;
-  Group inconsistent;
-  std::set<std::string> names, inconsistent_names;  // a parameter has an entry per group it was reduced over
-  for (const auto& p : report->self_params) {
-    names.insert(p.name);
-    // A reduction that is not a division of the sum has no divisor to claim.
-    if (p.verdict == SelfVerdict::kInconsistent) {
-      if (inconsistent_names.insert(p.name).second) inconsistent.params.push_back(p.name);
-    } else if (std::isfinite(p.divisor)) {
-      ok.push_back(&p);
-    }
-  }
-  // Each group with the worst verdict of its entries.
-  std::vector<std::pair<Group, SelfVerdict>> groups;
-  if (!inconsistent.params.empty()) {
-    NameInconsistent(config, &inconsistent);
-    groups.emplace_back(std::move(inconsistent), SelfVerdict::kInconsistent);
-  }
-  // Clusters hold one kind over one group: sort by those first.
-  std::sort(ok.begin(), ok.end(), [](const SelfParam* x, const SelfParam* y) {
-    return std::tie(x->param_kind, x->group_size, x->group, x->divisor) <
-           std::tie(y->param_kind, y->group_size, y->group, y->divisor);
-  });
-  int n = static_cast<int>(names.size());
-  for (size_t i = 0; i < ok.size();) {
-    // j > i always: a negative divisor (POST of the opposite sign) used to make the width negative and loop forever.
-    size_t j = i + 1;
-    while (j < ok.size() && std::fabs(ok[j]->divisor - ok[i]->divisor) <= ctol * std::fabs(ok[i]->divisor) &&
-           ok[j]->group_size == ok[i]->group_size && ok[j]->group == ok[i]->group &&
-           ok[j]->param_kind == ok[i]->param_kind)
-      ++j;
-    Group g;
-    g.kind = "divisor";
-    const SelfParam& mid = *ok[(i + j) / 2];
-    g.scale = mid.divisor;
-    g.count = static_cast<int>(j - i);
-    SelfVerdict worst = SelfVerdict::kOk;
-    for (size_t k = i; k < j; ++k) g.params.push_back(ok[k]->name), worst = std::max(worst, ok[k]->verdict);
-    g.explanation = ExplainDivisor(*g.scale, g.count, n, mid, config, deepspeed, ctol, &g);
-    groups.emplace_back(std::move(g), worst);
-    i = j;
-  }
-  // Most serious first (the worst member verdict), then largest.
-  std::stable_sort(groups.begin(), groups.end(), [](const auto& x, const auto& y) {
-    if (x.second != y.second) return x.second > y.second;
-    return x.first.count > y.first.count;
-  });
-  for (auto& entry : groups) report->groups.push_back(std::move(entry.first));
-}
-
 // What --self cannot see, said in every self report: it checks each reduction
 // against its own inputs and the layout, never the gradient itself.
 constexpr char kSelfScope[] =
     "--self checks each reduction against its own inputs and replicas against each other; it cannot see a loss "
     "scaled before backward beyond what the recorded loss recipe states (e.g. an unrecorded local mean per "
     "sequence shard, #5248), wrong data or weights, or a wrong forward: diff against a reference run for those";
-
-// Replicas of one parameter's FINAL (ranks holding the same elements) must
-// agree: a replicated parameter whose partial gradients were not reduced over
-// every rank holding it (a norm under tensor/sequence parallelism not
-// all-reduced over tp) disagrees.
-struct ReplicaDisagreement {
-  double rel = 0;
-  int rank = -1, other = -1;
-};
 
 // The step's FINAL, read once for both checks that need it: the replicas that
 // disagree beyond rtol (into `disagreements`, when not null) and the norm of the
@@ -637,59 +476,7 @@ Status ReadFinal(const TraceSet& set, int64_t step, double rtol, int threads,
   });
 }
 
-// Each parameter whose replicas disagree becomes inconsistent (an entry of its
-// own when no reduction of it was recorded), with a finding.
-void MarkDisagreeingReplicas(const TraceSet& set, const std::map<int32_t, ReplicaDisagreement>& bad, Report* report) {
-  for (const auto& [id, d] : bad) {
-    const pb::ParamInfo& info = set.run().params(id);
-    bool listed = false;  // every entry of the parameter (one per group it was reduced over)
-    for (SelfParam& p : report->self_params) {
-      if (p.name == info.name()) p.verdict = SelfVerdict::kInconsistent, listed = true;
-    }
-    if (!listed) {
-      SelfParam p;
-      p.name = info.name();
-      p.numel = info.numel();
-      p.param_kind = semantics::ParamKindName(info.kind());
-      p.divisor = std::nan("");
-      p.residual = d.rel;
-      p.verdict = SelfVerdict::kInconsistent;
-      report->self_params.push_back(std::move(p));
-    }
-    const std::string tied = TiedCopiesWords(info);  // "" unless two pipeline stages hold copies
-    report->findings.push_back(
-        {"replica", "replicas of '" + info.name() + "' disagree in FINAL (rank " + std::to_string(d.rank) +
-                        " vs rank " + std::to_string(d.other) + ", relative difference " + FormatNumber(d.rel, 3) +
-                        ")" +
-                        (tied.empty() ? ": its gradient was not reduced over every rank that holds it (e.g. a norm "
-                                        "or bias replicated under tensor/sequence parallelism, not all-reduced over tp)"
-                                      : tied)});
-  }
-}
-
-// The worst parameter verdict, then incomplete for a truncated set, else ok.
-std::string SelfOverallVerdict(const Report& report, bool truncated) {
-  SelfVerdict worst = SelfVerdict::kOk;
-  for (const SelfParam& p : report.self_params) worst = std::max(worst, p.verdict);
-  if (worst != SelfVerdict::kOk) return SelfVerdictName(worst);
-  return truncated ? "incomplete" : "ok";
-}
-
 }  // namespace
-
-const char* SelfVerdictName(SelfVerdict v) {
-  switch (v) {
-    case SelfVerdict::kOk:
-      return "ok";
-    case SelfVerdict::kMissing:
-      return "missing";
-    case SelfVerdict::kWrongDivisor:
-      return "wrong-divisor";
-    case SelfVerdict::kInconsistent:
-      return "inconsistent";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -738,9 +525,10 @@ Expected<SelfStep> PickSelfStep(const TraceSet& set, const SelfOptions& options)
   return SelfStep{step, final_only};
 }
 
-// Every reduction of the step measured and each parameter judged: report->self_params (one entry per
-// parameter and group), the bucket view, the absolute floor and the count of accumulating parameters.
-Status MeasureReductions(const TraceSet& set, const SelfOptions& options, const SelfStep& at, Report* report) {
+// Every reduction of the step measured: the sums per parameter and group and the accumulating parameters
+// into `m`, the bucket view and the measuring's findings into the report.
+Status MeasureReductions(const TraceSet& set, const SelfOptions& options, const SelfStep& at, Report* report,
+                         SelfMeasurements* m) {
   const double rtol = report->tolerance.rtol;
   StepReductions reductions = at.final_only ? StepReductions{} : CollectReductions(set, at.step, report);
   if (options.sample) SampleReductions(set, &reductions);
@@ -752,32 +540,19 @@ Status MeasureReductions(const TraceSet& set, const SelfOptions& options, const 
   }
   auto total = AccumulateReductions(set, reductions, options, accumulating, report);
   if (!total.ok()) return total.status();
-
-  // The absolute floor (tolerance.h) from the RMS of every POST value compared.
-  double post_sq = 0;
-  int64_t post_n = 0;
-  for (const auto& [key, acc] : *total) post_sq += acc.pp, post_n += acc.compared;
-  SetAbsoluteFloor(DefaultTolerance(set.config(), set.config()).rtol,
-                   post_n > 0 ? std::sqrt(post_sq / static_cast<double>(post_n)) : 0, &report->tolerance);
-  std::set<int32_t> accumulating_ids;
-  for (const auto& [rank, id] : accumulating) accumulating_ids.insert(id);
-  report->accumulating_params = static_cast<int>(accumulating_ids.size());
-  for (const auto& [key, acc] : *total) {
-    report->self_params.push_back(JudgeSelfParam(set.run().params(key.first), acc, set.config(), rtol,
-                                                 ClusterTolerance(rtol), report->tolerance.atol, &report->findings));
-    report->self_params.back().accumulates = accumulating_ids.count(key.first) > 0;
-  }
+  m->reductions = std::move(*total);
+  for (const auto& [rank, id] : accumulating) m->accumulating.insert(id);
   return Status::Ok();
 }
 
 // The notes every self report carries: the set's inferences, what --self cannot see, its truncated files.
-void AddSelfNotes(const TraceSet& set, Report* report) {
-  for (const std::string& n : set.inferences()) report->findings.push_back({"note", n});
-  report->findings.push_back({"note", kSelfScope});
+void AddSelfNotes(const TraceSet& set, std::vector<std::pair<std::string, std::string>>* notes) {
+  for (const std::string& n : set.inferences()) notes->emplace_back("note", n);
+  notes->emplace_back("note", kSelfScope);
   for (const RankFile& f : set.ranks()) {
     if (f.truncated) {
-      report->findings.push_back(
-          {"truncated", f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing"});
+      notes->emplace_back("truncated",
+                          f.truncation + "; frames after offset " + std::to_string(f.stop_offset) + " are missing");
     }
   }
 }
@@ -813,27 +588,20 @@ Expected<Report> SelfCheckSet(const TraceSet& set, const SelfOptions& options) {
                                "no PRE_REDUCE and POST_REDUCE records: only the replicas of FINAL are "
                                "checked, no divisor is measured"});
   }
-  GT_RETURN_IF_ERROR(MeasureReductions(set, options, *at, &report));
+  SelfMeasurements m;
+  m.final_only = at->final_only;
+  m.truncated = set.truncated();
+  GT_RETURN_IF_ERROR(MeasureReductions(set, options, *at, &report, &m));
   // FINAL feeds the replica check and, when the set reported a norm, the grad-norm check: one read for both.
-  const bool norm_wanted = options.grad_norm && ReportedGradNorm(set, at->step).has_value();
-  std::map<int32_t, ReplicaDisagreement> disagreements;
+  if (options.grad_norm) m.reported_norm = ReportedGradNorm(set, at->step);
   FinalNormSum final_norm;
-  if (options.replicas || norm_wanted) {
-    GT_RETURN_IF_ERROR(ReadFinal(set, at->step, rtol, options.threads, options.replicas ? &disagreements : nullptr,
-                                 norm_wanted ? &final_norm : nullptr));
+  if (options.replicas || m.reported_norm) {
+    GT_RETURN_IF_ERROR(ReadFinal(set, at->step, rtol, options.threads, options.replicas ? &m.replicas : nullptr,
+                                 m.reported_norm ? &final_norm : nullptr));
   }
-  if (options.replicas) MarkDisagreeingReplicas(set, disagreements, &report);
-  AddSelfNotes(set, &report);
-  GroupDivisors(set.config(), CitesDeepSpeed(report.a), ClusterTolerance(rtol), &report);
-  std::stable_sort(report.self_params.begin(), report.self_params.end(),
-                   [](const SelfParam& x, const SelfParam& y) { return x.verdict > y.verdict; });
-  report.verdict = SelfOverallVerdict(report, set.truncated());
-  report.summary = !report.groups.empty() ? report.groups.front().explanation
-                   : at->final_only       ? "the replicas of every parameter agree in FINAL (no reductions recorded)"
-                                          : "no reductions to check";
-  const std::string accumulation = AccumulationFinding(report.bucket_view);
-  if (!accumulation.empty()) report.findings.push_back({"accumulation", accumulation});
-  if (options.grad_norm) AddSelfGradNorm(set, final_norm.Norm(), &report);
+  if (m.reported_norm) m.final_norm = final_norm.Norm();
+  AddSelfNotes(set, &m.notes);
+  JudgeSelf(set.run(), m, &report);
   return report;
 }
 

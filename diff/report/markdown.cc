@@ -10,8 +10,8 @@
 namespace gradtrace::diff {
 namespace {
 
-constexpr size_t kOpenRows = 50;    // longer tables go under <details>
-constexpr size_t kNameBytes = 160;  // longer names are cut (ShortName); the JSON report has them whole
+constexpr size_t kOpenRows = 50;            // longer tables go under <details>
+constexpr size_t kMarkdownNameBytes = 160;  // longer names are cut (ShortName); the JSON report has them whole
 
 // Every string from a trace, a partial report or a path goes out through one of these (text_escape.h):
 // regression, issue 20: producer, scaling, group names and summaries went out as raw HTML, a carriage return in
@@ -72,8 +72,8 @@ std::string RenderMarkdown(const Report& r, size_t top) {
     out += "|---|---|---:|---|---:|---:|---:|---:|\n";
     for (size_t i : shown.index) {
       const SelfParam& p = r.self_params[i];
-      out += std::string("| ") + SelfVerdictName(p.verdict) + " | " + Code(ShortName(p.name, kNameBytes)) + " | " +
-             std::to_string(p.numel) + " | " + Md(p.group) + " | " + std::to_string(p.group_size) + " | " +
+      out += std::string("| ") + SelfVerdictName(p.verdict) + " | " + Code(ShortName(p.name, kMarkdownNameBytes)) +
+             " | " + std::to_string(p.numel) + " | " + Md(p.group) + " | " + std::to_string(p.group_size) + " | " +
              FormatNumber(p.divisor, 5) + " | " + FormatNumber(p.expected, 5) + " | " + FormatNumber(p.residual, 3) +
              " |\n";
     }
@@ -85,7 +85,7 @@ std::string RenderMarkdown(const Report& r, size_t top) {
       const Metrics& m = p.metrics;
       bool none = m.basis == Basis::kNone;
       auto num = [&](double v, int d) { return none ? std::string("-") : FormatNumber(v, d); };
-      out += std::string("| ") + VerdictName(p.verdict) + " | " + Code(ShortName(p.name, kNameBytes)) + " | " +
+      out += std::string("| ") + VerdictName(p.verdict) + " | " + Code(ShortName(p.name, kMarkdownNameBytes)) + " | " +
              std::to_string(p.numel) + " | " + num(m.scale, 6) + " | " + num(m.residual, 3) + " | " + num(m.cosine, 6) +
              " | " + num(m.rel_error, 3) + " | " + MaxAbsErrorText(m) + " |\n";
     }

@@ -16,7 +16,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.7";
+inline constexpr char kReportSchemaVersion[] = "1.8";
 
 // diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
 // setup differs (different initial weights or data: not a gradient verdict).
@@ -73,7 +73,7 @@ struct Group {
 
 // A problem that is not one parameter's verdict: truncated file, replicas disagreeing.
 struct Finding {
-  std::string kind;  // "truncated", "replica", "divisor", "note"
+  std::string kind;  // "truncated", "replica", "divisor", "note", ... (report.schema.json lists them)
   std::string message;
 };
 
