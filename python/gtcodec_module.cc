@@ -35,9 +35,11 @@
 #include "format.h"
 #include "gradtrace.pb.h"
 #include "init_sketch.h"
+#include "judge_binding.h"
 #include "loss_recipes.h"
 #include "rank_file.h"
 #include "reduction_path.h"
+#include "run_info_json.h"
 #include "scaling_policy.h"
 #include "slice_codec.h"
 #include "status.h"
@@ -111,15 +113,6 @@ std::string RunInfoToJson(const pb::RunInfo& run) {
   // Printing a valid message cannot fail; if it does, it is our bug.
   if (!st.ok()) throw std::runtime_error("RunInfo to JSON failed: " + std::string(st.message()));
   return out;
-}
-
-pb::RunInfo RunInfoFromJson(const std::string& json) {
-  pb::RunInfo run;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;  // a misspelt key is an error, not a silent default
-  const auto st = google::protobuf::util::JsonStringToMessage(json, &run, options);
-  if (!st.ok()) throw py::value_error("invalid run_info: " + std::string(st.message()));
-  return run;
 }
 
 // Dotted paths of the 64-bit integer fields reachable from `desc` (proto JSON
@@ -801,4 +794,5 @@ PYBIND11_MODULE(_gtcodec, m) {
   RegisterSemantics(m);
   RegisterRankFiles(m);
   RegisterDTypes(m);
+  RegisterJudge(m);
 }

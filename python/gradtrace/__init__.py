@@ -28,6 +28,7 @@ from .codec.dtypes import bf16_to_float32, float_to_bf16, slice_values, to_torch
 from .codec.trace import TraceReader, TraceWriter, model_fingerprint, read_trace_set, sketch_positions, verify
 
 from .adapters.capture_protocol import Capture
+from .guard import GuardViolation
 
 # The adapters and their shared parts under their old top-level names (gradtrace.ddp_adapter, ...): they live in
 # gradtrace.adapters. Loaded on first use; the capture modules among them say they are deprecated.
@@ -54,7 +55,8 @@ def attach(obj, out_dir, *, optimizer=None, mode: str = "full", steps=None, para
            extra=None, phases=None, model=None, groups=None, layout=None, dp=None, sp=None, cp=None, tp=None, pp=None,
            ep=None, edp=None, replicate=None, cp_kind=None, gas=None, rules=None, default_group=None,
            default_kind=None, comm_dtype=None, hook=None, hook_state=None, divisor=None, names_from=None,
-           full_final=None, shards=None, framework=None, mpu=None) -> Capture:
+           full_final=None, shards=None, framework=None, mpu=None, on_violation=None, guard_every=None,
+           guard_timeout=None) -> Capture:
     """Capture this rank's training into ``out_dir/rank-NNNNN.gtrace`` and return its :class:`Capture`.
 
     ``obj`` is what you train with; attach recognises it and attaches the matching capture, or raises
@@ -72,7 +74,8 @@ def attach(obj, out_dir, *, optimizer=None, mode: str = "full", steps=None, para
     - a module returned by Lightning's ``fabric.setup`` (``optimizer`` the one it returned).
 
     Options every capture takes: ``mode`` ("full", "stats" or "sketch:K": what each gradient record
-    holds), ``loss`` (the loss recipe's name, e.g. "local-mean", "local-mean-div-sp", "token-weighted";
+    holds; "guard": no trace, every step checked in the training process, see below; "stats+guard" and the
+    like: both), ``loss`` (the loss recipe's name, e.g. "local-mean", "local-mean-div-sp", "token-weighted";
     ``gradtrace.adapters.loss_recipes.known()`` lists them: the report judges causes against it),
     ``loss_description`` (in words), ``on_error`` ("warn": a write error disables capture on that rank
     with one warning and training goes on; "raise": TraceError), ``overwrite`` (replace a finished trace),
@@ -93,6 +96,14 @@ def attach(obj, out_dir, *, optimizer=None, mode: str = "full", steps=None, para
     start, full_size)} for hand-written tensor-parallel shards) and ``framework`` (the name recorded);
     DeepSpeed ``mpu`` (default: the engine's). An option the capture cannot honour is a ValueError, raised
     before anything is hooked.
+
+    The live guard (``mode="guard"``, gradtrace.guard): each optimizer step, each recorded reduction's
+    divisor against what the layout predicts, the replicas of FINAL, the reported grad norm, non-finite
+    values and a rank that skipped the step are judged as ``gradtrace-diff --self`` judges a trace; a
+    violation is a line on stderr and an event in ``out_dir/rank-NNNNN.guard.jsonl``. ``on_violation``:
+    "warn" (default), "raise" (GuardViolation out of the optimizer step that violated) or a callable
+    ``f(step, violations)``; ``guard_every`` (check every k-th step after the first 4; default 1);
+    ``guard_timeout`` (seconds the guard's exchange waits for a rank, default 60).
     """
     given = {k: v for k, v in locals().items() if k not in ("obj", "out_dir") and v is not None}
     from .adapters import front_door
@@ -105,6 +116,7 @@ __all__ = [
     "Layout",
     "RankRecorder",
     "FORMAT_VERSION",
+    "GuardViolation",
     "TraceError",
     "TraceReader",
     "TraceWriter",

@@ -108,6 +108,11 @@ def run_rank(rank, args):
     torch.set_num_threads(1)
     model = make_model(args.seed)
     kind = args.kind
+    guarded = "guard" in args.mode
+
+    def attach(*a, **k):
+        extra = {"on_violation": args.on_violation} if guarded else {}
+        return gradtrace.attach(*a, mode=args.mode, **extra, **k)
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -118,7 +123,7 @@ def run_rank(rank, args):
             def hook(state, bucket):  # sums over the ranks, forgets to divide
                 return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
         recipe = "global-token-sum" if args.global_tokens else "local-mean"
-        cap = gradtrace.attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
+        cap = attach(net, args.out, optimizer=opt, hook=hook, hook_state=hook_state,
                                divisor=1 if args.global_tokens else None, gas=args.gas, loss=recipe,
                                loss_description="CE summed over the rank's tokens / the global batch's "
                                "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
@@ -140,7 +145,7 @@ def run_rank(rank, args):
                     m.set_gradient_divide_factor(1.0)
                     m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (torch 2.15)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.attach(net, args.out, optimizer=opt, gas=args.gas,
+        cap = attach(net, args.out, optimizer=opt, gas=args.gas,
                                loss="global-token-sum" if args.global_tokens else "local-mean",
                                loss_description="CE summed over the rank's tokens / the global batch's "
                                "valid tokens" if args.global_tokens else "mean CE over the rank's tokens")
@@ -153,19 +158,19 @@ def run_rank(rank, args):
             fully_shard(layer, mesh=mesh)
         net = fully_shard(model, mesh=mesh)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
+        cap = attach(net, args.out, optimizer=opt, gas=args.gas, loss="local-mean",
                                loss_description="mean CE over the rank's tokens")
     elif kind == "cp":
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.attach(net, args.out, optimizer=opt, groups={"cp": None},
+        cap = attach(net, args.out, optimizer=opt, groups={"cp": None},
                                cp_kind="all-gather", dp=1, loss="token-weighted",
                                loss_description="CE summed over the rank's tokens / all-reduced count",
                                config={"scaling": "sum"})
     else:  # ref-dense, ref-seq: one rank, the whole batch and sequence
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        cap = gradtrace.attach(net, args.out, optimizer=opt, loss="global-token-weighted",
+        cap = attach(net, args.out, optimizer=opt, loss="global-token-weighted",
                                loss_description="mean CE over every token")
     for step in range(args.steps):
         tokens, labels = batch(step, ignore=kind in ("cp", "ref-seq") or args.global_tokens, data_from=args.data_from)
@@ -276,6 +281,8 @@ def main(argv=None):
     ap.add_argument("--data-from", type=int, default=None, help="other data from this step on")
     ap.add_argument("--hook", choices=["default", "fp16", "bf16", "powersgd"], default="default",
                     help="ddp: one of torch's communication hooks")
+    ap.add_argument("--mode", default="full", help="attach's mode, e.g. stats, guard, stats+guard")
+    ap.add_argument("--on-violation", default="warn", choices=["warn", "raise"], help="the guard's on_violation")
     args = ap.parse_args(argv)
     args.port = free_port()
     if args.world == 1:

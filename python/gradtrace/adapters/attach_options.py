@@ -6,11 +6,12 @@ from __future__ import annotations
 from . import loss_recipes
 
 # Every capture takes RECORDER's options (the RankRecorder's); every PyTorch one TORCH's too (the layout).
+GUARD = ("on_violation", "guard_every", "guard_timeout")
 RECORDER = ("mode", "steps", "params", "loss", "loss_description", "on_error", "overwrite", "run_id", "config",
-            "extra", "phases")
+            "extra", "phases") + GUARD
 TORCH = ("groups", "layout", "dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules",
          "default_group", "default_kind", "comm_dtype")
-DEEPSPEED = ("mode", "loss", "loss_description", "on_error", "overwrite", "run_id", "config", "extra", "phases")
+DEEPSPEED = ("mode", "loss", "loss_description", "on_error", "overwrite", "run_id", "config", "extra", "phases") + GUARD
 ACCEPTS = {
     "ddp": RECORDER + TORCH + ("optimizer", "hook", "hook_state", "divisor", "names_from"),
     "fsdp2": RECORDER + TORCH + ("optimizer", "full_final"),

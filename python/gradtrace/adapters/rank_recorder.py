@@ -106,16 +106,22 @@ class GuardedWriter:
         return self._recorder.path
 
     def write_step(self, step: dict) -> None:
-        """Writes a StepInfo unless capture is disabled on this rank."""
-        if self._writer is not None:
+        """Writes a StepInfo unless capture is disabled on this rank (or the step is not one to write); hands it
+        to the guard."""
+        if self._recorder.guard is not None:
+            self._recorder.guard.observe_step(step)
+        if self._writer is not None and self._recorder.file_wants(step.get("step", 0)):
             try:
                 self._writer.write_step(step)
             except TraceError as e:
                 self._recorder.write_failed(e)
 
     def write_bucket(self, record: dict) -> None:
-        """Writes a bucket record unless capture is disabled on this rank."""
-        if self._writer is not None:
+        """Writes a bucket record unless capture is disabled on this rank (or the step is not one to write);
+        hands it to the guard."""
+        if self._recorder.guard is not None:
+            self._recorder.guard.observe_bucket(record)
+        if self._writer is not None and self._recorder.file_wants(record.get("step", 0)):
             try:
                 self._writer.write_bucket(record)
             except TraceError as e:
@@ -139,6 +145,18 @@ class GuardedWriter:
                 writer.close()
             except Exception:  # noqa: BLE001 - the error that disabled capture was reported already
                 pass
+
+
+def split_mode(mode: str) -> tuple[str | None, bool]:
+    """("full"|"stats"|"sketch:K" or None, guard): ``mode`` is a capture mode, "guard", or a capture mode and
+    "guard" joined by "+" ("stats+guard": one run both writes stats and is guarded)."""
+    parts = [p.strip() for p in str(mode).split("+")]
+    guarded = "guard" in parts
+    rest = [p for p in parts if p != "guard"]
+    if len(rest) > 1 or (not rest and not guarded) or any(not p for p in rest):
+        raise ValueError(f"mode={mode!r}: expected 'full', 'stats', 'sketch:K', 'guard', or one of the first three "
+                         "and 'guard' joined by '+' (e.g. 'stats+guard')")
+    return (rest[0] if rest else None), guarded
 
 
 def step_filter(steps):
@@ -222,10 +240,17 @@ class RankRecorder:
                  phases=PHASES, run_id: str | None = None, loss: str = "", loss_description: str = "",
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
                  producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
-                 accum_dtype=None, on_error: str = "warn", overwrite: bool = False, pipeline=None):
+                 accum_dtype=None, on_error: str = "warn", overwrite: bool = False, pipeline=None,
+                 on_violation="warn", guard_every: int = 1, guard_timeout: float = 60.0):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {ON_ERROR}")
+        file_mode, guarded = split_mode(mode)
+        if guarded:
+            from ..guard.guard import check_on_violation
+
+            check_on_violation(on_violation)
         self.on_error = on_error
+        self.guard = None  # gradtrace.guard.Guard with mode "guard" (alone or with a capture mode)
         self.disabled: str | None = None  # the write error that disabled capture on this rank
         loss_recipes.check(loss)
         if config and "loss" in config:
@@ -242,12 +267,19 @@ class RankRecorder:
         self._written = [self._param_regex is None or bool(self._param_regex.search(n)) for n in self.names]
         cfg = {**self.layout.config(), **(pipeline.config() if pipeline else {}),
                "dtype": table[0]["dtype"] if table else "FP32", "backend": _backend(),
-               "capture_mode": mode, "loss": loss, "loss_description": loss_description, **_comm_fields(comm_dtype),
+               "capture_mode": file_mode or "", "loss": loss, "loss_description": loss_description, **_comm_fields(comm_dtype),
                "comm_hook": comm_hook, **(config or {})}
         self.path = rank_file(out_dir, self.rank)
         self.run_info = self._run_info(table, cfg, agree_run_id(run_id), framework, framework_version, packages,
                                        producer, producer_version, extra)
-        self._open_writer(out_dir, mode, overwrite)
+        if file_mode is not None:
+            self._open_writer(out_dir, file_mode, overwrite)
+        else:
+            self.writer = GuardedWriter(self, None)
+        if guarded:
+            from ..guard import Guard
+
+            self.guard = Guard(self, out_dir, on_violation=on_violation, every=guard_every, timeout=guard_timeout)
 
     def _start_counting(self, steps) -> None:
         """Step and micro-step counters, the ``steps`` filter, and the per-step input moments."""
@@ -372,8 +404,14 @@ class RankRecorder:
 
     @property
     def capturing(self) -> bool:
-        """Whether the current optimizer step is one the ``steps`` filter selects."""
-        return self.writer is not None and self._wanted_step(self.step) and not self._reevaluating
+        """Whether the current optimizer step is recorded: one the ``steps`` filter selects, or any under the
+        guard."""
+        return self.writer is not None and not self._reevaluating and (self.guard is not None
+                                                                       or self._wanted_step(self.step))
+
+    def file_wants(self, step: int) -> bool:
+        """Whether the trace file takes step ``step``'s records (the ``steps`` filter; the guard sees every step)."""
+        return self._wanted_step(int(step))
 
     @contextmanager
     def reevaluation(self):
@@ -401,7 +439,7 @@ class RankRecorder:
         """One BucketRecord of the current step and micro-step (``micro``: an earlier micro-step of this step,
         for a record read after the next one began). ``pieces``: (param id, element offset, values tensor) in
         bucket order; parameters outside the ``params`` regex are left out."""
-        if not self.wants(phase) or self.disabled is not None:
+        if not self.wants(phase) or (self.disabled is not None and self.guard is None):
             return
         slices = [{"param_id": pid, "offset": int(off), "values": values}
                   for pid, off, values in pieces if self._written[pid] and values.numel() > 0]
@@ -462,7 +500,7 @@ class RankRecorder:
 
     def record_step(self, loss, valid_tokens=0, lr: float | None = None) -> None:
         """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""
-        if not self.capturing or self.disabled is not None:
+        if not self.capturing or (self.disabled is not None and self.guard is None):
             return
         self.writer.write_step({"step": self.step, "micro_step": self.micro, "loss": _number(loss),
                                 "valid_tokens": int(_number(valid_tokens)), "lr": self._lr(lr)})
@@ -477,7 +515,7 @@ class RankRecorder:
         if micro is None:
             micro = self.micro if step is None or step == self.step else self._last_micro
         step = self.step if step is None else step
-        if self.writer is None or not self._wanted_step(step):
+        if self.writer is None or not (self.guard is not None or self._wanted_step(step)):
             return
         frame = {"step": step, "micro_step": micro, "lr": self._lr(lr), "optimizer_step": True}
         if step == self.step and self._inputs[0] > 0:
@@ -509,12 +547,20 @@ class RankRecorder:
                           f"(zero_grad came after {self._forwards} micro-step(s) with no optimizer.step, e.g. a "
                           "GradScaler that found inf/NaN gradients): that step has no FINAL; the next optimizer step "
                           f"is recorded as step {self.step + 1}", stacklevel=4)
-        self.next_step(check=False)
+        self.next_step(check=False, skipped=True)
 
-    def next_step(self, check: bool = True) -> None:
-        """Ends the optimizer step: checks (``check``) that it recorded gradients, then counts it."""
+    def step_ended(self, step: int, skipped: bool = False) -> None:
+        """Optimizer step ``step`` ended (``skipped``: without an update): the guard judges it. Adapters that count
+        steps themselves (DeepSpeed) call it; :meth:`next_step` does for the others."""
+        if self.guard is not None:
+            self.guard.step_ended(step, skipped)
+
+    def next_step(self, check: bool = True, skipped: bool = False) -> None:
+        """Ends the optimizer step: checks (``check``) that it recorded gradients, has the guard judge it, then
+        counts it."""
         if check:
             self.check_gradients_recorded()
+        self.step_ended(self.step, skipped)
         if self.capturing and self.step % 10 == 0:
             log.info("gradtrace: rank %d captured step %d (%s)", self.rank, self.step, self.recorded)
         self.step += 1
@@ -572,8 +618,17 @@ class RankRecorder:
                           stacklevel=stacklevel)
 
     def close(self) -> None:
-        """Writes the index and closes the file. Idempotent; with ``on_error="warn"`` it never raises
-        (a failure disables capture with the one warning, as a write's)."""
+        """Closes the guard (its summary), writes the index and closes the file. Idempotent; with
+        ``on_error="warn"`` it never raises (a failure disables capture with the one warning, as a write's)."""
+        if self.guard is not None:
+            try:
+                self.guard.close()
+            except Exception:  # noqa: BLE001 - the file is closed whatever the guard's last judgement raised
+                self._close_file()
+                raise
+        self._close_file()
+
+    def _close_file(self) -> None:
         if self.writer is not None:
             writer, self.writer = self.writer, None
             writer.close()

@@ -1,0 +1,108 @@
+// _gtcodec.judge_self: the live guard's way to the one judging function of --self
+// (diff/explain/self_judge.h). The guard measures in the training process and hands the sums
+// over as plain Python values; the judged report comes back as the report JSON
+// (diff/report.schema.json), the words those of explain/.
+#include "judge_binding.h"
+
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "divisor_finding.h"
+#include "explain/self_judge.h"
+#include "report/report.h"
+#include "run_info_json.h"
+#include "text_escape.h"
+
+namespace gradtrace {
+namespace {
+
+namespace py = pybind11;
+
+template <typename T>
+T Get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
+diff::ReductionSums SumsOf(const py::dict& d) {
+  diff::ReductionSums s;
+  s.ss = Get<double>(d, "ss", 0);
+  s.sp = Get<double>(d, "sp", 0);
+  s.pp = Get<double>(d, "pp", 0);
+  s.compared = Get<int64_t>(d, "compared", 0);
+  s.sum_sq = Get<double>(d, "sum_sq", 0);
+  s.members_sq = Get<double>(d, "members_sq", 0);
+  for (int32_t b : Get<std::vector<int32_t>>(d, "buckets", {})) s.buckets.insert(b);
+  s.group = Get<std::string>(d, "group", "");
+  s.group_size = Get<int>(d, "group_size", 0);
+  s.declared = Get<double>(d, "declared", 0);
+  s.problems = Get<std::vector<std::string>>(d, "problems", {});
+  return s;
+}
+
+diff::SelfMeasurements MeasurementsOf(const py::dict& m) {
+  diff::SelfMeasurements out;
+  for (const py::handle& h : Get<py::list>(m, "reductions", py::list())) {
+    const py::dict d = py::reinterpret_borrow<py::dict>(h);
+    out.reductions[{Get<int32_t>(d, "param", -1), Get<std::string>(d, "group", "")}].Merge(SumsOf(d));
+  }
+  for (int32_t id : Get<std::vector<int32_t>>(m, "accumulating", {})) out.accumulating.insert(id);
+  for (const py::handle& h : Get<py::list>(m, "replicas", py::list())) {
+    const py::dict d = py::reinterpret_borrow<py::dict>(h);
+    out.replicas[Get<int32_t>(d, "param", -1)] = {Get<double>(d, "rel", 0), Get<int>(d, "rank", -1),
+                                                  Get<int>(d, "other", -1)};
+  }
+  out.reported_norm = Get<std::optional<double>>(m, "reported_norm", std::nullopt);
+  out.final_norm = Get<std::optional<double>>(m, "final_norm", std::nullopt);
+  for (const py::handle& h : Get<py::list>(m, "nonfinite", py::list())) {
+    const py::dict d = py::reinterpret_borrow<py::dict>(h);
+    diff::NonfiniteRecord r;
+    r.rank = Get<int>(d, "rank", 0);
+    r.phase = Get<std::string>(d, "phase", "");
+    r.micro = Get<int32_t>(d, "micro", 0);
+    r.bucket = Get<int32_t>(d, "bucket", 0);
+    r.group = Get<std::string>(d, "group", "");
+    r.params = Get<std::vector<int32_t>>(d, "params", {});
+    out.nonfinite.push_back(std::move(r));
+  }
+  out.skipped = Get<std::vector<int>>(m, "skipped", {});
+  for (const auto& [kind, message] : Get<std::vector<std::pair<std::string, std::string>>>(m, "notes", {})) {
+    out.notes.emplace_back(kind, message);
+  }
+  out.final_only = Get<bool>(m, "final_only", false);
+  return out;
+}
+
+}  // namespace
+
+void RegisterJudge(py::module_& m) {
+  m.def(
+      "judge_self",
+      [](const std::string& run_info_json, int64_t step, int world, const py::dict& measurements,
+         std::optional<double> rtol) {
+        const pb::RunInfo run = RunInfoFromJson(run_info_json);
+        diff::SelfMeasurements ms = MeasurementsOf(measurements);
+        py::gil_scoped_release release;
+        diff::Report report = diff::SelfReportHead(run, world, rtol);
+        report.step = step;
+        diff::JudgeSelf(run, ms, &report);
+        return diff::RenderJson(report);
+      },
+      py::arg("run_info_json"), py::arg("step"), py::arg("world"), py::arg("measurements"),
+      py::arg("rtol") = std::nullopt,
+      "The self report (JSON) of one step's measurements: what --self and the live guard judge alike.");
+  // The one escaping of terminal text (proto/text_escape.h): the guard's lines quote parameter names.
+  m.def(
+      "terminal_safe", [](const std::string& text) { return TerminalSafe(text); }, py::arg("text"));
+  // Whether a POST_REDUCE over `group` also sums over HSDP's replicas (semantics/divisor_finding.h).
+  m.def(
+      "sums_over_replicas",
+      [](const std::string& run_info_json, const std::string& group) {
+        return semantics::SumsOverReplicas(RunInfoFromJson(run_info_json).config(), group);
+      },
+      py::arg("run_info_json"), py::arg("group"));
+}
+
+}  // namespace gradtrace
