@@ -1,0 +1,265 @@
+"""The live guard (gradtrace.attach(..., mode="guard"), python/gradtrace/guard) on real multi-process gloo runs:
+DDP, FSDP2 and HSDP over adapter_runs.py's tiny LM, and guard_runs.py's runs of what goes wrong in the wild (a
+rank that skips a step, dies, or meets NaN; an error inside the guard; hostile parameter names).
+
+Asserted: a correct configuration (compressed communication and bf16 included) gives no violation and no line
+on stderr; a planted bug is flagged at step 0 with the same cause and the same words as `gradtrace-diff --self`
+on a trace of the very same run ("full+guard" writes both); "raise" stops the run at the violating step; a
+skipped step, NaN, a dead rank and an internal error are what the issue asks (named, never a hang, training
+goes on). The guard's log is JSON lines (events attach/scope/violation/disabled/summary).
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import gradtrace
+
+from conftest import BUILD, ROOT, deepspeed_env
+
+RUNS = ROOT / "tests" / "python" / "adapter_runs.py"
+GUARD_RUNS = ROOT / "tests" / "python" / "guard_runs.py"
+DIFF = BUILD / "bin" / "gradtrace-diff"
+
+
+def _events(out, rank=0):
+    path = out / f"rank-{rank:05d}.guard.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _violations(out, rank=0):
+    return [e for e in _events(out, rank) if e["event"] == "violation"]
+
+
+def _summary(out, rank=0):
+    (s,) = [e for e in _events(out, rank) if e["event"] == "summary"]
+    return s
+
+
+def _adapter_run(out, kind, world, *flags, ok=True):
+    cmd = [sys.executable, str(RUNS), kind, str(world), str(out), *flags]
+    p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=240)
+    if ok:
+        assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def _guard_run(out, scenario, *flags):
+    cmd = [sys.executable, str(GUARD_RUNS), scenario, str(out), *flags]
+    return subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=150)
+
+
+def _self_report(trace, tmp_path):
+    j = tmp_path / "self.json"
+    p = subprocess.run([str(DIFF), "--self", str(trace), "--step", "0", "--json", str(j)], capture_output=True,
+                       text=True, timeout=120)
+    return p.returncode, json.loads(j.read_text())
+
+
+def _step_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("gradtrace guard: rank") and ": step " in line]
+
+
+# ---- correct configurations: silent -------------------------------------------------------------------
+
+CORRECT = {
+    "ddp": ("ddp", 2, ["--steps", "2"]),
+    "ddp-gas2": ("ddp", 2, ["--steps", "2", "--gas", "2"]),
+    "ddp-gas2-sync": ("ddp", 2, ["--steps", "2", "--gas", "2", "--sync-micro-steps"]),
+    "ddp-bf16-hook": ("ddp", 2, ["--steps", "2", "--hook", "bf16"]),
+    "ddp-fp16-hook": ("ddp", 2, ["--steps", "2", "--hook", "fp16"]),
+    "fsdp2": ("fsdp2", 2, ["--steps", "2"]),
+    "fsdp2-bf16-reduce": ("fsdp2", 2, ["--steps", "2", "--mp", "bf16-reduce"]),
+    "fsdp2-global-tokens": ("fsdp2", 2, ["--steps", "2", "--global-tokens"]),
+    "cp": ("cp", 2, ["--steps", "2"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_a_correct_configuration_gives_no_violation(name, tmp_path):
+    kind, world, flags = CORRECT[name]
+    p = _adapter_run(tmp_path / "g", kind, world, *flags, "--mode", "guard")
+    for rank in range(world):
+        assert _violations(tmp_path / "g", rank) == []
+        s = _summary(tmp_path / "g", rank)
+        assert (s["steps_checked"], s["violations"], s["disabled"]) == (2, 0, None)
+        assert s["bytes_sent_per_step"] > 0
+    assert _step_lines(p.stderr) == [], p.stderr[-2000:]
+    assert "gradtrace guard: rank 0: 2 steps checked, 0 violations" in p.stderr
+    assert not list((tmp_path / "g").glob("*.gtrace")), "mode guard alone writes no trace"
+
+
+def test_lossy_compression_is_a_scope_not_a_violation(tmp_path):
+    """PowerSGD approximates the sum: no divisor can be claimed (--self: inconsistent, cause lossy-compression).
+    The guard says once that it cannot check the divisor, and raises nothing."""
+    # torch's PowerSGD compresses from its third iteration (test_compressed_comm.py)
+    p = _adapter_run(tmp_path / "g", "ddp", 2, "--steps", "4", "--hook", "powersgd", "--mode", "guard")
+    assert _violations(tmp_path / "g") == [] and _step_lines(p.stderr) == []
+    scopes = [e for e in _events(tmp_path / "g") if e["event"] == "scope" and e["check"] == "divisor"]
+    assert len(scopes) == 1 and "lossy" in scopes[0]["message"], scopes
+
+
+# ---- planted bugs: step 0, the --self cause and words -----------------------------------------------------
+
+def test_a_summing_hook_is_flagged_at_step_0_as_self_flags_it(tmp_path):
+    p = _adapter_run(tmp_path / "g", "ddp", 2, "--steps", "2", "--bug", "--mode", "full+guard")
+    code, report = _self_report(tmp_path / "g", tmp_path)
+    assert code == 1 and report["verdict"] == "wrong-divisor"
+    for rank in (0, 1):
+        first = _violations(tmp_path / "g", rank)[0]
+        assert (first["step"], first["check"], first["cause"]) == (0, "divisor", report["groups"][0]["cause"])
+        assert first["cause"] == "reduction-divisor"
+        assert first["message"] == report["groups"][0]["explanation"]  # the same words: one judging function
+        assert "effective divisor 1.000" in first["message"] and "needs 2.000" in first["message"]
+        assert sorted(first["params"]) == sorted(report["groups"][0]["params"])
+    lines = _step_lines(p.stderr)
+    assert len(lines) == 2, lines  # one line per rank: the repeat at step 1 is counted, not said again
+    assert all(": step 0: bucket 0 (8 parameters): effective divisor 1.000" in line for line in lines)
+    assert _summary(tmp_path / "g")["violations"] == 2
+
+
+def test_fsdp2_dividing_a_global_token_sum_is_flagged(tmp_path):
+    _adapter_run(tmp_path / "g", "fsdp2", 2, "--steps", "1", "--global-tokens", "--keep-division", "--mode",
+                 "full+guard")
+    code, report = _self_report(tmp_path / "g", tmp_path)
+    assert code == 1
+    first = _violations(tmp_path / "g")[0]
+    assert (first["step"], first["cause"], first["message"]) == (0, report["groups"][0]["cause"],
+                                                                report["groups"][0]["explanation"])
+    assert first["divisor"] == pytest.approx(2.0, rel=1e-4)
+
+
+def test_a_misreported_grad_norm_is_flagged(tmp_path):
+    """FSDP2 with each rank reporting the norm of its own shard (ms-swift #8341's logging pattern)."""
+    _adapter_run(tmp_path / "g", "fsdp2", 2, "--steps", "1", "--norm", "local", "--mode", "full+guard")
+    (v,) = _violations(tmp_path / "g", 0)
+    assert (v["step"], v["check"]) == (0, "grad-norm")
+    code, report = _self_report(tmp_path / "g", tmp_path)
+    assert code == 0 and report["grad_norm"]["verdict"] == "misreported"
+    assert v["message"] == report["grad_norm"]["message"]
+    assert _violations(tmp_path / "g", 1) == []  # the norm is said by the lowest rank only
+
+
+def test_raise_stops_the_run_at_the_violating_step(tmp_path):
+    p = _adapter_run(tmp_path / "g", "ddp", 2, "--steps", "3", "--bug", "--mode", "guard", "--on-violation",
+                     "raise", ok=False)
+    assert p.returncode != 0
+    assert "GuardViolation" in p.stderr and "step 0: bucket 0 (8 parameters): effective divisor 1.000" in p.stderr
+    assert [v["step"] for v in _violations(tmp_path / "g")] == [0]  # raised out of step 0's optimizer.step
+
+
+# ---- what goes wrong in the wild ---------------------------------------------------------------------------
+
+def test_a_rank_that_skips_a_step_is_named(tmp_path):
+    p = _guard_run(tmp_path / "g", "skip")
+    assert p.returncode == 0 and "RANK 0 DONE" in p.stdout and "RANK 1 DONE" in p.stdout, p.stderr[-2000:]
+    (v,) = _violations(tmp_path / "g", 0)
+    assert (v["step"], v["check"]) == (1, "skipped-step")
+    assert v["message"].startswith("rank 1 did not step the optimizer in step 1 while the other ranks did")
+    assert _summary(tmp_path / "g")["steps_checked"] == 3
+
+
+def test_nan_is_named_by_parameter_phase_and_bucket_at_its_first_step(tmp_path):
+    p = _guard_run(tmp_path / "g", "nan")
+    assert p.returncode == 0, p.stderr[-2000:]
+    mine = [(v["step"], v["message"]) for v in _violations(tmp_path / "g", 1)]
+    assert mine == [(2, "NaN or Inf in PRE_REDUCE of bucket 0 (group dp, micro-step 0) on rank 1: 'qkv.weight'"),
+                    (2, "NaN or Inf in POST_REDUCE of bucket 0 (group dp, micro-step 0) on rank 1: 'qkv.weight'"),
+                    (2, "NaN or Inf in FINAL (what the optimizer received) on rank 1: 'qkv.weight'")]
+    assert [v["step"] for v in _violations(tmp_path / "g", 0)] == [2, 2]  # POST and FINAL: rank 0's PRE is finite
+
+
+def test_a_rank_that_dies_after_its_last_step_never_holds_the_others(tmp_path):
+    """Rank 1 dies with the last step's exchange in flight; rank 0 closes (guard timeout 600 s: finishing within the
+    test's 150 s means the guard did not wait for it), its guard disabled with one warning."""
+    p = _guard_run(tmp_path / "g", "die-end")
+    assert p.returncode == 0 and "RANK 0 DONE" in p.stdout and "EXIT 1 3" in p.stdout, p.stdout + p.stderr[-2000:]
+    # rank 1's own guard thread dies with it, maybe before it sent step 1's payload: the exchange that fails is
+    # step 1's or step 2's; every step before it was checked
+    (failed,) = re.findall(r"guard disabled: the exchange of step (\d) failed", p.stderr)
+    assert int(failed) in (1, 2)
+    assert _summary(tmp_path / "g")["steps_checked"] == int(failed)
+
+
+def test_a_rank_that_dies_mid_step_fails_the_frameworks_collective_not_the_guards(tmp_path):
+    p = _guard_run(tmp_path / "g", "die-mid")
+    assert "EXIT 1 3" in p.stdout
+    (raised,) = [line for line in p.stdout.splitlines() if line.startswith("RANK 0 RAISED")]
+    assert "third_party/gloo" in raised and "gradtrace" not in raised  # gloo's error, in DDP's all-reduce
+    assert [e["event"] for e in _events(tmp_path / "g")][:1] == ["attach"]
+
+
+@pytest.mark.parametrize("on_violation", ["warn", "raise"])
+def test_an_internal_error_disables_the_guard_unless_raise(on_violation, tmp_path):
+    p = _guard_run(tmp_path / "g", "error", "--on-violation", on_violation)
+    if on_violation == "warn":
+        assert p.returncode == 0 and "RANK 1 DONE" in p.stdout
+        assert p.stderr.count("guard disabled: internal error: RuntimeError: injected guard error") == 2
+        s = _summary(tmp_path / "g")
+        assert (s["steps_checked"], s["disabled"]) == (1, "internal error: RuntimeError: injected guard error")
+    else:
+        assert p.returncode == 1
+        assert "RANK 0 RAISED RuntimeError: 'injected guard error'" in p.stdout
+
+
+def test_hostile_parameter_names_reach_no_terminal(tmp_path):
+    p = _guard_run(tmp_path / "g", "hostile")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr
+    assert "on rank 1: 'evil\\x1b[2J\\x07name'" in p.stderr
+    messages = [v["message"] for v in _violations(tmp_path / "g", 1)]
+    assert "NaN or Inf in PRE_REDUCE of bucket 0 (group dp, micro-step 0) on rank 1: 'evil\x1b[2J\x07name'" in messages
+
+
+# ---- one process, the options --------------------------------------------------------------------------------
+
+def test_one_process_plain_module_says_what_it_cannot_check(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cap = gradtrace.attach(model, tmp_path / "g", optimizer=opt, mode="guard")
+    for _ in range(3):
+        model(torch.randn(5, 4)).square().mean().backward()
+        cap.report_grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+        opt.step()
+        opt.zero_grad()
+    cap.close()
+    events = _events(tmp_path / "g")
+    scopes = {e["check"] for e in events if e["event"] == "scope"}
+    assert scopes == {"replicas", "divisor"}
+    s = _summary(tmp_path / "g")
+    assert (s["steps_checked"], s["violations"]) == (3, 0)
+
+
+def test_clipping_after_the_norm_is_no_violation(tmp_path):
+    """clip_grad_norm_ reports the norm before it clips: FINAL is smaller than what is reported, and right."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cap = gradtrace.attach(model, tmp_path / "g", optimizer=opt, mode="guard", phases=("FINAL",))
+    model(torch.randn(5, 4)).square().sum().backward()
+    cap.report_grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3))
+    opt.step()
+    cap.close()
+    assert _violations(tmp_path / "g") == []
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"mode": "full+stats"}, "mode='full+stats': expected"),
+    ({"mode": "guard", "on_violation": "shout"}, "on_violation='shout': expected 'warn', 'raise' or a callable"),
+    ({"mode": "guard", "guard_every": 0}, "guard_every=0: expected an integer >= 1"),
+])
+def test_bad_guard_options_are_refused_before_anything_is_hooked(bad, message, tmp_path):
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        gradtrace.attach(model, tmp_path / "g", **bad)
+    assert not model._forward_pre_hooks
