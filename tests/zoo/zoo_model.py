@@ -14,6 +14,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 from adapter_runs import BATCH, HIDDEN, IGNORE, SEQ, VOCAB, GatherSeq, TinyLM, batch, ce_sum  # noqa: E402,F401
 
 EXPERTS = 4
+# gradtrace.attach's mode for every capture() of this process: "full" (the zoo's traces), or with the live guard
+# ("full+guard", "stats+guard", "guard"); launch.py sets it from --mode before any scenario runs
+MODE = "full"
 
 
 def make_lm():
@@ -101,9 +104,10 @@ class ScatterRows(torch.autograd.Function):
 
 
 def capture(model, out, rank, world, *, degrees, groups=None, rules=(), default_group="dp", gas=1, cp_kind="", loss="",
-            loss_description="", config=None, optimizer=None):
+            loss_description="", config=None, optimizer=None, mode=None):
     """The manual adapter on this rank with the scenario's layout: ``world`` ranks 0..world-1 of the
-    launch, ``groups`` name -> this rank's group as ranks, ``rules`` (regex, ParamInfo fields)."""
+    launch, ``groups`` name -> this rank's group as ranks, ``rules`` (regex, ParamInfo fields);
+    ``mode``: gradtrace.attach's (default: MODE)."""
     import gradtrace
     from gradtrace.adapters.layout import Layout
 
@@ -111,7 +115,7 @@ def capture(model, out, rank, world, *, degrees, groups=None, rules=(), default_
                     groups={"world": list(range(world)), **(groups or {})}, default_group=default_group)
     for pattern, fields in rules:
         layout.add_rule(pattern, **fields)
-    return gradtrace.attach(model, str(out), optimizer=optimizer, layout=layout,
+    return gradtrace.attach(model, str(out), optimizer=optimizer, layout=layout, mode=mode or MODE,
                             run_id=f"zoo-{pathlib.Path(out).name}", loss=loss,
                             loss_description=loss_description, config=config or {})
 
