@@ -482,18 +482,9 @@ namespace {
 
 // The report's head: the one side (A), and the tolerance of --rtol or the dtype/summand bound.
 Report SelfReport(const TraceSet& set, const SelfOptions& options) {
-  Report report;
-  report.mode = "self";
-  report.phase = "post";
+  Report report = SelfReportHead(set.run(), set.world(), options.rtol);
   report.a.dir = set.dir();
-  report.a.producer =
-      set.run().producer() + (set.run().producer_version().empty() ? "" : " " + set.run().producer_version());
-  report.a.run_id = set.run().run_id();
-  report.a.world = set.world();
   report.a.truncated = set.truncated();
-  report.a.config = set.config();
-  report.a.framework = set.run().framework();
-  report.tolerance = options.rtol ? FixedTolerance(*options.rtol) : DefaultTolerance(set.config(), set.config());
   return report;
 }
 

@@ -214,6 +214,19 @@ const char* SelfVerdictName(SelfVerdict v) {
   }
   return "?";
 }
+Report SelfReportHead(const pb::RunInfo& run, int world, std::optional<double> rtol) {
+  Report report;
+  report.mode = "self";
+  report.phase = "post";
+  report.a.producer = run.producer() + (run.producer_version().empty() ? "" : " " + run.producer_version());
+  report.a.run_id = run.run_id();
+  report.a.world = world;
+  report.a.config = run.config();
+  report.a.framework = run.framework();
+  report.tolerance = rtol ? FixedTolerance(*rtol) : DefaultTolerance(run.config(), run.config());
+  return report;
+}
+
 void JudgeSelf(const pb::RunInfo& run, const SelfMeasurements& m, Report* report) {
   const pb::Config& config = run.config();
   const double rtol = report->tolerance.rtol;

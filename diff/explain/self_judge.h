@@ -4,11 +4,17 @@
 // (_gtcodec.judge_self).
 #pragma once
 
+#include <optional>
+
 #include "evidence/self_measurements.h"
 #include "gradtrace.pb.h"
 #include "report/report.h"
 
 namespace gradtrace::diff {
+
+// A self report's head: mode self, phase post, side A from `run` (rank 0's RunInfo) and `world`, and
+// the tolerance (`rtol`, else the dtypes' default, tolerance.h).
+Report SelfReportHead(const pb::RunInfo& run, int world, std::optional<double> rtol);
 
 // The head of a self report: mode, phase, tolerance (before its absolute floor) and step are the
 // caller's; report->bucket_view and report->findings may hold the measuring's already. Judges

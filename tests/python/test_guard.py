@@ -151,6 +151,36 @@ def test_raise_stops_the_run_at_the_violating_step(tmp_path):
     assert [v["step"] for v in _violations(tmp_path / "g")] == [0]  # raised out of step 0's optimizer.step
 
 
+# ---- DeepSpeed #5248 on real DeepSpeed (tools/repro/ds5248/run.py: sp 2, the issue's Ulysses loop) ----------
+
+DS5248 = {  # (zero stage, the loop's loss): a bug? (docs/studies/ds5248.md: ZeRO-2 sums the sp ranks' gradients,
+    (2, "loss"): True,  # ZeRO-3's reduce-scatter averages them)
+    (2, "loss-div-sp"): False,
+    (3, "loss"): False,
+    (3, "loss-div-sp"): True,
+}
+
+
+@pytest.mark.parametrize("stage, loss", sorted(DS5248))
+def test_ds5248_configurations_under_the_guard(stage, loss, tmp_path):
+    out = tmp_path / "g"
+    cmd = [sys.executable, str(ROOT / "tools" / "repro" / "ds5248" / "run.py"), "--sp", "2", "--zero-stage",
+           str(stage), "--loss", loss, "--capture", "full+guard", "--out", str(out)]
+    p = subprocess.run(cmd, env=deepspeed_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    code, report = _self_report(out, tmp_path)
+    for rank in (0, 1):
+        found = _violations(out, rank)
+        if not DS5248[(stage, loss)]:
+            assert found == [] and code == 0
+            continue
+        assert code == 1 and found and found[0]["step"] == 0
+        assert {v["cause"] for v in found} == {g["cause"] for g in report["groups"]} == {"reduction-divisor"}
+        assert {round(v["divisor"], 3) for v in found} == {1.0 if stage == 2 else 2.0}
+    assert len(_step_lines(p.stderr)) == (0 if not DS5248[(stage, loss)] else len(_violations(out, 0)) +
+                                          len(_violations(out, 1)))
+
+
 # ---- what goes wrong in the wild ---------------------------------------------------------------------------
 
 def test_a_rank_that_skips_a_step_is_named(tmp_path):

@@ -73,7 +73,9 @@ CLAIMED = {"Verdict: scaled -- B/A = 2.000 = dp(B)": "test_readme_ddp_example_ru
            "gradtrace-pack": "test_readme_5248_and_bug_report_blocks_run_as_written",
            "gradtrace-versions --package": "test_versions_command.py (its ergas fixture runs it)",
            "gradtrace-matrix --script": "test_matrix.py (its grid fixture runs it)",
-           "gradtrace-train --nproc 2": "test_readme_5248_and_bug_report_blocks_run_as_written"}
+           "gradtrace-train --nproc 2": "test_readme_5248_and_bug_report_blocks_run_as_written",
+           'mode="guard"': "test_readme_guard_blocks_run_as_written",
+           "gradtrace guard: rank 0: step 0": "test_readme_guard_blocks_run_as_written"}
 
 
 def test_every_readme_block_is_run_by_a_test():
@@ -137,6 +139,17 @@ def test_readme_5248_and_bug_report_blocks_run_as_written(scratch):
     for line, want in zip(commands(block_with("sh", "gradtrace-pack")), [0, 1, 0]):
         rc, out = run(line, scratch)
         assert rc == want, f"{line}: exit {rc}\n{out[-3000:]}"
+
+
+def test_readme_guard_blocks_run_as_written(tmp_path):
+    """'Guard a long run': the README's attach line inside a 2-rank DDP run whose loss is a global token sum
+    (tests/python/readme_guard_run.py); stderr holds the line the README shows."""
+    line = block_with("python", 'mode="guard"').strip()
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "python" / "readme_guard_run.py"), str(tmp_path / "g"),
+                        line], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    shown = block_with("text", "gradtrace guard: rank 0: step 0").strip()
+    assert shown in p.stderr.splitlines(), p.stderr[-3000:]
 
 
 def test_readme_states_the_code():

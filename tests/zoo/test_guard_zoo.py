@@ -27,19 +27,14 @@ the guard is silent and --self says ok, while the A-vs-B diff of the same trace 
   loss-multiplier;
 - row 16 hf-34191-bug: mean per micro-batch / gas (recipe "local-mean"): A/B gas, token-normalisation.
 
-Left out: rows 1-3 (gradtrace-train, a C++ binary without the guard) and row 14 (real DeepSpeed, slow;
-tools/repro/ds5248/run.py takes no capture mode).
+Left out: rows 1-3 (gradtrace-train, a C++ binary without the guard yet) and row 14 (real DeepSpeed ZeRO-3, slow);
+the #5248 configurations on real DeepSpeed run under the guard in tests/python/test_guard.py.
 
 Known guard defects, strict xfails (they turn red once fixed):
 - titan-160285-bug (row 6): each rank's first violation is the dense parameters' divisor (cause
   "unexplained", "for 5 of 9 parameters"), where --self's first group is the experts' edp divisor
   (cause "reduction-divisor", 8 of 13). The guard judges a rank's own records (5 dense + its 4 expert
   parameters), so the judge orders its groups by that rank's counts; both causes are found.
-- veomni-1115-bug (row 11): rank 0 adds a grad-norm violation ("the reported grad norm is off by
-  1.1117x (the run reports 0.518772, its FINAL gradients have norm 0.466646)") that --self does not make
-  (its grad_norm: consistent, 0.518772). The replicas of FINAL disagree; measure.final_norm keeps one
-  sum of squares per (param, offset, count) and the last rank's wins, so rank 0's reported norm is
-  compared with rank 1's FINAL.
 """
 
 import json
@@ -84,9 +79,7 @@ SILENT = sorted({c.ok for c in GUARDED if c.ok} | {c.reference for c in GUARDED}
 FIRST_CAUSE_DIFFERS = {"titan-160285-bug": "the guard judges a rank's own records (5 dense + 4 expert parameters), so "
                                            "its first group is the dense divisor ('unexplained'); --self's (13 "
                                            "parameters) is the experts' edp divisor ('reduction-divisor')"}
-EXTRA_GRAD_NORM = {"veomni-1115-bug": "replicas of FINAL disagree: the guard's FINAL norm takes rank 1's sum of "
-                                      "squares (0.466646) against rank 0's reported norm (0.518772); "
-                                      "--self: consistent"}
+EXTRA_GRAD_NORM: dict = {}  # none since the guard reads replicas as --self does (the lowest rank's copy)
 SCOPE_NOTE = "cannot see a loss scaled before backward beyond what the recorded loss recipe states"
 
 

@@ -588,11 +588,11 @@ class DeepSpeedCapture(Capture):
         self._restore.clear()
 
     def close(self):
-        """Puts DeepSpeed's methods back and finishes the trace; idempotent."""
+        """Puts DeepSpeed's methods back, closes the guard (its summary) and finishes the trace; idempotent."""
         self.detach()
         if self.writer is not None:
-            self.writer.close()
             self.writer = None
+            self.recorder.close()
 
 
 def _expert_layout(named_parameters, groups: dict):

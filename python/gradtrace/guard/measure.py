@@ -152,8 +152,8 @@ def norm_of(pieces, numels) -> float | None:
     """sqrt of the sum of squares of distinct (param, offset, count) pieces, when each parameter they touch is
     covered whole (replicas count once); None otherwise."""
     distinct: dict[tuple, float] = {}
-    for pid, offset, count, sumsq in pieces:
-        distinct[(pid, offset, count)] = sumsq
+    for pid, offset, count, sumsq in pieces:  # the lowest rank's copy, as --self reads replicas
+        distinct.setdefault((pid, offset, count), sumsq)
     covered: dict[int, int] = {}
     for pid, offset, count in distinct:
         covered[pid] = covered.get(pid, 0) + count
@@ -164,14 +164,15 @@ def norm_of(pieces, numels) -> float | None:
 
 def final_norm(payloads: dict, numels) -> float | None:
     """The norm of every rank's FINAL (None when some parameter's FINAL is not whole)."""
-    return norm_of([(pid, off, n, sq) for p in payloads.values() for pid, off, n, _, sq in p["final"]], numels)
+    return norm_of([(pid, off, n, sq) for r in sorted(payloads) for pid, off, n, _, sq in payloads[r]["final"]],
+                   numels)
 
 
 def post_norm(payloads: dict, numels) -> float | None:
     """The norm of every rank's POST of its last micro-step: the reduced gradient before clipping (when each
     parameter is reduced once per step); None when not whole."""
     pieces = []
-    for p in payloads.values():
+    for p in (payloads[r] for r in sorted(payloads)):
         if not p["post"]:
             continue
         last = max(m for m, *_ in p["post"])
