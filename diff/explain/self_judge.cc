@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "cause.h"
 #include "compare/tolerance.h"
@@ -243,7 +244,11 @@ void JudgeSelf(const pb::RunInfo& run, const SelfMeasurements& m, Report* report
                                                  report->tolerance.atol, &report->findings));
     report->self_params.back().accumulates = m.accumulating.count(key.first) > 0;
   }
-  MarkDisagreeingReplicas(run, m.replicas, report);
+  std::map<int32_t, ReplicaDisagreement> disagreeing;  // beyond rtol (the guard hands every difference over)
+  for (const auto& [id, d] : m.replicas) {
+    if (!(d.rel <= rtol)) disagreeing[id] = d;
+  }
+  MarkDisagreeingReplicas(run, disagreeing, report);
   for (const NonfiniteRecord& r : m.nonfinite) report->findings.push_back({"nonfinite", NonfiniteWords(run, r)});
   if (!m.skipped.empty()) report->findings.push_back({"skipped", SkippedStepWords(m.skipped, report->step)});
   for (const auto& [kind, message] : m.notes) report->findings.push_back({kind, message});
