@@ -6,11 +6,14 @@
 
 #include <pybind11/stl.h>
 
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "divisor_finding.h"
+#include "explain/reference_judge.h"
 #include "explain/self_judge.h"
 #include "report/report.h"
 #include "run_info_json.h"
@@ -75,9 +78,47 @@ diff::SelfMeasurements MeasurementsOf(const py::dict& m) {
   return out;
 }
 
+// name -> (count, sum, sum of squares, abs max, non-finite count)
+std::map<std::string, diff::Moments> MomentsOf(const py::dict& d) {
+  std::map<std::string, diff::Moments> out;
+  for (const auto& [name, v] : d) {
+    const auto t = v.cast<std::tuple<int64_t, double, double, double, int64_t>>();
+    diff::Moments m;
+    std::tie(m.count, m.sum, m.sum_sq, m.abs_max, m.nonfinite) = t;
+    out[name.cast<std::string>()] = m;
+  }
+  return out;
+}
+
 }  // namespace
 
 void RegisterJudge(py::module_& m) {
+  // The guard's reference run (diff/explain/reference_judge.h): loaded once, judged at each step.
+  py::class_<diff::ReferenceRun>(m, "ReferenceRun")
+      .def(py::init([](const std::string& dir) {
+             auto r = diff::ReferenceRun::Load(dir);
+             if (!r.ok()) throw py::value_error(r.status().message());
+             return std::move(*r);
+           }),
+           py::arg("dir"))
+      .def_property_readonly("steps", &diff::ReferenceRun::steps)
+      .def(
+          "judge",
+          [](const diff::ReferenceRun& ref, int64_t step, const std::string& run_info_json, int world,
+             const py::dict& moments, std::optional<py::dict> measurements) {
+            const pb::RunInfo run = RunInfoFromJson(run_info_json);
+            const auto mine = MomentsOf(moments);
+            std::optional<diff::SelfMeasurements> self;
+            if (measurements) self = MeasurementsOf(*measurements);
+            py::gil_scoped_release release;
+            auto report = ref.Judge(step, run, world, mine, self ? &*self : nullptr);
+            if (!report.ok()) throw py::value_error(report.status().message());
+            return diff::RenderJson(*report);
+          },
+          py::arg("step"), py::arg("run_info_json"), py::arg("world"), py::arg("moments"),
+          py::arg("measurements") = std::nullopt,
+          "The diff report (JSON) of this run's FINAL moments at `step` against the reference's; `measurements` "
+          "(judge_self's) are B's reduction evidence.");
   m.def(
       "judge_self",
       [](const std::string& run_info_json, int64_t step, int world, const py::dict& measurements,

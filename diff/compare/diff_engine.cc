@@ -211,18 +211,6 @@ Status CompareAll(const TraceSet& x, const TraceSet& y, const Alignment& al, con
   return first_error;
 }
 
-TraceSide SideOf(const TraceSet& s) {
-  TraceSide t;
-  t.dir = s.dir();
-  t.producer = s.run().producer() + (s.run().producer_version().empty() ? "" : " " + s.run().producer_version());
-  t.run_id = s.run().run_id();
-  t.world = s.world();
-  t.truncated = s.truncated();
-  t.config = s.config();
-  t.framework = s.run().framework();
-  return t;
-}
-
 double LogDistance(double s) { return std::isfinite(s) && s != 0 ? std::fabs(std::log(std::fabs(s))) : 1e300; }
 
 void AddTruncations(const TraceSet& s, std::vector<std::string>* out) {
@@ -692,6 +680,18 @@ Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, con
   auto c = RunCompare(a_dir, b_dir, options);
   if (!c.ok()) return c.status();
   return JudgeComparison(*c);
+}
+
+TraceSide SideOf(const TraceSet& s) {
+  TraceSide t;
+  t.dir = s.dir();
+  t.producer = s.run().producer() + (s.run().producer_version().empty() ? "" : " " + s.run().producer_version());
+  t.run_id = s.run().run_id();
+  t.world = s.world();
+  t.truncated = s.truncated();
+  t.config = s.config();
+  t.framework = s.run().framework();
+  return t;
 }
 
 }  // namespace gradtrace::diff

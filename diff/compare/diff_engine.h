@@ -103,6 +103,9 @@ Expected<Comparison> RunCompare(const std::string& a_dir, const std::string& b_d
 // parts); InvalidArgument otherwise.
 Expected<Report> JudgeComparison(const Comparison& c);
 
+// A report's side (dir, producer, run id, world, config, framework) of a trace set.
+TraceSide SideOf(const TraceSet& s);
+
 // Both phases: compares trace set B against A. Errors (bad input) carry one line naming
 // the file or directory; differences are not errors but the Report's verdict.
 Expected<Report> RunDiff(const std::string& a_dir, const std::string& b_dir, const DiffOptions& options);

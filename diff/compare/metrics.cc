@@ -193,17 +193,25 @@ Metrics CompareMoments(const Moments& a, const Moments& b, bool sums_only) {
     m.rel_error = m.residual;
     return m;
   }
+  // A sum that cancels (below kSumSignificance of sqrt(count) x the norm: a softmax head's or a normalised
+  // layer's gradient, whose elements sum to zero up to rounding) is rounding noise: its ratio and sign say
+  // nothing of the scale. The sums count when either side's does (one cancelling, the other not, differs).
+  constexpr double kSumSignificance = 1e-3;
+  auto significant = [&](const Moments& x) {
+    return std::fabs(x.sum) >
+           kSumSignificance * std::sqrt(static_cast<double>(std::max<int64_t>(x.count, 1)) * x.sum_sq);
+  };
+  const bool sums_tell = a.sum != 0 && (significant(a) || significant(b));
   double s_norm = std::sqrt(b.sum_sq / a.sum_sq);
-  double sign = (a.sum * b.sum < 0) ? -1.0 : 1.0;
+  double sign = (sums_tell && a.sum * b.sum < 0) ? -1.0 : 1.0;
   m.scale = sign * s_norm;
   // If B = s·A exactly, every moment scales consistently; their disagreement
   // bounds how far B is from a multiple of A (it cannot prove equality).
-  double s_sum = a.sum != 0 ? b.sum / a.sum : m.scale;
+  double s_sum = sums_tell ? b.sum / a.sum : m.scale;
   double s_max = a.abs_max > 0 ? sign * b.abs_max / a.abs_max : m.scale;
   m.residual = std::max(rel(s_sum, m.scale), rel(s_max, m.scale));
   // Relative error of the norms and sums, the closest stats analogue of ||b-a||/||b||.
-  m.rel_error =
-      std::max({rel(m.norm_a, m.norm_b), rel(a.sum, b.sum) * (std::fabs(a.sum) > 0 ? 1 : 0), std::fabs(sign - 1) / 2});
+  m.rel_error = std::max({rel(m.norm_a, m.norm_b), rel(a.sum, b.sum) * (sums_tell ? 1 : 0), std::fabs(sign - 1) / 2});
   return m;
 }
 

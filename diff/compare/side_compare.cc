@@ -3,7 +3,6 @@
 #include <cmath>
 
 namespace gradtrace::diff {
-namespace {
 
 Moments MomentsOf(const SideValues& v) {
   Moments m;
@@ -12,6 +11,8 @@ Moments MomentsOf(const SideValues& v) {
   });
   return m;
 }
+
+namespace {
 
 // A side's value at `pos`: its full value when it has one there, else its sketch value.
 bool ValueAt(const SideValues& v, int64_t pos, double* out) {

@@ -37,6 +37,9 @@ struct SideSummary {
 
 SideSummary Summarize(const SideValues& v);
 
+// The moments of a side's full values (as the stats capture mode would have stored them).
+Moments MomentsOf(const SideValues& v);
+
 // "A covers X of N elements", "no A records" or "A has no full values".
 std::string Coverage(const char* side, const SideSummary& v);
 

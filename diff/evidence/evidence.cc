@@ -34,9 +34,14 @@ std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int
   auto self = SelfCheckSet(set, options);
   if (!self.ok()) return out;  // the diff itself does not depend on it
   if (accumulating_params != nullptr) *accumulating_params = self->accumulating_params;
+  return EvidenceOfSelf(*self);
+}
+
+std::vector<ReductionEvidence> EvidenceOfSelf(const Report& self) {
+  std::vector<ReductionEvidence> out;
   // Per kind, the median measured divisor of its parameters (and their expected, declared).
   std::map<std::string, std::vector<const SelfParam*>> by_kind;
-  for (const auto& p : self->self_params) {
+  for (const auto& p : self.self_params) {
     if (std::isfinite(p.divisor)) by_kind[p.param_kind].push_back(&p);
   }
   for (auto& [kind, ps] : by_kind) {

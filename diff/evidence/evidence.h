@@ -24,6 +24,10 @@ namespace gradtrace::diff {
 std::vector<ReductionEvidence> CollectReductionEvidence(const TraceSet& set, int64_t step, int threads,
                                                         int* accumulating_params);
 
+// A side's evidence from its self report (--self's, or the live guard's): per parameter kind, the median
+// measured divisor of its parameters, with their group size, declared and expected divisors.
+std::vector<ReductionEvidence> EvidenceOfSelf(const Report& self);
+
 // One side's CollectReductionEvidence on one thread, run as a work item of the
 // diff's comparison (beside its two workers on two cores, a thread of its own
 // slowed their first frames).

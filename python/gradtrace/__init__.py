@@ -56,7 +56,7 @@ def attach(obj, out_dir, *, optimizer=None, mode: str = "full", steps=None, para
            ep=None, edp=None, replicate=None, cp_kind=None, gas=None, rules=None, default_group=None,
            default_kind=None, comm_dtype=None, hook=None, hook_state=None, divisor=None, names_from=None,
            full_final=None, shards=None, framework=None, mpu=None, on_violation=None, guard_every=None,
-           guard_timeout=None) -> Capture:
+           guard_timeout=None, reference=None) -> Capture:
     """Capture this rank's training into ``out_dir/rank-NNNNN.gtrace`` and return its :class:`Capture`.
 
     ``obj`` is what you train with; attach recognises it and attaches the matching capture, or raises
@@ -103,7 +103,9 @@ def attach(obj, out_dir, *, optimizer=None, mode: str = "full", steps=None, para
     violation is a line on stderr and an event in ``out_dir/rank-NNNNN.guard.jsonl``. ``on_violation``:
     "warn" (default), "raise" (GuardViolation out of the optimizer step that violated) or a callable
     ``f(step, violations)``; ``guard_every`` (check every k-th step after the first 4; default 1);
-    ``guard_timeout`` (seconds the guard's exchange waits for a rank, default 60).
+    ``guard_timeout`` (seconds the guard's exchange waits for a rank, default 60); ``reference`` (a trusted
+    run's trace directory, "stats" mode suffices: each step it recorded is compared with this run's FINAL with
+    the diff's tolerance and words).
     """
     given = {k: v for k, v in locals().items() if k not in ("obj", "out_dir") and v is not None}
     from .adapters import front_door

@@ -112,6 +112,8 @@ def run_rank(rank, args):
 
     def attach(*a, **k):
         extra = {"on_violation": args.on_violation} if guarded else {}
+        if args.reference:
+            extra["reference"] = args.reference
         return gradtrace.attach(*a, mode=args.mode, **extra, **k)
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -283,6 +285,7 @@ def main(argv=None):
                     help="ddp: one of torch's communication hooks")
     ap.add_argument("--mode", default="full", help="attach's mode, e.g. stats, guard, stats+guard")
     ap.add_argument("--on-violation", default="warn", choices=["warn", "raise"], help="the guard's on_violation")
+    ap.add_argument("--reference", default=None, help="the guard's reference run (a trace directory)")
     args = ap.parse_args(argv)
     args.port = free_port()
     if args.world == 1:

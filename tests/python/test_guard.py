@@ -151,6 +151,50 @@ def test_raise_stops_the_run_at_the_violating_step(tmp_path):
     assert [v["step"] for v in _violations(tmp_path / "g")] == [0]  # raised out of step 0's optimizer.step
 
 
+# ---- a reference run: a trusted run's stats trace, compared step by step ----------------------------------------
+
+@pytest.fixture(scope="module")
+def stats_reference(tmp_path_factory):
+    """One process over the whole batch (adapter_runs ref-dense), stats mode, 2 steps: what DDP must equal."""
+    out = tmp_path_factory.mktemp("reference") / "ref"
+    _adapter_run(out, "ref-dense", 1, "--mode", "stats", "--steps", "2")
+    return out
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_reference_run_is_compared_at_each_of_its_steps(stats_reference, bug, tmp_path):
+    out = tmp_path / "g"
+    _adapter_run(out, "ddp", 2, "--steps", "3", "--mode", "full+guard", "--reference", str(stats_reference),
+                 *(["--bug"] if bug else []))
+    against = [v for v in _violations(out) if v["check"] == "reference"]
+    scopes = [e["message"] for e in _events(out) if e["event"] == "scope" and e["check"] == "reference"]
+    assert [v for v in _violations(out, 1) if v["check"] == "reference"] == []  # the lowest rank says it
+    if not bug:
+        assert against == [] and _summary(out)["violations"] == 0
+        assert scopes == ["reference is not checked: the reference recorded FINAL at steps [0, 1]: later steps are "
+                          "not compared"]
+        return
+    (v,) = against  # step 0; then the run has left the reference: later steps start from other weights
+    assert v["step"] == 0 and len(v["params"]) == 8 and v["cause"] == "reduction-divisor"
+    assert v["message"].startswith("against the reference run (A): B/A = 2.000 = dp(B) for all 8 parameters: B sums")
+    # the same words as gradtrace-diff on the reference and this run's trace
+    j = tmp_path / "diff.json"
+    subprocess.run([str(DIFF), str(stats_reference), str(out), "--step", "0", "--json", str(j)], capture_output=True,
+                   timeout=120)
+    assert v["message"] == "against the reference run (A): " + json.loads(j.read_text())["groups"][0]["explanation"]
+    assert scopes == ["reference is not checked: the run differs from the reference at step 0: later steps start "
+                      "from other weights and are not compared"]
+
+
+def test_a_reference_that_cannot_be_read_is_one_line_before_anything_is_hooked(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"nowhere: no such directory"):
+        gradtrace.attach(model, tmp_path / "g", mode="guard", reference=tmp_path / "nowhere")
+    assert not model._forward_pre_hooks
+
+
 # ---- DeepSpeed #5248 on real DeepSpeed (tools/repro/ds5248/run.py: sp 2, the issue's Ulysses loop) ----------
 
 DS5248 = {  # (zero stage, the loop's loss): a bug? (docs/studies/ds5248.md: ZeRO-2 sums the sp ranks' gradients,

@@ -168,7 +168,7 @@ def test_deepspeed_adapter_refuses_an_unknown_recipe_and_maps_the_aliases(tmp_pa
                      "ERROR gradtrace.attach: params, steps cannot be honoured for a DeepSpeed engine: a DeepSpeed "
                      "engine records every step and parameter, and its layout comes from the engine (and its mpu); "
                      "it accepts config, extra, guard_every, guard_timeout, loss, loss_description, mode, mpu, on_error, "
-                     "on_violation, overwrite, phases, run_id",
+                     "on_violation, overwrite, phases, reference, run_id",
                      "WROTE False"]
     cfg = gradtrace.TraceReader(tmp_path / "alias" / "rank-00000.gtrace").run_info["config"]
     assert cfg["loss"] == "local-mean-div-sp"

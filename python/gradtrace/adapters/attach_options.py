@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import loss_recipes
 
 # Every capture takes RECORDER's options (the RankRecorder's); every PyTorch one TORCH's too (the layout).
-GUARD = ("on_violation", "guard_every", "guard_timeout")
+GUARD = ("on_violation", "guard_every", "guard_timeout", "reference")
 RECORDER = ("mode", "steps", "params", "loss", "loss_description", "on_error", "overwrite", "run_id", "config",
             "extra", "phases") + GUARD
 TORCH = ("groups", "layout", "dp", "sp", "cp", "tp", "pp", "ep", "edp", "replicate", "cp_kind", "gas", "rules",

@@ -109,7 +109,8 @@ class DeepSpeedCapture(Capture):
     def __init__(self, engine, out_dir, mode: str = "full", mpu=None, *, loss_recipe: str = "",
                  config: dict | None = None, extra: dict | None = None, run_id: str | None = None,
                  phases=("PRE_REDUCE", "POST_REDUCE", "FINAL"), on_error: str = "warn", overwrite: bool = False,
-                 packages=(), on_violation="warn", guard_every: int = 1, guard_timeout: float = 60.0):
+                 packages=(), on_violation="warn", guard_every: int = 1, guard_timeout: float = 60.0,
+                 reference=None):
         import deepspeed
         import torch.distributed as tdist
 
@@ -162,7 +163,7 @@ class DeepSpeedCapture(Capture):
             extra=self._run_extra(engine, ds_version, stage, extra),
             producer="deepspeed via adapter", producer_version=f"deepspeed {ds_version} / torch {torch_version}",
             shape_of=deepspeed_zero3.full_shape, on_error=on_error, overwrite=overwrite, pipeline=self.pipeline,
-            on_violation=on_violation, guard_every=guard_every, guard_timeout=guard_timeout)
+            on_violation=on_violation, guard_every=guard_every, guard_timeout=guard_timeout, reference=reference)
         if self.pipeline is not None:  # ids in the whole model's table, which every stage's trace names
             self.param_ids = dict(self.recorder.ids)
         self.path = self.recorder.path

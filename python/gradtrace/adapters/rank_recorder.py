@@ -241,7 +241,7 @@ class RankRecorder:
                  config: dict | None = None, extra: dict | None = None, optimizer=None, producer: str = "",
                  producer_version: str = "", shape_of=None, comm_dtype=None, comm_hook: str = "", grad_dtype=None,
                  accum_dtype=None, on_error: str = "warn", overwrite: bool = False, pipeline=None,
-                 on_violation="warn", guard_every: int = 1, guard_timeout: float = 60.0):
+                 on_violation="warn", guard_every: int = 1, guard_timeout: float = 60.0, reference=None):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {ON_ERROR}")
         file_mode, guarded = split_mode(mode)
@@ -279,7 +279,8 @@ class RankRecorder:
         if guarded:
             from ..guard import Guard
 
-            self.guard = Guard(self, out_dir, on_violation=on_violation, every=guard_every, timeout=guard_timeout)
+            self.guard = Guard(self, out_dir, on_violation=on_violation, every=guard_every, timeout=guard_timeout,
+                               reference=reference)
 
     def _start_counting(self, steps) -> None:
         """Step and micro-step counters, the ``steps`` filter, and the per-step input moments."""

@@ -62,6 +62,20 @@ def violations(report: dict) -> list[dict]:
     return out
 
 
+def reference_violations(report: dict | None) -> list[dict]:
+    """The groups of a comparison with the reference run (_gtcodec.ReferenceRun.judge: the diff's report) whose
+    parameters do not all match, as violations of check "reference" in the diff's words."""
+    if not report:
+        return []
+    verdict = {p["name"]: p["verdict"] for p in report.get("params", [])}
+    out = []
+    for g in report.get("groups", []):
+        if any(verdict.get(n, "match") != "match" for n in g.get("params", [])):
+            out.append({"check": "reference", "cause": g.get("cause", ""), "params": g["params"], "buckets": [],
+                        "message": "against the reference run (A): " + g["explanation"], "divisor": None})
+    return out
+
+
 def line(rank: int, step: int, v: dict) -> str:
     """The stderr line of one violation: rank, step, buckets, the diff's words (terminal-safe)."""
     where = ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import queue
 import sys
 import threading
@@ -52,8 +53,10 @@ class Guard:
     (and close() for the last step's exchange); ``k``: sketch positions per parameter."""
 
     def __init__(self, recorder, out_dir, *, on_violation="warn", every: int = 1, timeout: float = 60.0,
-                 k: int = SKETCH_K):
+                 k: int = SKETCH_K, reference=None):
         check_on_violation(on_violation)
+        # A trusted run's trace (stats suffice): each of its steps compared with this run's (ValueError, one line)
+        self.reference = _gtcodec.ReferenceRun(os.fspath(reference)) if reference is not None else None
         if int(every) < 1:
             raise ValueError(f"guard_every={every!r}: expected an integer >= 1")
         self.on_violation, self.every, self.timeout = on_violation, int(every), float(timeout)
@@ -65,11 +68,13 @@ class Guard:
         self.groups = {name: list(ranks) for name, ranks in recorder.layout.groups.items()}
         self._over: dict[str, bool] = {}
         self.log = EventLog(events.log_path(out_dir, self.rank), self.rank)
-        self._records = StepRecords(self.positions)
+        self._names = [p["name"] for p in run["params"]]
+        self._records = self._new_records()
         self._results: queue.Queue = queue.Queue()
         self._nonfinite_seen: set = set()
         self._said: set = set()  # (check, message) of the violations said on stderr
         self._scope_later: list = []  # (check, why) found on the guard's thread, logged on the training thread
+        self._left_reference: int | None = None  # the step this run first differed from the reference at (guard thread)
         self.disabled: str | None = None
         self.summary = {"steps_checked": 0, "violations": 0, "by_check": {}, "first": None,
                         "bytes_sent_per_step": 0, "every": self.every}
@@ -77,7 +82,9 @@ class Guard:
         self.exchange = Exchange(self.world, self.timeout)
         self.log.write("attach", world=self.world, sketch_k=k, every=self.every, timeout_s=self.timeout,
                        on_violation=on_violation if isinstance(on_violation, str) else "callable",
-                       checks=["divisor", "replicas", "grad-norm", "non-finite", "skipped-step"])
+                       checks=["divisor", "replicas", "grad-norm", "non-finite", "skipped-step"]
+                       + (["reference"] if self.reference is not None else []),
+                       reference_steps=list(self.reference.steps) if self.reference is not None else [])
         if self.every > 1:
             self.log.write("scope", check="sampling", message=f"steps {ALWAYS_CHECKED} and later are checked every "
                                                               f"{self.every}-th step")
@@ -86,6 +93,9 @@ class Guard:
         self._said_scope: set = set()
 
     # ---- what the recorder hands over (training thread) -----------------------------------------
+
+    def _new_records(self) -> StepRecords:
+        return StepRecords(self.positions, moments=self.reference is not None)
 
     def checking(self, step: int) -> bool:
         """Whether step ``step`` is checked (not disabled; sampled in)."""
@@ -107,7 +117,7 @@ class Guard:
     def step_ended(self, step: int, skipped: bool = False) -> None:
         """The optimizer step ``step`` ended (``skipped``: the optimizer did not step): its records go to the
         exchange and the judge; what earlier steps' judgements found is said now."""
-        records, self._records = self._records, StepRecords(self.positions)
+        records, self._records = self._records, self._new_records()
         if self.checking(step):
             done = threading.Event()
             try:
@@ -174,6 +184,19 @@ class Guard:
              "skipped": skipped if skipped and len(skipped) < len(by_rank) and self.rank == min(by_rank) else []}
         m.update(self._norms(by_rank, mine))
         report = json.loads(_gtcodec.judge_self(self._run_json, step, self.world, m))
+        if self.reference is not None and self.rank == min(by_rank):  # said by the lowest rank, as the norm
+            if self._left_reference is not None:
+                pass  # once the run has left the reference, its later steps start from other weights
+            elif step in self.reference.steps:
+                moments = measure.final_moments(by_rank, self._numels, self._names)
+                report["_reference"] = json.loads(self.reference.judge(step, self._run_json, self.world, moments, m))
+                if events.reference_violations(report["_reference"]):
+                    self._left_reference = step
+                    self._scope_later.append(("reference", f"the run differs from the reference at step {step}: later "
+                                                           "steps start from other weights and are not compared"))
+            else:
+                self._scope_later.append(("reference", f"the reference recorded FINAL at steps "
+                                                       f"{list(self.reference.steps)[:8]}: later steps are not compared"))
         report["_nothing_to_judge"] = [c for c, empty in (("divisor", not any(e["phase"] == "POST_REDUCE"
                                                                                 for e in records.entries)),
                                                           ("grad-norm", mine["reported_norm"] is None)) if empty]
@@ -228,7 +251,7 @@ class Guard:
                         "where no hook sees them, e.g. inside DTensor's autograd" if check == "divisor" else
                         "the framework reported no grad norm: pass it with cap.report_grad_norm()") + ")")
         found = []
-        for v in events.violations(report):
+        for v in events.violations(report) + events.reference_violations(report.get("_reference")):
             if v["cause"] == "lossy-compression":  # no divisor to claim for an approximated sum: not a violation
                 self._scope("divisor", "the reductions approximate the sum: " + v["message"])
             else:

@@ -21,7 +21,7 @@ def payload(rank: int, step: int, skipped: bool, records: StepRecords | None, gr
         "rank": rank, "step": step, "skipped": skipped, "groups": groups, "reported_norm": reported_norm,
         "pre": [(e["micro"], e["bucket"], e["group"], e["param"], e["offset"], e["count"], e["values"], e["sumsq"])
                 for e in entries if e["phase"] == "PRE_REDUCE"],
-        "final": [(e["param"], e["offset"], e["count"], e["values"], e["sumsq"])
+        "final": [(e["param"], e["offset"], e["count"], e["values"], e["sumsq"], e.get("sum"), e.get("absmax"))
                   for e in entries if e["phase"] == "FINAL"],
         "post": [(e["micro"], e["param"], e["offset"], e["count"], e["sumsq"])
                  for e in entries if e["phase"] == "POST_REDUCE"],
@@ -123,7 +123,7 @@ def replicas(rank: int, payloads: dict, positions: Positions) -> list[dict]:
     --self's VisitFinal; only those this rank is one of the pair of (each rank says its own)."""
     holders: dict[int, list] = {}
     for r in sorted(payloads):
-        for pid, offset, count, values, _ in payloads[r]["final"]:
+        for pid, offset, count, values, *_ in payloads[r]["final"]:
             holders.setdefault(pid, []).append((r, positions.held(pid, offset, count), values))
     out = []
     for pid, held in holders.items():
@@ -164,8 +164,28 @@ def norm_of(pieces, numels) -> float | None:
 
 def final_norm(payloads: dict, numels) -> float | None:
     """The norm of every rank's FINAL (None when some parameter's FINAL is not whole)."""
-    return norm_of([(pid, off, n, sq) for r in sorted(payloads) for pid, off, n, _, sq in payloads[r]["final"]],
+    return norm_of([(pid, off, n, sq) for r in sorted(payloads) for pid, off, n, _, sq, *_ in payloads[r]["final"]],
                    numels)
+
+
+def final_moments(payloads: dict, numels, names) -> dict:
+    """name -> (count, sum, sum of squares, abs max, non-finite) of each parameter's whole FINAL, from the ranks'
+    pieces (a replica counted once: the lowest rank's); parameters not held whole are left out."""
+    pieces: dict[tuple, tuple] = {}
+    for r in sorted(payloads):
+        for pid, off, n, _, sq, total, top in payloads[r]["final"]:
+            if total is not None:
+                pieces.setdefault((pid, off, n), (sq, total, top))
+    out: dict[int, list] = {}
+    for (pid, _, n), (sq, total, top) in pieces.items():
+        m = out.setdefault(pid, [0, 0.0, 0.0, 0.0, 0])
+        finite = math.isfinite(sq) and math.isfinite(total)
+        m[0] += n
+        m[1] += total if finite else 0.0
+        m[2] += sq if finite else 0.0
+        m[3] = max(m[3], top) if math.isfinite(top) else m[3]
+        m[4] += 0 if finite else 1
+    return {names[pid]: tuple(m) for pid, m in out.items() if m[0] == numels[pid]}
 
 
 def post_norm(payloads: dict, numels) -> float | None:

@@ -51,11 +51,14 @@ class StepRecords:
     bucket, group, param, offset, count, positions, divisor) and, once :meth:`finish` ran, each entry's
     ``values`` (float64 at its positions) and ``sumsq``."""
 
-    def __init__(self, positions: Positions):
+    def __init__(self, positions: Positions, moments: bool = False):
         self.positions = positions
+        self.moments = moments  # FINAL's sum and abs max too (a reference run compares moments)
         self.entries: list[dict] = []
         self._values: list = []  # device tensors, one per entry
         self._norms: list = []   # 0-dim device tensors (the slice's 2-norm), one per entry
+        self._sums: list = []    # with moments: each FINAL entry's sum and abs max, in entry order
+        self._maxes: list = []
         self.reported_norm: float | None = None
 
     def add(self, record: dict) -> None:
@@ -67,6 +70,9 @@ class StepRecords:
             return
         flats = [s["values"].detach().reshape(-1) for s in slices]
         norms = torch._foreach_norm(flats)
+        if self.moments and record["phase"] == "FINAL":
+            self._sums += [f.sum() for f in flats]
+            self._maxes += list(torch._foreach_norm(flats, float("inf")))
         for s, flat, norm in zip(slices, flats, norms):
             pid, offset = int(s["param_id"]), int(s.get("offset", 0))
             index, held = self.positions.in_slice(pid, offset, flat.numel(), flat.device)
@@ -91,7 +97,12 @@ class StepRecords:
             e["values"] = flat[at:at + k]
             e["sumsq"] = float(n) ** 2
             at += k
-        self._values, self._norms = [], []
+        if self._sums:
+            sums = _host([x.to(torch.float64).reshape(1) for x in self._sums])
+            maxes = _host([x.to(torch.float64).reshape(1) for x in self._maxes])
+            for e, total, top in zip((e for e in self.entries if e["phase"] == "FINAL"), sums, maxes):
+                e["sum"], e["absmax"] = float(total), float(top)
+        self._values, self._norms, self._sums, self._maxes = [], [], [], []
 
 
 def _host(tensors) -> np.ndarray:

@@ -1,0 +1,42 @@
+// The live guard's reference (gradtrace.attach(..., mode="guard", reference=DIR)): a trusted run's trace set
+// whose FINAL at a step is compared with this run's FINAL moments at the same step, judged with the diff's
+// tolerance and grouped and explained in the diff's words (the one comparison of moments, compare/metrics.h;
+// the one grouping, explain.h). Reached from Python through _gtcodec.ReferenceRun.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compare/metrics.h"
+#include "evidence/self_measurements.h"
+#include "explain/explain.h"
+#include "load/trace_set.h"
+#include "status.h"
+
+namespace gradtrace::diff {
+
+class ReferenceRun {
+ public:
+  // The trace set at `dir` (one line naming it and what is wrong when it cannot be read).
+  static Expected<ReferenceRun> Load(const std::string& dir);
+
+  // The steps the reference recorded FINAL for.
+  const std::vector<int64_t>& steps() const { return steps_; }
+
+  // B = this run (`run`: a rank's RunInfo, `world` ranks), A = the reference, at `step`: per parameter name
+  // in both, the reference's FINAL moments (stats, or the moments of its full values) against `mine`, the
+  // moments of this run's whole FINAL gradient. Parameters of only one side are left out. `self`, when given:
+  // this run's measurements of the step (the guard's), judged as --self and made B's reduction evidence, so that
+  // a factor is told from a loss multiple as the diff tells it.
+  Expected<Report> Judge(int64_t step, const pb::RunInfo& run, int world, const std::map<std::string, Moments>& mine,
+                         const SelfMeasurements* self = nullptr) const;
+
+ private:
+  std::shared_ptr<const TraceSet> set_;
+  std::vector<int64_t> steps_;
+};
+
+}  // namespace gradtrace::diff
