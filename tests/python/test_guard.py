@@ -310,6 +310,26 @@ def test_one_process_plain_module_says_what_it_cannot_check(tmp_path):
     assert (s["steps_checked"], s["violations"]) == (3, 0)
 
 
+def test_guard_every_samples_after_the_first_four_steps_and_says_so(tmp_path, capfd):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cap = gradtrace.attach(model, tmp_path / "g", optimizer=opt, mode="guard", guard_every=3)
+    for _ in range(10):
+        model(torch.randn(5, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    cap.close()
+    assert _summary(tmp_path / "g")["steps_checked"] == 6  # 0, 1, 2, 3, then 6 and 9
+    (sampling,) = [e for e in _events(tmp_path / "g") if e["event"] == "scope" and e["check"] == "sampling"]
+    assert sampling["message"] == "from step 4 on, one step in 3 is checked (those divisible by 3)"
+    err = capfd.readouterr().err
+    assert err.count("gradtrace guard: note: replicas is not checked: one rank: no replica to compare") == 1
+    assert err.count("gradtrace guard: note: divisor is not checked") == 1
+
+
 def test_clipping_after_the_norm_is_no_violation(tmp_path):
     """clip_grad_norm_ reports the norm before it clips: FINAL is smaller than what is reported, and right."""
     import torch

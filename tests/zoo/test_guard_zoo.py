@@ -125,7 +125,10 @@ def _guard(zoo, run):
                 r["scopes"].append(e)
             elif e["event"] in ("attach", "summary"):
                 r[e["event"]] = e
-        r["stderr"] = [x for x in (d / f"rank-{rank:05d}.stderr").read_text().splitlines() if x.strip()]
+        lines = [x for x in (d / f"rank-{rank:05d}.stderr").read_text().splitlines() if x.strip()]
+        # what a check cannot see here: one note line on rank 0 per scope event (the log's), apart from the rest
+        r["notes"] = [x for x in lines if x.startswith("gradtrace guard: note: ")]
+        r["stderr"] = [x for x in lines if not x.startswith("gradtrace guard: note: ")]
     world = ranks[0]["attach"]["world"] if 0 in ranks else 0
     assert sorted(ranks) == list(range(world)) and len(list(d.glob("rank-*.gtrace"))) == world, (run, sorted(ranks))
     for rank, r in ranks.items():
@@ -134,6 +137,8 @@ def _guard(zoo, run):
         assert (s["steps_checked"], s["disabled"]) == (1, None), (run, rank, s)
         assert s["violations"] == len(r["violations"]), (run, rank, s)
         assert not any("WARNING" in x for x in r["stderr"]), (run, rank, r["stderr"])
+        assert r["notes"] == ([f"gradtrace guard: note: {e['message']}" for e in r["scopes"]] if rank == 0 else []), \
+            (run, rank, r["notes"])
     return ranks
 
 

@@ -86,8 +86,8 @@ class Guard:
                        + (["reference"] if self.reference is not None else []),
                        reference_steps=list(self.reference.steps) if self.reference is not None else [])
         if self.every > 1:
-            self.log.write("scope", check="sampling", message=f"steps {ALWAYS_CHECKED} and later are checked every "
-                                                              f"{self.every}-th step")
+            self.log.write("scope", check="sampling", message=f"from step {ALWAYS_CHECKED} on, one step in "
+                                                              f"{self.every} is checked (those divisible by {self.every})")
         if self.world == 1:
             self._scope("replicas", "one rank: no replica to compare")
         self._said_scope: set = set()
@@ -283,7 +283,10 @@ class Guard:
             return
         said.add(check)
         self._said_scope = said
-        self.log.write("scope", check=check, message=f"{check} is not checked: {why}")
+        message = f"{check} is not checked: {why}"
+        self.log.write("scope", check=check, message=message)
+        if self.rank == 0:  # never silently: once, on one rank
+            sys.stderr.write(_gtcodec.terminal_safe(f"gradtrace guard: note: {message}") + "\n")
 
     def _disable(self, why: str) -> None:
         if self.disabled is not None:
