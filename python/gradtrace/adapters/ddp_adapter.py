@@ -121,12 +121,16 @@ class DDPCapture(TorchCapture):
         if not (rec.wants("PRE_REDUCE") or rec.wants("POST_REDUCE")):
             return self.user_hook(state, bucket)
         layout = self._bucket_layout(bucket)
-        pre = bucket.buffer().detach().clone() if layout is not None else None
         if self._own_hook:
+            # PRE is written (and taken by the guard) from the buffer itself before the all-reduce changes it in
+            # place: no copy of the bucket (it was 21 MB a step on the guard's bench model, the guard's largest cost)
+            if layout is not None:
+                self._write_phase("PRE_REDUCE", bucket.index(), layout, bucket.buffer().detach())
             fut = self._allreduce_mean(state, bucket)
             if layout is not None:
-                self._write(bucket.index(), layout, pre, fut.value())
+                self._write_phase("POST_REDUCE", bucket.index(), layout, fut.value().detach().reshape(-1))
             return fut
+        pre = bucket.buffer().detach().clone() if layout is not None else None
         fut = self.user_hook(state, bucket)
         if layout is not None:
             from torch.autograd import Variable
@@ -165,14 +169,16 @@ class DDPCapture(TorchCapture):
                 self._write(index, layout, pre, fut.wait())
 
     def _write(self, index, layout, pre, result):
-        rec = self.recorder
         post = result[0] if isinstance(result, (list, tuple)) else result
-        numel = pre.numel()
-        for phase, flat in (("PRE_REDUCE", pre), ("POST_REDUCE", post.detach().reshape(-1))):
-            # DDP x TP: a parameter is this tp rank's local tensor, written at its offsets in the full one
-            rec.write_bucket(phase, [x for pid, off, n in layout for x in rec.grad_pieces(pid, flat[off:off + n])],
-                             group="dp", bucket_id=index, bucket_numel=numel,
-                             divisor=self.divisor if phase == "POST_REDUCE" else 0.0)
+        self._write_phase("PRE_REDUCE", index, layout, pre)
+        self._write_phase("POST_REDUCE", index, layout, post.detach().reshape(-1))
+
+    def _write_phase(self, phase, index, layout, flat):
+        rec = self.recorder
+        # DDP x TP: a parameter is this tp rank's local tensor, written at its offsets in the full one
+        rec.write_bucket(phase, [x for pid, off, n in layout for x in rec.grad_pieces(pid, flat[off:off + n])],
+                         group="dp", bucket_id=index, bucket_numel=flat.numel(),
+                         divisor=self.divisor if phase == "POST_REDUCE" else 0.0)
 
     def close(self) -> None:
         """Drops records of a backward that raised, then closes as every capture does."""
