@@ -38,6 +38,43 @@ try:
 except (ImportError, AttributeError):  # not CPython: a module attribute
     pass
 
+class _Waiter:
+    """One daemon thread of gradtrace's that waits for the default hook's all-reduces and completes the futures
+    DDP waits on: the hook returns at once (DDP overlaps communication with backward), and nothing of
+    gradtrace's runs on the process group's thread. Idle, it blocks in a queue holding no Python object
+    of torch's, so it has nothing to release at interpreter teardown."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self._jobs = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="gradtrace-ddp-waiter", daemon=True).start()
+
+    def complete_when_done(self, work, fut, value) -> None:
+        self._jobs.put((work, fut, value))
+
+    def _run(self) -> None:
+        while True:
+            work, fut, value = self._jobs.get()
+            try:
+                work.wait()
+            except Exception as e:  # noqa: BLE001 - the collective's error is DDP's to raise, at its wait
+                fut.set_exception(e)
+            else:
+                fut.set_result(value)
+            del work, fut, value  # no reference kept while idle
+
+
+_WAITER: list = []
+
+
+def _waiter() -> _Waiter:
+    if not _WAITER:
+        _WAITER.append(_Waiter())
+    return _WAITER[0]
+
+
 # torch's communication hooks (torch.distributed.algorithms.ddp_comm_hooks) by function name, with the
 # dtype their all-reduce travels in ("" = the gradient's own: PowerSGD's low-rank factors stay fp32 but
 # approximate the sum). Each divides the sum by the group size, as the default all-reduce does.
@@ -107,6 +144,7 @@ class DDPCapture(TorchCapture):
         self.unmapped = 0
         self._own_hook = hook is None
         self._pending = []  # (step, micro, bucket id, layout, PRE, future) of a user hook's buckets, until _flush
+        self._pending_post = []  # (step, micro, bucket id, layout, future) of the default hook's, until _flush_post
         model.register_comm_hook(self.hook_state, self._hook)
 
     # Clean exits: nothing of gradtrace's runs or is freed on the process group's thread. A
@@ -127,8 +165,11 @@ class DDPCapture(TorchCapture):
             if layout is not None:
                 self._write_phase("PRE_REDUCE", bucket.index(), layout, bucket.buffer().detach())
             fut = self._allreduce_mean(state, bucket)
-            if layout is not None:
-                self._write_phase("POST_REDUCE", bucket.index(), layout, fut.value().detach().reshape(-1))
+            if layout is not None:  # POST once the all-reduce is done, on this thread at the end of backward
+                from torch.autograd import Variable
+
+                self._pending_post.append((rec.step, rec.micro, bucket.index(), layout, fut))
+                Variable._execution_engine.queue_callback(self._flush_post)
             return fut
         pre = bucket.buffer().detach().clone() if layout is not None else None
         fut = self.user_hook(state, bucket)
@@ -140,9 +181,10 @@ class DDPCapture(TorchCapture):
         return fut
 
     def _allreduce_mean(self, group, bucket):
-        """torch's allreduce_hook (divide by the group size, sum over the group), waited for here and
-        returned as a future completed on this thread: no callback on the process group's thread; the
-        work is kept in _LAST_WORKS."""
+        """torch's allreduce_hook (divide by the group size, sum over the group), returned at once as a future
+        that gradtrace's waiter thread completes when the all-reduce is done (_Waiter): DDP overlaps it with
+        the rest of backward as it does without gradtrace, and no callback runs on the process group's thread;
+        the work is kept in _LAST_WORKS."""
         import torch
         import torch.distributed as dist
 
@@ -150,14 +192,22 @@ class DDPCapture(TorchCapture):
         buf = bucket.buffer()
         buf.div_(group.size())
         work = dist.all_reduce(buf, group=group, async_op=True)
-        work.wait()
         key = (id(self), self.recorder.step, self.recorder.micro)
         if _LAST_WORKS[0] != key:
             _LAST_WORKS[:] = [key]
         _LAST_WORKS.append(work)
         fut = torch.futures.Future(devices=[buf.device] if buf.device.type != "cpu" else None)
-        fut.set_result(buf)
+        _waiter().complete_when_done(work, fut, buf)
         return fut
+
+    def _flush_post(self):
+        """POST_REDUCE of the buckets the default hook reduced in this backward, once their all-reduces are
+        done: an autograd final callback (queued once per bucket; the first drains)."""
+        rec = self.recorder
+        pending, self._pending_post = self._pending_post, []
+        for step, micro, index, layout, fut in pending:
+            if (step, micro) == (rec.step, rec.micro):  # else left by a backward that raised
+                self._write_phase("POST_REDUCE", index, layout, fut.wait().detach().reshape(-1))
 
     def _flush(self):
         """PRE_REDUCE and POST_REDUCE of the buckets a hook of the user's reduced in this backward, once
@@ -182,7 +232,7 @@ class DDPCapture(TorchCapture):
 
     def close(self) -> None:
         """Drops records of a backward that raised, then closes as every capture does."""
-        self._pending = []  # only a backward that raised leaves any
+        self._pending = self._pending_post = []  # only a backward that raised leaves any
         super().close()
 
     def _bucket_layout(self, bucket):

@@ -49,25 +49,24 @@ def _at(positions: np.ndarray, values: np.ndarray, wanted: np.ndarray):
 
 
 class _Pre:
-    """Every rank's PRE entries of the step, by (rank, micro, bucket)."""
+    """Every rank's PRE entries of the step, by (rank, micro, bucket), then by (group, parameter)."""
 
     def __init__(self, payloads: dict, positions: Positions):
-        self.by_key: dict[tuple, list] = {}
+        self.by_key: dict[tuple, dict] = {}
         for r, p in payloads.items():
-            for micro, bucket, group, pid, offset, count, values, sumsq in p["pre"]:
-                entry = (group, pid, positions.held(pid, offset, count), values, sumsq)
-                self.by_key.setdefault((r, micro, bucket), []).append(entry)
+            for micro, bucket, group, pid, offset, count, values, _ in p["pre"]:
+                held = self.by_key.setdefault((r, micro, bucket), {})
+                held.setdefault((group, pid), (positions.held(pid, offset, count), values))
+        self._groups = {key: {g for g, _ in held} for key, held in self.by_key.items()}
 
     def of(self, member: int, micro: int, bucket: int, group: str, pid: int):
         """Member's PRE of parameter ``pid`` in that bucket (of ``group`` when the bucket id names several)."""
-        entries = self.by_key.get((member, micro, bucket))
-        if entries is None:
+        held = self.by_key.get((member, micro, bucket))
+        if held is None:
             return None
-        by_group = any(g == group for g, *_ in entries)
-        for g, p, pos, values, sumsq in entries:
-            if p == pid and (not by_group or g == group):
-                return pos, values
-        return None
+        if group in self._groups[(member, micro, bucket)]:
+            return held.get((group, pid))
+        return next((v for (g, p), v in held.items() if p == pid), None)
 
 
 def reductions(rank: int, payloads: dict, records: StepRecords, positions: Positions, over_replicas) -> list[dict]:

@@ -19,6 +19,7 @@ class Positions:
         self._names, self._numels, self._k = list(names), [int(n) for n in numels], k
         self._global: dict[int, np.ndarray] = {}
         self._local: dict[tuple, tuple] = {}
+        self._held: dict[tuple, np.ndarray] = {}
 
     def of(self, pid: int) -> np.ndarray:
         """Parameter ``pid``'s positions."""
@@ -29,9 +30,13 @@ class Positions:
         return pos
 
     def held(self, pid: int, offset: int, count: int) -> np.ndarray:
-        """The global positions in elements [offset, offset+count) of parameter ``pid``."""
-        pos = self.of(pid)
-        return pos[(pos >= offset) & (pos < offset + count)]
+        """The global positions in elements [offset, offset+count) of parameter ``pid`` (cached: pieces repeat)."""
+        key = (pid, offset, count)
+        hit = self._held.get(key)
+        if hit is None:
+            pos = self.of(pid)
+            hit = self._held[key] = pos[(pos >= offset) & (pos < offset + count)]
+        return hit
 
     def in_slice(self, pid: int, offset: int, count: int, device):
         """(index tensor on ``device``, global positions) of the positions in elements [offset, offset+count)."""
