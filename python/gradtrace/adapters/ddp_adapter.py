@@ -152,8 +152,9 @@ class DDPCapture(TorchCapture):
     # DDP waits on; when that thread ran again only after the main thread had reached interpreter
     # teardown, taking the GIL made CPython end it with pthread_exit inside a noexcept destructor:
     # "terminate called without an active exception" (python/README.md, DDP). So the default
-    # all-reduce is waited for in the hook (its works kept in _LAST_WORKS) and a hook of the user's is
-    # recorded in an autograd final callback, both on the thread that runs backward.
+    # all-reduce's future is completed by gradtrace's own waiter thread (_Waiter; its works kept in
+    # _LAST_WORKS), and POST (and a hook of the user's) is recorded in an autograd final callback on the
+    # thread that runs backward.
     def _hook(self, state, bucket):
         rec = self.recorder
         if not (rec.wants("PRE_REDUCE") or rec.wants("POST_REDUCE")):
