@@ -42,11 +42,7 @@ Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int w
   report.phase = "final";
   report.step = step;
   report.a = SideOf(ref);
-  report.b.producer = run.producer() + (run.producer_version().empty() ? "" : " " + run.producer_version());
-  report.b.run_id = run.run_id();
-  report.b.world = world;
-  report.b.config = run.config();
-  report.b.framework = run.framework();
+  report.b = SideOfRun(run, world);
   if (self != nullptr) {
     Report judged = SelfReportHead(run, world, std::nullopt);
     judged.step = step;

@@ -215,15 +215,21 @@ const char* SelfVerdictName(SelfVerdict v) {
   }
   return "?";
 }
+TraceSide SideOfRun(const pb::RunInfo& run, int world) {
+  TraceSide side;
+  side.producer = run.producer() + (run.producer_version().empty() ? "" : " " + run.producer_version());
+  side.run_id = run.run_id();
+  side.world = world;
+  side.config = run.config();
+  side.framework = run.framework();
+  return side;
+}
+
 Report SelfReportHead(const pb::RunInfo& run, int world, std::optional<double> rtol) {
   Report report;
   report.mode = "self";
   report.phase = "post";
-  report.a.producer = run.producer() + (run.producer_version().empty() ? "" : " " + run.producer_version());
-  report.a.run_id = run.run_id();
-  report.a.world = world;
-  report.a.config = run.config();
-  report.a.framework = run.framework();
+  report.a = SideOfRun(run, world);
   report.tolerance = rtol ? FixedTolerance(*rtol) : DefaultTolerance(run.config(), run.config());
   return report;
 }

@@ -12,6 +12,9 @@
 
 namespace gradtrace::diff {
 
+// A report's side from a rank's RunInfo and the world size (producer, run id, config, framework; no dir).
+TraceSide SideOfRun(const pb::RunInfo& run, int world);
+
 // A self report's head: mode self, phase post, side A from `run` (rank 0's RunInfo) and `world`, and
 // the tolerance (`rtol`, else the dtypes' default, tolerance.h).
 Report SelfReportHead(const pb::RunInfo& run, int world, std::optional<double> rtol);
