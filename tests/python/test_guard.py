@@ -10,6 +10,7 @@ goes on). The guard's log is JSON lines (events attach/scope/violation/disabled/
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -149,6 +150,42 @@ def test_raise_stops_the_run_at_the_violating_step(tmp_path):
     assert p.returncode != 0
     assert "GuardViolation" in p.stderr and "step 0: bucket 0 (8 parameters): effective divisor 1.000" in p.stderr
     assert [v["step"] for v in _violations(tmp_path / "g")] == [0]  # raised out of step 0's optimizer.step
+
+
+# ---- every other attach path: the suite's own runners, unchanged, under the guard --------------------------
+
+EVERYWHERE = ROOT / "tests" / "python" / "guard_everywhere"  # its sitecustomize sets every attach's mode
+PATHS = {  # name: (runner, its arguments before OUT, after OUT); each a correct configuration
+    "lightning-trainer-ddp-gas2": ("lightning_runs.py", ["trainer", "2", "2"], []),
+    "lightning-trainer-fsdp2": ("lightning_runs.py", ["trainer", "2", "2"], ["--fsdp2"]),
+    "lightning-fabric-closure": ("lightning_runs.py", ["fabric", "2", "2"], []),
+    "hf-trainer-ddp": ("hf_runs.py", ["2"], []),
+    "accelerate-ddp": ("hf_runs.py", ["2"], ["accelerate"]),
+    "accelerate-deepspeed-zero2": ("hf_runs.py", ["2"], ["accelerate", "2"]),
+    "dtensor-tp": ("dtensor_runs.py", ["tp", "2"], []),
+    "dtensor-ddp-tp": ("dtensor_runs.py", ["ddp-tp", "4"], []),
+    "pipeline-gpipe-pp2": ("pipeline_runs.py", ["gpipe"], ["--pp", "2"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_every_attach_path_runs_silent_under_the_guard(name, tmp_path):
+    runner, before, after = PATHS[name]
+    out = tmp_path / "g"
+    env = deepspeed_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(EVERYWHERE), env["PYTHONPATH"]])
+    env["GRADTRACE_TEST_MODE"] = "guard"
+    cmd = [sys.executable, str(ROOT / "tests" / "python" / runner), *before, str(out), *after]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    logs = sorted(out.glob("rank-*.guard.jsonl"))
+    assert logs and not list(out.glob("*.gtrace")), "the guard ran alone on every rank"
+    for log in logs:
+        rank = int(log.name[5:10])
+        s = _summary(out, rank)
+        assert s["steps_checked"] >= 1 and s["disabled"] is None, (name, rank, s)
+        assert _violations(out, rank) == [], (name, rank, _violations(out, rank))
+    assert _step_lines(p.stderr) == [], p.stderr[-2000:]
 
 
 # ---- a reference run: a trusted run's stats trace, compared step by step ----------------------------------------

@@ -69,6 +69,7 @@ class Guard:
         self._over: dict[str, bool] = {}
         self.log = EventLog(events.log_path(out_dir, self.rank), self.rank)
         self._names = [p["name"] for p in run["params"]]
+        self._step = 0  # the optimizer step being recorded
         self._records = self._new_records()
         self._results: queue.Queue = queue.Queue()
         self._nonfinite_seen: set = set()
@@ -110,14 +111,20 @@ class Guard:
             self._internal_error(e)
 
     def observe_step(self, frame: dict) -> None:
-        """A StepInfo: the optimizer step's reported grad norm."""
+        """A StepInfo: the optimizer step's reported grad norm. One that arrives after its step ended (the Hugging
+        Face Trainer logs it at the next log event) is not judged: its step's FINAL is gone, said once."""
         if frame.get("optimizer_step") and frame.get("reported_grad_norm") is not None:
+            if int(frame.get("step", self._step)) != self._step:
+                self._scope("grad-norm", "the framework reports its grad norm after the step ended (e.g. the Hugging "
+                                         "Face Trainer's logs), when that step's gradients are no longer held")
+                return
             self._records.reported_norm = float(frame["reported_grad_norm"])
 
     def step_ended(self, step: int, skipped: bool = False) -> None:
         """The optimizer step ``step`` ended (``skipped``: the optimizer did not step): its records go to the
         exchange and the judge; what earlier steps' judgements found is said now."""
         records, self._records = self._records, self._new_records()
+        self._step = step + 1
         if self.checking(step):
             done = threading.Event()
             try:
