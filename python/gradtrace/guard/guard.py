@@ -74,6 +74,7 @@ class Guard:
         self._results: queue.Queue = queue.Queue()
         self._nonfinite_seen: set = set()
         self._said: set = set()  # (check, message) of the violations said on stderr
+        self._said_scope: set = set()  # the checks a scope note was given for
         self._scope_later: list = []  # (check, why) found on the guard's thread, logged on the training thread
         self._left_reference: int | None = None  # the step this run first differed from the reference at (guard thread)
         self.disabled: str | None = None
@@ -91,7 +92,11 @@ class Guard:
                                                               f"{self.every} is checked (those divisible by {self.every})")
         if self.world == 1:
             self._scope("replicas", "one rank: no replica to compare")
-        self._said_scope: set = set()
+        if not {"PRE_REDUCE", "POST_REDUCE"} <= set(recorder.phases):
+            self._scope("divisor", f"phases={sorted(recorder.phases)} leaves out PRE_REDUCE or POST_REDUCE")
+        if "FINAL" not in recorder.phases:
+            self._scope("replicas", "phases leaves out FINAL")
+            self._scope("grad-norm", "phases leaves out FINAL")
 
     # ---- what the recorder hands over (training thread) -----------------------------------------
 
@@ -285,11 +290,9 @@ class Guard:
         return None
 
     def _scope(self, check: str, why: str) -> None:
-        said = getattr(self, "_said_scope", set())
-        if check in said:
+        if check in self._said_scope:
             return
-        said.add(check)
-        self._said_scope = said
+        self._said_scope.add(check)
         message = f"{check} is not checked: {why}"
         self.log.write("scope", check=check, message=message)
         if self.rank == 0:  # never silently: once, on one rank
