@@ -92,8 +92,14 @@ std::map<std::string, diff::Moments> MomentsOf(const py::dict& d) {
 
 }  // namespace
 
+// The run the guard judges, its RunInfo parsed once (a rank's), and the world size.
+struct RunJudge {
+  pb::RunInfo run;
+  int world = 1;
+};
+
 void RegisterJudge(py::module_& m) {
-  // The guard's reference run (diff/explain/reference_judge.h): loaded once, judged at each step.
+  // The guard's reference run (diff/explain/reference_judge.h): loaded once, judged through RunJudge.judge.
   py::class_<diff::ReferenceRun>(m, "ReferenceRun")
       .def(py::init([](const std::string& dir) {
              auto r = diff::ReferenceRun::Load(dir);
@@ -101,49 +107,48 @@ void RegisterJudge(py::module_& m) {
              return std::move(*r);
            }),
            py::arg("dir"))
-      .def_property_readonly("steps", &diff::ReferenceRun::steps)
+      .def_property_readonly("steps", &diff::ReferenceRun::steps);
+  py::class_<RunJudge>(m, "RunJudge")
+      .def(py::init([](const std::string& run_info_json, int world) {
+             return RunJudge{RunInfoFromJson(run_info_json), world};
+           }),
+           py::arg("run_info_json"), py::arg("world"))
       .def(
           "judge",
-          [](const diff::ReferenceRun& ref, int64_t step, const std::string& run_info_json, int world,
-             const py::dict& moments, std::optional<py::dict> measurements) {
-            const pb::RunInfo run = RunInfoFromJson(run_info_json);
+          [](const RunJudge& j, int64_t step, const py::dict& measurements, const diff::ReferenceRun* reference,
+             const py::dict& moments, std::optional<double> rtol) {
+            const diff::SelfMeasurements ms = MeasurementsOf(measurements);
             const auto mine = MomentsOf(moments);
-            std::optional<diff::SelfMeasurements> self;
-            if (measurements) self = MeasurementsOf(*measurements);
-            py::gil_scoped_release release;
-            auto report = ref.Judge(step, run, world, mine, self ? &*self : nullptr);
-            if (!report.ok()) throw py::value_error(report.status().message());
-            return diff::RenderJson(*report);
+            std::string against;
+            diff::Report report;
+            {
+              py::gil_scoped_release release;
+              report = diff::SelfReportHead(j.run, j.world, rtol);
+              report.step = step;
+              diff::JudgeSelf(j.run, ms, &report);
+              if (reference != nullptr) {
+                auto compared = reference->Judge(step, j.run, j.world, mine, &report);
+                if (!compared.ok()) throw py::value_error(compared.status().message());
+                against = diff::RenderJson(*compared);
+              }
+            }
+            return py::make_tuple(diff::RenderJson(report),
+                                  reference != nullptr ? py::object(py::str(against)) : py::object(py::none()));
           },
-          py::arg("step"), py::arg("run_info_json"), py::arg("world"), py::arg("moments"),
-          py::arg("measurements") = std::nullopt,
-          "The diff report (JSON) of this run's FINAL moments at `step` against the reference's; `measurements` "
-          "(judge_self's) are B's reduction evidence.");
-  m.def(
-      "judge_self",
-      [](const std::string& run_info_json, int64_t step, int world, const py::dict& measurements,
-         std::optional<double> rtol) {
-        const pb::RunInfo run = RunInfoFromJson(run_info_json);
-        diff::SelfMeasurements ms = MeasurementsOf(measurements);
-        py::gil_scoped_release release;
-        diff::Report report = diff::SelfReportHead(run, world, rtol);
-        report.step = step;
-        diff::JudgeSelf(run, ms, &report);
-        return diff::RenderJson(report);
-      },
-      py::arg("run_info_json"), py::arg("step"), py::arg("world"), py::arg("measurements"),
-      py::arg("rtol") = std::nullopt,
-      "The self report (JSON) of one step's measurements: what --self and the live guard judge alike.");
+          py::arg("step"), py::arg("measurements"), py::arg("reference") = nullptr, py::arg("moments") = py::dict(),
+          py::arg("rtol") = std::nullopt,
+          "(the self report, the comparison with `reference` or None), both JSON: one step's measurements judged as "
+          "--self judges a trace set, and, with a reference, this run's FINAL `moments` (name -> count, sum, sum of "
+          "squares, abs max, non-finite) against the reference's, the self report as B's reduction evidence.")
+      .def(
+          "sums_over_replicas",
+          [](const RunJudge& j, const std::string& group) {
+            return semantics::SumsOverReplicas(j.run.config(), group);
+          },
+          py::arg("group"), "Whether a POST_REDUCE over `group` also sums over HSDP's replicas (divisor_finding.h).");
   // The one escaping of terminal text (proto/text_escape.h): the guard's lines quote parameter names.
   m.def(
       "terminal_safe", [](const std::string& text) { return TerminalSafe(text); }, py::arg("text"));
-  // Whether a POST_REDUCE over `group` also sums over HSDP's replicas (semantics/divisor_finding.h).
-  m.def(
-      "sums_over_replicas",
-      [](const std::string& run_info_json, const std::string& group) {
-        return semantics::SumsOverReplicas(RunInfoFromJson(run_info_json).config(), group);
-      },
-      py::arg("run_info_json"), py::arg("group"));
 }
 
 }  // namespace gradtrace

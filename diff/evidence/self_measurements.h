@@ -1,7 +1,7 @@
 // What --self and the live guard (python/gradtrace/guard) measure of one step: the sums of its
 // reductions, the replicas that disagree, the norms, the non-finite values. --self measures from a
 // trace set (self_check.cc); the guard in the training process, at a sketch's positions, and hands
-// them over through the binding (_gtcodec.judge_self). explain/self_judge.h judges them.
+// them over through the binding (_gtcodec.RunJudge). explain/self_judge.h judges them.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@ Expected<ReferenceRun> ReferenceRun::Load(const std::string& dir) {
 }
 
 Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int world,
-                                     const std::map<std::string, Moments>& mine, const SelfMeasurements* self) const {
+                                     const std::map<std::string, Moments>& mine, const Report* self) const {
   const TraceSet& ref = *set_;
   std::vector<int32_t> ids;
   std::vector<const pb::ParamInfo*> infos;
@@ -43,12 +43,7 @@ Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int w
   report.step = step;
   report.a = SideOf(ref);
   report.b = SideOfRun(run, world);
-  if (self != nullptr) {
-    Report judged = SelfReportHead(run, world, std::nullopt);
-    judged.step = step;
-    JudgeSelf(run, *self, &judged);
-    report.b.reductions = EvidenceOfSelf(judged);
-  }
+  if (self != nullptr) report.b.reductions = EvidenceOfSelf(*self);
   report.tolerance = DefaultTolerance(ref.config(), run.config());
   const double rtol = report.tolerance.rtol;
   Verdict worst = Verdict::kMatch;

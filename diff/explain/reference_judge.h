@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "compare/metrics.h"
-#include "evidence/self_measurements.h"
 #include "explain/explain.h"
 #include "load/trace_set.h"
 #include "status.h"
@@ -29,10 +28,10 @@ class ReferenceRun {
   // B = this run (`run`: a rank's RunInfo, `world` ranks), A = the reference, at `step`: per parameter name
   // in both, the reference's FINAL moments (stats, or the moments of its full values) against `mine`, the
   // moments of this run's whole FINAL gradient. Parameters of only one side are left out. `self`, when given:
-  // this run's measurements of the step (the guard's), judged as --self and made B's reduction evidence, so that
+  // this run's self report of the step (the guard's, explain/self_judge.h), made B's reduction evidence, so that
   // a factor is told from a loss multiple as the diff tells it.
   Expected<Report> Judge(int64_t step, const pb::RunInfo& run, int world, const std::map<std::string, Moments>& mine,
-                         const SelfMeasurements* self = nullptr) const;
+                         const Report* self = nullptr) const;
 
  private:
   std::shared_ptr<const TraceSet> set_;

@@ -1,7 +1,7 @@
 // One judging function for --self and the live guard: what one step measured
 // (evidence/self_measurements.h) goes in, the judged Report comes out, in the words of explain/.
 // Nothing here reads a file or knows LibTorch: the guard reaches it through the binding
-// (_gtcodec.judge_self).
+// (_gtcodec.RunJudge).
 #pragma once
 
 #include <optional>

@@ -5,7 +5,7 @@ Each step, every rank takes its records' values at a sketch's positions (the sam
 rank, ``_gtcodec.sketch_positions``) and their sums of squares (:mod:`.observe`), exchanges them in one
 small collective on a group of its own, off the training thread (:mod:`.exchange`), turns them into
 the measurements ``--self`` makes from a trace set (:mod:`.measure`), and has the one judging function
-of ``--self`` judge them (``_gtcodec.judge_self``, diff/explain/self_judge.h): each reduction's divisor
+of ``--self`` judge them (``_gtcodec.RunJudge.judge``, diff/explain/self_judge.h): each reduction's divisor
 against what the layout predicts, the replicas of FINAL, the reported grad norm, non-finite values, a
 rank that skipped the step. A violation is a line on stderr in the diff's words, an event in
 ``out_dir/rank-NNNNN.guard.jsonl`` (:mod:`.events`), a summary at ``close()``; ``on_violation``

@@ -42,7 +42,7 @@ class EventLog:
 
 
 def violations(report: dict) -> list[dict]:
-    """The violations in a judged step (the report JSON of _gtcodec.judge_self): each divisor group holding a
+    """The violations in a judged step (the self report JSON of _gtcodec.RunJudge.judge): each divisor group holding a
     parameter judged wrong-divisor or inconsistent, and each replica, non-finite, skipped-step and grad-norm
     finding. Each: check, cause, message, params (names), buckets."""
     verdict = {p["name"]: p["verdict"] for p in report.get("self_params", [])}
@@ -63,7 +63,7 @@ def violations(report: dict) -> list[dict]:
 
 
 def reference_violations(report: dict | None) -> list[dict]:
-    """The groups of a comparison with the reference run (_gtcodec.ReferenceRun.judge: the diff's report) whose
+    """The groups of a comparison with the reference run (the second report of _gtcodec.RunJudge.judge: the diff's) whose
     parameters do not all match, as violations of check "reference" in the diff's words."""
     if not report:
         return []

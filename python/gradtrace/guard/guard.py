@@ -62,13 +62,13 @@ class Guard:
         self.on_violation, self.every, self.timeout = on_violation, int(every), float(timeout)
         self.rank, self.world = recorder.layout.rank, recorder.layout.world
         run = recorder.run_info
-        self._run_json = _run_info_to_json(run)
+        self._run_judge = _gtcodec.RunJudge(_run_info_to_json(run), self.world)  # the RunInfo parsed once
         self._numels = [math.prod(int(d) for d in p["shape"]) for p in run["params"]]
-        self.positions = Positions([p["name"] for p in run["params"]], self._numels, k)
+        self._names = [p["name"] for p in run["params"]]
+        self.positions = Positions(self._names, self._numels, k)
         self.groups = {name: list(ranks) for name, ranks in recorder.layout.groups.items()}
         self._over: dict[str, bool] = {}
         self.log = EventLog(events.log_path(out_dir, self.rank), self.rank)
-        self._names = [p["name"] for p in run["params"]]
         self._step = 0  # the optimizer step being recorded
         self._records = self._new_records()
         self._results: queue.Queue = queue.Queue()
@@ -183,7 +183,7 @@ class Guard:
 
     def _over_replicas(self, group: str) -> bool:
         if group not in self._over:
-            self._over[group] = bool(_gtcodec.sums_over_replicas(self._run_json, group))
+            self._over[group] = bool(self._run_judge.sums_over_replicas(group))
         return self._over[group]
 
     def _measure_and_judge(self, step, records, payloads) -> dict:
@@ -195,20 +195,23 @@ class Guard:
              "nonfinite": measure.nonfinite(self.rank, records, self._nonfinite_seen),
              "skipped": skipped if skipped and len(skipped) < len(by_rank) and self.rank == min(by_rank) else []}
         m.update(self._norms(by_rank, mine))
-        report = json.loads(_gtcodec.judge_self(self._run_json, step, self.world, m))
-        if self.reference is not None and self.rank == min(by_rank):  # said by the lowest rank, as the norm
-            if self._left_reference is not None:
-                pass  # once the run has left the reference, its later steps start from other weights
-            elif step in self.reference.steps:
-                moments = measure.final_moments(by_rank, self._numels, self._names)
-                report["_reference"] = json.loads(self.reference.judge(step, self._run_json, self.world, moments, m))
-                if events.reference_violations(report["_reference"]):
-                    self._left_reference = step
-                    self._scope_later.append(("reference", f"the run differs from the reference at step {step}: later "
-                                                           "steps start from other weights and are not compared"))
-            else:
-                self._scope_later.append(("reference", f"the reference recorded FINAL at steps "
-                                                       f"{list(self.reference.steps)[:8]}: later steps are not compared"))
+        # The reference is compared by the lowest rank (as the norm), until the run first differs from it: its later
+        # steps start from other weights.
+        against = (self.reference is not None and self.rank == min(by_rank) and self._left_reference is None)
+        compared = against and step in self.reference.steps
+        mine_json, reference_json = self._run_judge.judge(
+            step, m, self.reference if compared else None,
+            measure.final_moments(by_rank, self._numels, self._names) if compared else {})
+        report = json.loads(mine_json)
+        if compared:
+            report["_reference"] = json.loads(reference_json)
+            if events.reference_violations(report["_reference"]):
+                self._left_reference = step
+                self._scope_later.append(("reference", f"the run differs from the reference at step {step}: later "
+                                                       "steps start from other weights and are not compared"))
+        elif against:
+            self._scope_later.append(("reference", f"the reference recorded FINAL at steps "
+                                                   f"{list(self.reference.steps)[:8]}: later steps are not compared"))
         report["_nothing_to_judge"] = [c for c, empty in (("divisor", not any(e["phase"] == "POST_REDUCE"
                                                                                 for e in records.entries)),
                                                           ("grad-norm", mine["reported_norm"] is None)) if empty]
