@@ -143,8 +143,7 @@ class DDPCapture(TorchCapture):
         self.divisor = divisor if divisor is not None else (len(layout.groups["dp"]) if mean else 0)
         self.unmapped = 0
         self._own_hook = hook is None
-        self._pending = []  # (step, micro, bucket id, layout, PRE, future) of a user hook's buckets, until _flush
-        self._pending_post = []  # (step, micro, bucket id, layout, future) of the default hook's, until _flush_post
+        self._pending = []  # (step, micro, bucket id, layout, PRE or None, future) of this backward, until _flush
         model.register_comm_hook(self.hook_state, self._hook)
 
     # Clean exits: nothing of gradtrace's runs or is freed on the process group's thread. A
@@ -167,19 +166,22 @@ class DDPCapture(TorchCapture):
                 self._write_phase("PRE_REDUCE", bucket.index(), layout, bucket.buffer().detach())
             fut = self._allreduce_mean(state, bucket)
             if layout is not None:  # POST once the all-reduce is done, on this thread at the end of backward
-                from torch.autograd import Variable
-
-                self._pending_post.append((rec.step, rec.micro, bucket.index(), layout, fut))
-                Variable._execution_engine.queue_callback(self._flush_post)
+                self._write_later(bucket.index(), layout, None, fut)
             return fut
         pre = bucket.buffer().detach().clone() if layout is not None else None
         fut = self.user_hook(state, bucket)
         if layout is not None:
-            from torch.autograd import Variable
-
-            self._pending.append((rec.step, rec.micro, bucket.index(), layout, pre, fut))
-            Variable._execution_engine.queue_callback(self._flush)
+            self._write_later(bucket.index(), layout, pre, fut)
         return fut
+
+    def _write_later(self, index, layout, pre, fut) -> None:
+        """Records the bucket (PRE from ``pre`` unless already written, POST from ``fut``) in an autograd final
+        callback at the end of this backward, on the thread that runs it (queued once per bucket; the first
+        drains)."""
+        from torch.autograd import Variable
+
+        self._pending.append((self.recorder.step, self.recorder.micro, index, layout, pre, fut))
+        Variable._execution_engine.queue_callback(self._flush)
 
     def _allreduce_mean(self, group, bucket):
         """torch's allreduce_hook (divide by the group size, sum over the group), returned at once as a future
@@ -201,18 +203,8 @@ class DDPCapture(TorchCapture):
         _waiter().complete_when_done(work, fut, buf)
         return fut
 
-    def _flush_post(self):
-        """POST_REDUCE of the buckets the default hook reduced in this backward, once their all-reduces are
-        done: an autograd final callback (queued once per bucket; the first drains)."""
-        rec = self.recorder
-        pending, self._pending_post = self._pending_post, []
-        for step, micro, index, layout, fut in pending:
-            if (step, micro) == (rec.step, rec.micro):  # else left by a backward that raised
-                self._write_phase("POST_REDUCE", index, layout, fut.wait().detach().reshape(-1))
-
     def _flush(self):
-        """PRE_REDUCE and POST_REDUCE of the buckets a hook of the user's reduced in this backward, once
-        its futures are done: an autograd final callback (queued once per bucket; the first drains)."""
+        """The buckets of this backward (_write_later), once their futures are done."""
         rec = self.recorder
         pending, self._pending = self._pending, []
         for step, micro, index, layout, pre, fut in pending:
@@ -221,7 +213,8 @@ class DDPCapture(TorchCapture):
 
     def _write(self, index, layout, pre, result):
         post = result[0] if isinstance(result, (list, tuple)) else result
-        self._write_phase("PRE_REDUCE", index, layout, pre)
+        if pre is not None:  # the default hook wrote PRE before its all-reduce
+            self._write_phase("PRE_REDUCE", index, layout, pre)
         self._write_phase("POST_REDUCE", index, layout, post.detach().reshape(-1))
 
     def _write_phase(self, phase, index, layout, flat):
@@ -233,7 +226,7 @@ class DDPCapture(TorchCapture):
 
     def close(self) -> None:
         """Drops records of a backward that raised, then closes as every capture does."""
-        self._pending = self._pending_post = []  # only a backward that raised leaves any
+        self._pending = []  # only a backward that raised leaves any
         super().close()
 
     def _bucket_layout(self, bucket):
