@@ -407,12 +407,20 @@ class RankRecorder:
     def capturing(self) -> bool:
         """Whether the current optimizer step is recorded: one the ``steps`` filter selects, or any under the
         guard."""
-        return self.writer is not None and not self._reevaluating and (self.guard is not None
-                                                                       or self._wanted_step(self.step))
+        return self.writer is not None and not self._reevaluating and self._records_step(self.step)
+
+    def _records_step(self, step: int) -> bool:
+        """Whether step ``step`` is recorded at all: the guard sees every step, the file those ``steps`` selects."""
+        return self.guard is not None or self._wanted_step(step)
 
     def file_wants(self, step: int) -> bool:
         """Whether the trace file takes step ``step``'s records (the ``steps`` filter; the guard sees every step)."""
         return self._wanted_step(int(step))
+
+    @property
+    def _dropping(self) -> bool:
+        """A write error disabled capture on this rank and no guard takes the records."""
+        return self.disabled is not None and self.guard is None
 
     @contextmanager
     def reevaluation(self):
@@ -440,7 +448,7 @@ class RankRecorder:
         """One BucketRecord of the current step and micro-step (``micro``: an earlier micro-step of this step,
         for a record read after the next one began). ``pieces``: (param id, element offset, values tensor) in
         bucket order; parameters outside the ``params`` regex are left out."""
-        if not self.wants(phase) or (self.disabled is not None and self.guard is None):
+        if not self.wants(phase) or self._dropping:
             return
         slices = [{"param_id": pid, "offset": int(off), "values": values}
                   for pid, off, values in pieces if self._written[pid] and values.numel() > 0]
@@ -501,7 +509,7 @@ class RankRecorder:
 
     def record_step(self, loss, valid_tokens=0, lr: float | None = None) -> None:
         """StepInfo of the current micro-step: this rank's loss as passed to backward, its valid tokens."""
-        if not self.capturing or (self.disabled is not None and self.guard is None):
+        if not self.capturing or self._dropping:
             return
         self.writer.write_step({"step": self.step, "micro_step": self.micro, "loss": _number(loss),
                                 "valid_tokens": int(_number(valid_tokens)), "lr": self._lr(lr)})
@@ -516,7 +524,7 @@ class RankRecorder:
         if micro is None:
             micro = self.micro if step is None or step == self.step else self._last_micro
         step = self.step if step is None else step
-        if self.writer is None or not (self.guard is not None or self._wanted_step(step)):
+        if self.writer is None or not self._records_step(step):
             return
         frame = {"step": step, "micro_step": micro, "lr": self._lr(lr), "optimizer_step": True}
         if step == self.step and self._inputs[0] > 0:

@@ -107,11 +107,12 @@ def reductions(rank: int, payloads: dict, records: StepRecords, positions: Posit
             a["problems"].append(f"no PRE_REDUCE of bucket {e['bucket']} from rank {missing}")
             continue
         p = e["values"]
-        a["ss"] += float(np.dot(s, s))
+        ss = float(np.dot(s, s))
+        a["ss"] += ss
         a["sp"] += float(np.dot(s, p))
         a["pp"] += float(np.dot(p, p))
         a["compared"] += len(p)
-        a["sum_sq"] += float(np.dot(s, s))
+        a["sum_sq"] += ss  # ||S||^2 again: the judge reads it for model-parallel reductions only
         a["members_sq"] += members_sq * len(members)
     return list(acc.values())
 
@@ -147,18 +148,31 @@ def replicas(rank: int, payloads: dict, positions: Positions) -> list[dict]:
     return out
 
 
+def _distinct(pieces) -> dict:
+    """(param, offset, count) -> the rest of the lowest rank's piece (``pieces`` in rank order): a replica counts
+    once, as --self reads replicas."""
+    out: dict[tuple, tuple] = {}
+    for pid, offset, count, *rest in pieces:
+        out.setdefault((pid, offset, count), tuple(rest))
+    return out
+
+
+def _covered(distinct: dict) -> dict:
+    """param -> the elements its distinct pieces hold."""
+    out: dict[int, int] = {}
+    for pid, _, count in distinct:
+        out[pid] = out.get(pid, 0) + count
+    return out
+
+
 def norm_of(pieces, numels) -> float | None:
-    """sqrt of the sum of squares of distinct (param, offset, count) pieces, when each parameter they touch is
-    covered whole (replicas count once); None otherwise."""
-    distinct: dict[tuple, float] = {}
-    for pid, offset, count, sumsq in pieces:  # the lowest rank's copy, as --self reads replicas
-        distinct.setdefault((pid, offset, count), sumsq)
-    covered: dict[int, int] = {}
-    for pid, offset, count in distinct:
-        covered[pid] = covered.get(pid, 0) + count
+    """sqrt of the sum of squares of distinct (param, offset, count, sumsq) pieces, when each parameter they touch
+    is covered whole; None otherwise."""
+    distinct = _distinct(pieces)
+    covered = _covered(distinct)
     if not distinct or any(covered[pid] != numels[pid] for pid in covered):
         return None
-    return math.sqrt(sum(distinct.values()))
+    return math.sqrt(sum(sq for sq, in distinct.values()))
 
 
 def final_norm(payloads: dict, numels) -> float | None:
@@ -169,17 +183,14 @@ def final_norm(payloads: dict, numels) -> float | None:
 
 def final_moments(payloads: dict, numels, names) -> dict:
     """name -> (count, sum, sum of squares, abs max, non-finite) of each parameter's whole FINAL, from the ranks'
-    pieces (a replica counted once: the lowest rank's); parameters not held whole are left out."""
-    pieces: dict[tuple, tuple] = {}
-    for r in sorted(payloads):
-        for pid, off, n, _, sq, total, top in payloads[r]["final"]:
-            if total is not None:
-                pieces.setdefault((pid, off, n), (sq, total, top))
+    distinct pieces; parameters not held whole are left out."""
+    distinct = _distinct([(pid, off, n, sq, total, top) for r in sorted(payloads)
+                          for pid, off, n, _, sq, total, top in payloads[r]["final"] if total is not None])
+    covered = _covered(distinct)
     out: dict[int, list] = {}
-    for (pid, _, n), (sq, total, top) in pieces.items():
-        m = out.setdefault(pid, [0, 0.0, 0.0, 0.0, 0])
+    for (pid, _, n), (sq, total, top) in distinct.items():
+        m = out.setdefault(pid, [covered[pid], 0.0, 0.0, 0.0, 0])
         finite = math.isfinite(sq) and math.isfinite(total)
-        m[0] += n
         m[1] += total if finite else 0.0
         m[2] += sq if finite else 0.0
         m[3] = max(m[3], top) if math.isfinite(top) else m[3]
