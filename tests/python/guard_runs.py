@@ -8,7 +8,8 @@ SCENARIO:
   skip       rank 1 does not step its optimizer in step 1 (zero_grad with no step, as a GradScaler that found
              inf/NaN on that rank alone does)
   nan        rank 1's gradient of qkv.weight holds a NaN from step 2 on (its backward, before DDP's reduction)
-  die-end    rank 1 dies (os._exit) right after its last optimizer step; rank 0 closes its capture
+  die-end    rank 1 dies (os._exit) after its last backward, before its last optimizer step: rank 0 ends its
+             loop (DDP's last all-reduce is done) and closes its capture, the last step's exchange unanswered
   die-mid    rank 1 dies in the middle of step 1's forward; rank 0's next collective is DDP's
   error      the guard's measuring raises (an injected internal error) from step 1 on
   hostile    a hook that sums without dividing, and a parameter whose name holds terminal escapes, its gradient
@@ -37,8 +38,7 @@ def run_rank(rank, args):
         train(rank, args)
     except BaseException as e:  # what the rank died of, on one line for the test
         print(f"RANK {rank} RAISED {type(e).__name__}: {str(e)[:300]!r}", flush=True)
-        os._exit(1)
-    os._exit(0)  # as start_ranks' forked ranks end (adapter_runs.py: torch 2.15's gloo teardown race)
+        sys.exit(1)
 
 
 def train(rank, args):
@@ -87,11 +87,11 @@ def train(rank, args):
         loss = ce_sum(logits, y) / (y != -100).sum() + extra
         loss.backward()
         cap.record_step(loss, (y != -100).sum())
+        if args.scenario == "die-end" and rank == 1 and step == STEPS - 1:
+            os._exit(3)  # after the last all-reduce, before this rank's last step (and its exchange) ends
         if not (args.scenario == "skip" and rank == 1 and step == 1):
             opt.step()
         opt.zero_grad()
-        if args.scenario == "die-end" and rank == 1 and step == STEPS - 1:
-            os._exit(3)
     cap.close()
     print(f"RANK {rank} DONE", flush=True)
     dist.destroy_process_group()
