@@ -16,6 +16,7 @@
 #include "explain/reference_judge.h"
 #include "explain/self_judge.h"
 #include "report/report.h"
+#include "report/violations.h"
 #include "run_info_json.h"
 #include "text_escape.h"
 
@@ -90,6 +91,26 @@ std::map<std::string, diff::Moments> MomentsOf(const py::dict& d) {
   return out;
 }
 
+py::dict DictOf(const diff::Violation& v) {
+  py::dict d;
+  d["check"] = v.check;
+  d["cause"] = v.cause;
+  d["message"] = v.message;
+  d["params"] = v.params;
+  d["buckets"] = v.buckets;
+  d["divisor"] = v.divisor ? py::object(py::float_(*v.divisor)) : py::object(py::none());
+  return d;
+}
+
+diff::Violation ViolationOf(const py::dict& d) {
+  diff::Violation v;
+  v.check = Get<std::string>(d, "check", "");
+  v.message = Get<std::string>(d, "message", "");
+  v.params = Get<std::vector<std::string>>(d, "params", {});
+  v.buckets = Get<std::vector<int32_t>>(d, "buckets", {});
+  return v;
+}
+
 }  // namespace
 
 // The run the guard judges, its RunInfo parsed once (a rank's), and the world size.
@@ -121,31 +142,47 @@ void RegisterJudge(py::module_& m) {
             const auto mine = MomentsOf(moments);
             std::string against;
             diff::Report report;
+            std::vector<diff::Violation> found;
             {
               py::gil_scoped_release release;
               report = diff::SelfReportHead(j.run, j.world, rtol);
               report.step = step;
               diff::JudgeSelf(j.run, ms, &report);
+              found = diff::SelfViolations(report);
               if (reference != nullptr) {
                 auto compared = reference->Judge(step, j.run, j.world, mine, &report);
                 if (!compared.ok()) throw py::value_error(compared.status().message());
                 against = diff::RenderJson(*compared);
+                for (auto& v : diff::ReferenceViolations(*compared)) found.push_back(std::move(v));
               }
             }
+            py::list violations;
+            for (const diff::Violation& v : found) violations.append(DictOf(v));
             return py::make_tuple(diff::RenderJson(report),
-                                  reference != nullptr ? py::object(py::str(against)) : py::object(py::none()));
+                                  reference != nullptr ? py::object(py::str(against)) : py::object(py::none()),
+                                  violations);
           },
           py::arg("step"), py::arg("measurements"), py::arg("reference") = nullptr, py::arg("moments") = py::dict(),
           py::arg("rtol") = std::nullopt,
-          "(the self report, the comparison with `reference` or None), both JSON: one step's measurements judged as "
-          "--self judges a trace set, and, with a reference, this run's FINAL `moments` (name -> count, sum, sum of "
-          "squares, abs max, non-finite) against the reference's, the self report as B's reduction evidence.")
+          "(the self report, the comparison with `reference` or None, the violations), the reports JSON: one step's "
+          "measurements judged as --self judges a trace set, and, with a reference, this run's FINAL `moments` (name "
+          "-> count, sum, sum of squares, abs max, non-finite) against the reference's, the self report as B's "
+          "reduction evidence. The violations (diff/report/violations.h): dicts with check, cause, message, params, "
+          "buckets, divisor; the reference's (check \"reference\") last.")
       .def(
           "sums_over_replicas",
           [](const RunJudge& j, const std::string& group) {
             return semantics::SumsOverReplicas(j.run.config(), group);
           },
           py::arg("group"), "Whether a POST_REDUCE over `group` also sums over HSDP's replicas (divisor_finding.h).");
+  m.def(
+      "guard_line",
+      [](int rank, int64_t step, const py::dict& violation) {
+        return diff::ViolationLine(rank, step, ViolationOf(violation));
+      },
+      py::arg("rank"), py::arg("step"), py::arg("violation"),
+      "The guard's stderr line of one violation (a dict as RunJudge.judge returns): rank, step, buckets, the diff's "
+      "words, terminal-safe.");
   // The one escaping of terminal text (proto/text_escape.h): the guard's lines quote parameter names.
   m.def(
       "terminal_safe", [](const std::string& text) { return TerminalSafe(text); }, py::arg("text"));

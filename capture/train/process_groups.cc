@@ -45,6 +45,15 @@ int IndexOf(const std::vector<int>& v, int x) { return static_cast<int>(std::fin
 
 }  // namespace
 
+NamedGroup CreateGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                           const std::vector<int>& ranks, int rank, std::chrono::milliseconds timeout) {
+  NamedGroup g;
+  g.name = name;
+  g.ranks = ranks;
+  g.pg = MakeGroup(store, name, IndexOf(ranks, rank), static_cast<int>(ranks.size()), "gloo", timeout);
+  return g;
+}
+
 Groups CreateGroups(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& backend,
                     std::chrono::milliseconds timeout, int local_rank) {
   Groups g;

@@ -31,6 +31,11 @@ struct Groups {
 Groups CreateGroups(const c10::intrusive_ptr<c10d::Store>& store, const Topology& topo, const std::string& backend,
                     std::chrono::milliseconds timeout, int local_rank);
 
+// A gloo group of `ranks` (global ranks, `rank` among them) under the store prefix `name`, whatever the
+// training's backend: the live guard's exchange of host bytes (guard_sink.h). Collective, like CreateGroups.
+NamedGroup CreateGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                           const std::vector<int>& ranks, int rank, std::chrono::milliseconds timeout);
+
 // Blocking helpers; each waits for completion (and thus throws on timeout).
 void AllReduceSum(const NamedGroup& g, at::Tensor& t);
 void Broadcast(const NamedGroup& g, at::Tensor& t, int root_group_rank);

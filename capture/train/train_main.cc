@@ -14,6 +14,7 @@
 #include <sstream>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "guard_sink.h"
 #include "init_sketch.h"
 #include "launcher.h"
 #include "loss.h"
@@ -261,7 +262,10 @@ void PrintSummary(const gc::TrainOptions& o, int world, const std::string& run_i
     std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; wrote " << world << " trace file(s) to " << o.out
               << " (run " << run_id << ")\n";
   } else {
-    std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; --capture off: no trace written\n";
+    std::cerr << "gradtrace-train: final loss(rank 0) " << loss << "; "
+              << (o.guard ? "--capture guard: no trace written (the guard's log is in " + o.out + ")"
+                          : std::string("--capture off: no trace written"))
+              << "\n";
   }
 }
 
@@ -296,8 +300,28 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
   std::unique_ptr<gc::RecorderSink> sink;
   if (recorder) sink = std::make_unique<gc::RecorderSink>(recorder.get());
 
+  std::unique_ptr<gc::GuardSink> guard;
+  if (o.guard) {
+    gc::NamedGroup exchange;
+    const auto guard_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.guard_timeout_s * 1000));
+    if (env.world > 1) exchange = gc::CreateGlooGroup(store, "guard", groups.world.ranks, env.rank, guard_timeout);
+    gc::GuardOptions go;
+    go.out_dir = o.out;
+    go.on_violation = o.guard_on_violation;
+    go.every = o.guard_every;
+    go.timeout_s = o.guard_timeout_s;
+    auto opened = gc::GuardSink::Open(go, run, env.rank, env.world, std::move(exchange), sink.get());
+    if (!opened.ok()) {
+      std::cerr << "gradtrace-train: rank " << env.rank << ": " << opened.status().message() << "\n";
+      return 1;
+    }
+    guard = std::move(opened).value();
+  }
+
   gc::TrainResult result;
-  gradtrace::Status st = gc::RunTraining(o, groups, sink.get(), MakeHooks(env.rank), &result, &model);
+  gradtrace::Status st = gc::RunTraining(o, groups, guard ? static_cast<gc::GradSink*>(guard.get()) : sink.get(),
+                                         MakeHooks(env.rank), &result, &model);
+  if (guard) guard->Close();
   if (!st.ok()) {
     std::cerr << "gradtrace-train: rank " << env.rank << ": " << st.message() << "\n";
     return 1;

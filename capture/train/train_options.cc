@@ -84,7 +84,16 @@ void AddModelOptions(CLI::App& app, TrainOptions& o) {
 void AddCaptureOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--out", o.out, "trace directory (one rank-NNNNN.gtrace per rank)");
   app.add_option("--capture", o.capture,
-                 "capture mode: full, sketch:K, stats, or off (train without recording: no trace, --out optional)");
+                 "capture mode: full, sketch:K, stats, or off (train without recording: no trace, --out optional); "
+                 "guard checks every step live and writes no trace (its log goes to --out), MODE+guard does both");
+  app.add_option("--guard-on-violation", o.guard_on_violation,
+                 "the guard's answer to a violation: warn (the default: a line on stderr, the run goes on) or raise "
+                 "(stop at the violating step, exit 1)")
+      ->check(CLI::IsMember({"warn", "raise"}));
+  app.add_option("--guard-every", o.guard_every, "after the first 4 steps the guard checks every k-th step")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--guard-timeout", o.guard_timeout_s, "seconds the guard's exchange waits for a rank")
+      ->check(CLI::Range(1.0, 86400.0));
   app.add_option("--capture-steps", o.capture_steps, "steps to capture, e.g. 0,2-4 (default: all)");
   app.add_option("--capture-params", o.capture_params, "regex (RE2) on parameter names to capture (default: all)");
   app.add_option("--on-capture-error", o.on_capture_error,
@@ -147,6 +156,14 @@ Expected<TrainOptions> ParseTrainOptions(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return Status::InvalidArgument(OneLine(e.what()));
   }
+  if (const std::string suffix = "+guard"; o.capture == "guard") {
+    o.guard = true;
+    o.capture = "off";
+  } else if (o.capture.size() > suffix.size() &&
+             o.capture.compare(o.capture.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    o.guard = true;
+    o.capture.resize(o.capture.size() - suffix.size());
+  }
   GT_RETURN_IF_ERROR(ValidateTrainOptions(o));
   return o;
 }
@@ -203,7 +220,7 @@ Status ValidateTrainOptions(const TrainOptions& o) {
       return bad("--capture-params: invalid regex '" + o.capture_params + "': " + re.status().message());
     }
   }
-  if (o.out.empty() && o.export_init.empty() && !CaptureOff(o)) return bad("--out DIR is required");
+  if (o.out.empty() && o.export_init.empty() && (!CaptureOff(o) || o.guard)) return bad("--out DIR is required");
   return Status::Ok();
 }
 

@@ -64,6 +64,12 @@ struct TrainOptions {
   int writer_threads = 1;                 // recorder threads that encode, compress and write
   int64_t capture_queue_mb = 256;         // full mode: host copies waiting for the writer before training blocks
 
+  // The live guard (guard_sink.h): --capture guard, or MODE+guard beside a trace (then `capture` is MODE).
+  bool guard = false;
+  std::string guard_on_violation = "warn";  // warn | raise (exit 1 at the violating step)
+  int guard_every = 1;                      // after the first 4 steps, every k-th step
+  double guard_timeout_s = 60;              // the guard's exchange waits this long for a rank
+
   // Export: the initial parameters and every global batch of the run, for an
   // external run (tools/repro/ds5248/run.py --model gradtrace) to load. Without
   // --out, gradtrace-train writes the file and exits without training.
@@ -79,7 +85,7 @@ Expected<TrainOptions> ParseTrainOptions(int argc, const char* const* argv);
 // names. Returns the first problem as one line.
 Status ValidateTrainOptions(const TrainOptions& options);
 
-// --capture off: train without a recorder (overhead baselines).
+// --capture off (or guard alone): train without a recorder (overhead baselines).
 bool CaptureOff(const TrainOptions& options);
 
 // argv without "--nproc N" / "--nproc=N": what the launcher passes to ranks.

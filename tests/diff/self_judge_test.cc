@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "report/violations.h"
+
 namespace gradtrace::diff {
 namespace {
 
@@ -125,6 +127,60 @@ TEST(SelfJudge, AMisreportedNormIsAFindingNotAVerdict) {
   EXPECT_EQ(r.verdict, "ok");
   ASSERT_TRUE(r.grad_norm.has_value());
   EXPECT_EQ(r.grad_norm->verdict, "misreported");
+}
+
+// The guard's reading of a judged step (report/violations.h), shared by the Python guard and gradtrace-train's.
+TEST(SelfJudge, ViolationsAreTheBadGroupsThenTheFindings) {
+  SelfMeasurements m;
+  m.reductions[{0, "dp"}] = Divided(1);
+  m.reductions[{0, "dp"}].buckets = {3, 1};
+  m.reductions[{1, "dp"}] = Divided(1);
+  m.skipped = {1};
+  const Report r = Judge(m);
+  const std::vector<Violation> found = SelfViolations(r);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].check, "divisor");
+  EXPECT_EQ(found[0].cause, "reduction-divisor");
+  EXPECT_EQ(found[0].message, r.groups[0].explanation);
+  EXPECT_EQ(found[0].params, (std::vector<std::string>{"a.weight", "b.weight"}));
+  EXPECT_EQ(found[0].buckets, (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_NEAR(*found[0].divisor, 1.0, 1e-12);
+  EXPECT_EQ(found[1].check, "skipped-step");
+  EXPECT_EQ(ViolationLine(2, 7, found[0]),
+            "gradtrace guard: rank 2: step 7: buckets 0, 1, 3 (2 parameters): " + r.groups[0].explanation);
+  EXPECT_EQ(ViolationLine(0, 0, found[1]), "gradtrace guard: rank 0: step 0: " + found[1].message);
+}
+
+TEST(SelfJudge, ARightDivisorIsNoViolationAndLinesAreTerminalSafe) {
+  SelfMeasurements m;
+  m.reductions[{0, "dp"}] = Divided(2);
+  EXPECT_TRUE(SelfViolations(Judge(m)).empty());
+  Violation v;
+  v.message = "name \x1b[31mred\nnext";
+  v.params = {"x"};
+  v.buckets = {0, 1, 2, 3, 4, 5, 6};
+  const std::string line = ViolationLine(1, 2, v);
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_NE(line.find("buckets 0, 1, 2, 3, 4, 5 ... (1 parameter): "), std::string::npos) << line;
+}
+
+TEST(SelfJudge, ReferenceViolationsAreTheGroupsThatDoNotMatch) {
+  Report against;
+  against.params.resize(2);
+  against.params[0].name = "a.weight";
+  against.params[0].verdict = Verdict::kScaled;
+  against.params[1].name = "b.weight";
+  against.params[1].verdict = Verdict::kMatch;
+  against.groups.resize(2);
+  against.groups[0].params = {"a.weight"};
+  against.groups[0].explanation = "B/A = 2.000";
+  against.groups[1].params = {"b.weight"};
+  const std::vector<Violation> found = ReferenceViolations(against);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].check, "reference");
+  EXPECT_EQ(found[0].message, "against the reference run (A): B/A = 2.000");
+  EXPECT_EQ(found[0].params, (std::vector<std::string>{"a.weight"}));
 }
 
 }  // namespace

@@ -396,3 +396,22 @@ def test_bad_guard_options_are_refused_before_anything_is_hooked(bad, message, t
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         gradtrace.attach(model, tmp_path / "g", **bad)
     assert not model._forward_pre_hooks
+
+
+def test_the_exchange_thread_survives_a_failing_callback(capfd):
+    """A callback that raises (a bug in the guard's own judging) is said once, terminal-safe, and the next step is
+    still exchanged: the thread never dies silently."""
+    from gradtrace.guard.exchange import Exchange
+
+    ex = Exchange(1, 5)
+    got = []
+
+    def bad(payloads, nbytes, error):
+        raise ValueError("boom \x1b[31m")
+
+    ex.submit({"step": 0}, bad)
+    ex.submit({"step": 1}, lambda payloads, nbytes, error: got.append((payloads, nbytes > 0, error)))
+    assert ex.close(5)
+    assert got == [([{"step": 1}], True, None)]
+    err = capfd.readouterr().err
+    assert err == "gradtrace guard: WARNING: internal error on the guard's thread: ValueError: boom \\x1b[31m\n"

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pickle
 import queue
+import sys
 import threading
 from datetime import timedelta
+
+from .. import _gtcodec
 
 
 class Exchange:
@@ -47,9 +50,14 @@ class Exchange:
                 else:
                     payloads = [payload]
             except Exception as e:  # noqa: BLE001 - a failed exchange is reported by the guard, never raised here
-                done(None, 0, e)
-                continue
-            done(payloads, len(blob), None)
+                payloads, blob, error = None, b"", e
+            else:
+                error = None
+            try:
+                done(payloads, len(blob), error)
+            except Exception as e:  # noqa: BLE001 - said, and the thread lives on: later steps still get an answer
+                sys.stderr.write(_gtcodec.terminal_safe(f"gradtrace guard: WARNING: internal error on the guard's "
+                                                        f"thread: {type(e).__name__}: {e}") + "\n")
 
     def close(self, timeout_s: float) -> bool:
         """Lets the thread finish the steps submitted; True when it did within ``timeout_s``."""

@@ -199,13 +199,13 @@ class Guard:
         # steps start from other weights.
         against = (self.reference is not None and self.rank == min(by_rank) and self._left_reference is None)
         compared = against and step in self.reference.steps
-        mine_json, reference_json = self._run_judge.judge(
+        mine_json, _, found = self._run_judge.judge(
             step, m, self.reference if compared else None,
             measure.final_moments(by_rank, self._numels, self._names) if compared else {})
         report = json.loads(mine_json)
+        report["_violations"] = found  # diff/report/violations.h: the self report's, then the reference's
         if compared:
-            report["_reference"] = json.loads(reference_json)
-            if events.reference_violations(report["_reference"]):
+            if any(v["check"] == "reference" for v in found):
                 self._left_reference = step
                 self._scope_later.append(("reference", f"the run differs from the reference at step {step}: later "
                                                        "steps start from other weights and are not compared"))
@@ -266,14 +266,14 @@ class Guard:
                         "where no hook sees them, e.g. inside DTensor's autograd" if check == "divisor" else
                         "the framework reported no grad norm: pass it with cap.report_grad_norm()") + ")")
         found = []
-        for v in events.violations(report) + events.reference_violations(report.get("_reference")):
+        for v in report["_violations"]:
             if v["cause"] == "lossy-compression":  # no divisor to claim for an approximated sum: not a violation
                 self._scope("divisor", "the reductions approximate the sum: " + v["message"])
             else:
                 found.append(v)
         if not found:
             return None
-        lines = [events.line(self.rank, step, v) for v in found]
+        lines = [_gtcodec.guard_line(self.rank, step, v) for v in found]
         for v, text in zip(found, lines):
             self.log.write("violation", step=step, **{k: v.get(k) for k in ("check", "cause", "message", "params",
                                                                                "buckets", "divisor")})

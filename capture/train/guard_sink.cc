@@ -1,0 +1,274 @@
+#include "guard_sink.h"
+
+#include <ATen/ATen.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+
+#include "evidence/self_check.h"
+#include "load/trace_set.h"
+#include "rank_file.h"
+#include "slice_codec.h"
+#include "text_escape.h"
+
+namespace gradtrace::capture {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+Expected<std::string> ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::IoError(path + ": cannot read");
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Every rank's `mine` on every rank: the sizes, then the bytes padded to the largest. Throws c10::Error when a
+// rank fails or does not send within the group's timeout.
+std::vector<std::string> AllGatherBytes(const NamedGroup& g, const std::string& mine) {
+  const size_t world = g.ranks.size();
+  std::vector<at::Tensor> size_in{at::full({1}, static_cast<int64_t>(mine.size()), at::kLong)};
+  std::vector<std::vector<at::Tensor>> size_out(1);
+  for (size_t r = 0; r < world; ++r) size_out[0].push_back(at::empty({1}, at::kLong));
+  g.pg->allgather(size_out, size_in)->wait();
+  int64_t longest = 0;
+  for (const at::Tensor& t : size_out[0]) longest = std::max(longest, t.item<int64_t>());
+  at::Tensor padded = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
+  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
+  std::vector<at::Tensor> in{padded};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (size_t r = 0; r < world; ++r) out[0].push_back(at::empty_like(padded));
+  g.pg->allgather(out, in)->wait();
+  std::vector<std::string> all;
+  for (size_t r = 0; r < world; ++r) {
+    all.emplace_back(static_cast<const char*>(out[0][r].data_ptr()), size_out[0][r].item<int64_t>());
+  }
+  return all;
+}
+
+nlohmann::ordered_json JsonOf(const diff::Violation& v, int64_t step) {
+  return {{"step", step},
+          {"check", v.check},
+          {"cause", v.cause},
+          {"message", v.message},
+          {"params", v.params},
+          {"buckets", v.buckets},
+          {"divisor", v.divisor ? nlohmann::ordered_json(*v.divisor) : nullptr}};
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<GuardSink>> GuardSink::Open(const GuardOptions& options, const pb::RunInfo& run, int rank,
+                                                     int world, NamedGroup exchange, GradSink* inner) {
+  std::unique_ptr<GuardSink> g(new GuardSink());
+  g->options_ = options;
+  g->run_ = run;
+  g->rank_ = rank;
+  g->world_ = world;
+  g->exchange_ = std::move(exchange);
+  g->inner_ = inner;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gradtrace-guard-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) return Status::IoError(pattern + ": cannot create the guard's directory");
+  g->tmp_dir_ = pattern;
+  std::error_code ec;
+  fs::create_directories(options.out_dir, ec);
+  const std::string name = RankFileName(rank);
+  g->log_path_ = (fs::path(options.out_dir) / (name.substr(0, name.size() - 7) + ".guard.jsonl")).string();
+  g->log_.open(g->log_path_, std::ios::app);
+  if (!g->log_) return Status::IoError(g->log_path_ + ": cannot open the guard's log");
+  g->Log("attach", {{"world", world},
+                    {"sketch_k", options.sketch_k},
+                    {"every", options.every},
+                    {"timeout_s", options.timeout_s},
+                    {"on_violation", options.on_violation},
+                    {"checks", {"divisor", "replicas", "grad-norm", "non-finite", "skipped-step"}},
+                    {"reference_steps", nlohmann::ordered_json::array()}});
+  if (options.every > 1) {
+    g->Log("scope", {{"check", "sampling"},
+                     {"message", "from step " + std::to_string(kAlwaysChecked) + " on, one step in " +
+                                     std::to_string(options.every) + " is checked (those divisible by " +
+                                     std::to_string(options.every) + ")"}});
+  }
+  if (world == 1) g->Scope("replicas", "one rank: no replica to compare");
+  g->Scope("grad-norm", "gradtrace-train reports no grad norm (it does not clip)");
+  return g;
+}
+
+GuardSink::~GuardSink() { Close(); }
+
+bool GuardSink::Checking(int64_t step) const {
+  return !disabled_ && (step < kAlwaysChecked || step % options_.every == 0);
+}
+
+bool GuardSink::WantsStep(int64_t step) const {
+  return Checking(step) || (inner_ != nullptr && inner_->WantsStep(step));
+}
+
+Status GuardSink::OnBucket(const BucketMeta& meta, const std::vector<SliceRef>& slices) {
+  if (inner_ != nullptr && inner_->WantsStep(meta.step)) GT_RETURN_IF_ERROR(inner_->OnBucket(meta, slices));
+  if (!Checking(meta.step)) return Status::Ok();
+  Status st = open_step_ == meta.step ? Status::Ok() : BeginStep(meta.step);
+  if (st.ok()) st = step_recorder_->RecordBucket(meta, slices);
+  if (st.ok()) return st;
+  if (options_.on_violation == "raise") return st;
+  Disable("internal error: " + st.message());
+  return Status::Ok();
+}
+
+Status GuardSink::OnStep(const pb::StepInfo& info) {
+  if (inner_ != nullptr && inner_->WantsStep(info.step())) GT_RETURN_IF_ERROR(inner_->OnStep(info));
+  if (!Checking(info.step())) return Status::Ok();
+  Status st = open_step_ == info.step() ? Status::Ok() : BeginStep(info.step());
+  if (st.ok()) st = step_recorder_->RecordStep(info);
+  if (st.ok() && info.optimizer_step()) st = EndStep(info.step());
+  if (st.ok() || st.code() == Status::Code::kMismatch) return st;  // a violation under "raise"
+  if (options_.on_violation == "raise") return st;
+  Disable("internal error: " + st.message());
+  return Status::Ok();
+}
+
+Status GuardSink::BeginStep(int64_t step) {
+  RecorderOptions ro;
+  ro.path = (fs::path(tmp_dir_) / RankFileName(rank_)).string();
+  auto mode = ParseCaptureMode("sketch:" + std::to_string(options_.sketch_k));
+  if (!mode.ok()) return mode.status();
+  ro.mode = *mode;
+  ro.steps = std::set<int64_t>{step};
+  ro.on_error = OnCaptureError::kAbort;
+  ro.overwrite = true;
+  ro.direct_io = false;
+  step_recorder_.reset();  // a step left open (never reached its optimizer step) is dropped
+  auto opened = Recorder::Open(ro, run_);
+  if (!opened.ok()) return opened.status();
+  step_recorder_ = std::move(opened).value();
+  open_step_ = step;
+  return Status::Ok();
+}
+
+Status GuardSink::EndStep(int64_t step) {
+  GT_RETURN_IF_ERROR(step_recorder_->Close());
+  step_recorder_.reset();
+  open_step_ = -1;
+  auto mine = ReadAll((fs::path(tmp_dir_) / RankFileName(rank_)).string());
+  if (!mine.ok()) return mine.status();
+  std::vector<diff::Violation> found;
+  try {
+    auto judged = GatherAndJudge(step, *mine);
+    if (!judged.ok()) return judged.status();
+    found = std::move(judged).value();
+  } catch (const c10::Error& e) {  // the exchange: a rank died or did not send within the timeout
+    const std::string why = "the exchange of step " + std::to_string(step) + " failed (" +
+                            std::string(e.what_without_backtrace()).substr(0, 200) + ")";
+    if (options_.on_violation == "raise") return Status::IoError(why);
+    Disable(why);
+    return Status::Ok();
+  }
+  ++steps_checked_;
+  bytes_sent_ = std::max<int64_t>(bytes_sent_, static_cast<int64_t>(mine->size()));
+  return Said(step, found);
+}
+
+Expected<std::vector<diff::Violation>> GuardSink::GatherAndJudge(int64_t step, const std::string& mine) {
+  const std::vector<std::string> all = world_ > 1 ? AllGatherBytes(exchange_, mine) : std::vector<std::string>{mine};
+  const std::string gathered = (fs::path(tmp_dir_) / "gathered").string();
+  std::vector<TraceSource> sources;
+  {
+    std::ofstream f(gathered, std::ios::binary | std::ios::trunc);
+    uint64_t at = 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      f.write(all[r].data(), static_cast<std::streamsize>(all[r].size()));
+      sources.push_back(TraceSource::Window(gathered, at, all[r].size(),
+                                            "guard-step-" + std::to_string(step) + "/" + RankFileName(int(r))));
+      at += all[r].size();
+    }
+    if (!f.flush()) return Status::IoError(gathered + ": cannot write the gathered step");
+  }
+  diff::LoadOptions lo;
+  lo.threads = 1;
+  auto set = diff::TraceSet::LoadSources("guard step " + std::to_string(step), std::move(sources), lo);
+  if (!set.ok()) return set.status();
+  diff::SelfOptions so;
+  so.step = step;
+  so.threads = 1;
+  auto report = diff::SelfCheckSet(*set, so);
+  if (!report.ok()) return report.status();
+  return diff::SelfViolations(*report);
+}
+
+Status GuardSink::Said(int64_t step, const std::vector<diff::Violation>& found) {
+  for (const diff::Violation& v : found) {
+    Log("violation", JsonOf(v, step));
+    ++violations_;
+    ++by_check_[v.check];
+    if (first_.is_null()) first_ = {{"step", step}, {"check", v.check}, {"message", v.message}};
+    const bool repeat = !said_.insert({v.check, v.message}).second;  // a repeat is logged and counted, not said
+    if (rank_ == 0 && !(repeat && options_.on_violation == "warn"))
+      std::cerr << diff::ViolationLine(0, step, v) << "\n";
+  }
+  if (found.empty() || options_.on_violation != "raise") return Status::Ok();
+  return Status::Mismatch("the guard found " + std::to_string(found.size()) + " violation" +
+                          (found.size() != 1 ? "s" : "") + " at step " + std::to_string(step) +
+                          " (--guard-on-violation raise)");
+}
+
+void GuardSink::Scope(const std::string& check, const std::string& why) {
+  if (!scoped_.insert(check).second) return;
+  const std::string message = check + " is not checked: " + why;
+  Log("scope", {{"check", check}, {"message", message}});
+  if (rank_ == 0) std::cerr << TerminalSafe("gradtrace guard: note: " + message) << "\n";
+}
+
+void GuardSink::Disable(const std::string& why) {
+  if (disabled_) return;
+  disabled_ = why;
+  step_recorder_.reset();
+  open_step_ = -1;
+  Log("disabled", {{"message", why}});
+  std::cerr << TerminalSafe("gradtrace guard: WARNING: rank " + std::to_string(rank_) + ": guard disabled: " + why +
+                            "; training continues without it")
+            << "\n";
+}
+
+void GuardSink::Log(const std::string& event, nlohmann::ordered_json fields) {
+  if (!log_.is_open()) return;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  nlohmann::ordered_json line = {{"event", event}, {"rank", rank_}, {"time", std::round(now * 1000) / 1000}};
+  line.update(fields);
+  log_ << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  log_.flush();
+}
+
+void GuardSink::Close() {
+  if (closed_) return;
+  closed_ = true;
+  step_recorder_.reset();
+  Log("summary", {{"steps_checked", steps_checked_},
+                  {"violations", violations_},
+                  {"by_check", by_check_},
+                  {"first", first_},
+                  {"bytes_sent_per_step", bytes_sent_},
+                  {"every", options_.every},
+                  {"disabled", disabled_ ? nlohmann::ordered_json(*disabled_) : nullptr}});
+  log_.close();
+  if (rank_ == 0) {
+    std::string first;
+    if (!first_.is_null()) {
+      first = " (the first at step " + std::to_string(first_["step"].get<int64_t>()) + ": " +
+              first_["message"].get<std::string>() + ")";
+    }
+    std::cerr << TerminalSafe("gradtrace guard: rank 0: " + std::to_string(steps_checked_) + " step" +
+                              (steps_checked_ != 1 ? "s" : "") + " checked, " + std::to_string(violations_) +
+                              " violation" + (violations_ != 1 ? "s" : "") + first + "; log " + log_path_)
+              << "\n";
+  }
+  std::error_code ec;
+  fs::remove_all(tmp_dir_, ec);
+}
+
+}  // namespace gradtrace::capture
