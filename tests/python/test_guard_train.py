@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 
-from conftest import BUILD, SMALL_TRAIN
+from conftest import BUILD, ROOT, SMALL_TRAIN
 
 TRAIN = BUILD / "bin" / "gradtrace-train"
 DIFF = BUILD / "bin" / "gradtrace-diff"
@@ -135,3 +135,37 @@ def test_bad_guard_options_are_usage_errors(tmp_path):
         cmd = [str(TRAIN), *BASE, *args] + ([] if "--out DIR" in says else ["--out", str(tmp_path / "x")])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
+
+
+def test_zoo_rows_1_to_3_under_the_guard(tmp_path):
+    """The bug zoo's gradtrace-train rows (tests/zoo/cases.py TRAIN_RUNS: DeepSpeed #5248, PR #4530, PR #5555
+    emulated) under --capture full+guard: each bug run is flagged at step 0 on every rank, its divisor violations
+    naming exactly the parameters --self judges wrong with the causes of --self's groups holding them; the
+    reference and the fixed runs are silent."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    from cases import TRAIN_MODEL, TRAIN_RUNS
+
+    for name, args in TRAIN_RUNS.items():
+        out = tmp_path / name
+        cmd = [str(TRAIN), *args.split(), *TRAIN_MODEL, "--out", str(out), "--capture", "full+guard"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
+        assert p.returncode == 0, (name, p.stderr)
+        j = tmp_path / f"{name}.json"
+        d = subprocess.run([str(DIFF), "--self", str(out), "--json", str(j)], capture_output=True, text=True,
+                           timeout=120)
+        report = json.loads(j.read_text())
+        bad = {q["name"] for q in report["self_params"] if q["verdict"] in ("wrong-divisor", "inconsistent")}
+        world = len(list(out.glob("rank-*.gtrace")))
+        for rank in range(world):
+            found = [e for e in _events(out, rank) if e["event"] == "violation"]
+            if name.endswith("-bug"):
+                assert d.returncode == 1 and bad, (name, report["summary"])
+                assert {e["step"] for e in found} == {0} and {e["check"] for e in found} == {"divisor"}, found
+                assert {n for e in found for n in e["params"]} == bad
+                assert {e["cause"] for e in found} == {g["cause"] for g in report["groups"] if set(g["params"]) & bad}
+            else:
+                assert (d.returncode, found) == (0, []), (name, rank, report["summary"], found)
+            assert _summary(out, rank)["steps_checked"] == 1
+        assert (len(_lines(p.stderr)) > 0) == name.endswith("-bug"), (name, p.stderr)

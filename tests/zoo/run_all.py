@@ -13,8 +13,8 @@ gradtrace-train ($GRADTRACE_BUILD_DIR, default build/) and its Python package on
 --mode: gradtrace.attach's mode of the gloo launch's captures (launch.py --mode; default "full"). With
 the live guard ("full+guard", "stats+guard": a trace to diff is still needed) each run's entry gains
 "guard" (its violations from OUT/traces/<run>/rank-*.guard.jsonl), and the rows whose runs the guard
-cannot watch are left out (results.json "left_out"): the gradtrace-train emulation rows 1-3 (a C++
-binary, no guard yet) and the real DeepSpeed row 14 (tools/repro/ds5248/run.py takes no mode).
+cannot watch are left out (results.json "left_out"): the gradtrace-train emulation rows 1-3
+(a C++ binary with a guard of its own, held in tests/python/test_guard_train.py) and the real DeepSpeed row 14 (tools/repro/ds5248/run.py takes no mode).
 """
 
 import argparse
@@ -62,8 +62,8 @@ def guardable(case) -> bool:
     return case.reference not in TRAIN_RUNS and case.reference not in DS_RUNS
 
 
-LEFT_OUT_WHY = ("gradtrace-train (rows 1-3) is a C++ binary without the live guard, and tools/repro/ds5248/run.py "
-                "(row 14) takes no capture mode")
+LEFT_OUT_WHY = ("gradtrace-train (rows 1-3) is a C++ binary with a guard of its own "
+                "(tests/python/test_guard_train.py), and tools/repro/ds5248/run.py (row 14) takes no capture mode")
 
 
 def capture(traces: pathlib.Path, slow: bool, mode: str = "full") -> None:

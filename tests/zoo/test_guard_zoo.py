@@ -27,7 +27,8 @@ the guard is silent and --self says ok, while the A-vs-B diff of the same trace 
   loss-multiplier;
 - row 16 hf-34191-bug: mean per micro-batch / gas (recipe "local-mean"): A/B gas, token-normalisation.
 
-Left out: rows 1-3 (gradtrace-train, a C++ binary without the guard yet) and row 14 (real DeepSpeed ZeRO-3, slow);
+Left out: rows 1-3 (gradtrace-train: its own guard, tests/python/test_guard_train.py) and row 14 (real DeepSpeed
+ZeRO-3, slow);
 the #5248 configurations on real DeepSpeed run under the guard in tests/python/test_guard.py.
 
 Known guard defects, strict xfails (they turn red once fixed):
