@@ -14,7 +14,8 @@ gradtrace-train ($GRADTRACE_BUILD_DIR, default build/) and its Python package on
 the live guard ("full+guard", "stats+guard": a trace to diff is still needed) each run's entry gains
 "guard" (its violations from OUT/traces/<run>/rank-*.guard.jsonl), and the rows whose runs the guard
 cannot watch are left out (results.json "left_out"): the gradtrace-train emulation rows 1-3
-(a C++ binary with a guard of its own, held in tests/python/test_guard_train.py) and the real DeepSpeed row 14 (tools/repro/ds5248/run.py takes no mode).
+(a C++ binary with a guard of its own, held in tests/python/test_guard_train.py) and the real DeepSpeed row 14
+(tools/repro/ds5248/run.py takes no mode).
 """
 
 import argparse
