@@ -19,7 +19,9 @@
 #include <utility>
 #include <vector>
 
+#include "explain/reference_judge.h"
 #include "grad_sink.h"
+#include "load/trace_set.h"
 #include "process_groups.h"
 #include "recorder.h"
 #include "report/violations.h"
@@ -32,6 +34,7 @@ struct GuardOptions {
   int every = 1;                      // after the first kAlwaysChecked steps, every `every`-th step
   double timeout_s = 60;              // the exchange's gloo timeout (the group's)
   int sketch_k = 16;                  // positions per parameter, as the Python guard's SKETCH_K
+  std::string reference;              // a trusted run's trace: FINAL compared at each of its steps ("" none)
 };
 
 class GuardSink : public GradSink {
@@ -39,7 +42,8 @@ class GuardSink : public GradSink {
   static constexpr int64_t kAlwaysChecked = 4;  // the first steps are checked whatever `every` says
 
   // `exchange`: a gloo group of every rank, the guard's own (CreateGlooGroup); `inner` (may be null) gets every
-  // call as well: a trace written beside the guard (--capture stats+guard). Writes the attach event.
+  // call as well: a trace written beside the guard (--capture stats+guard). Writes the attach event. A reference
+  // that cannot be read is InvalidArgument naming it.
   static Expected<std::unique_ptr<GuardSink>> Open(const GuardOptions& options, const pb::RunInfo& run, int rank,
                                                    int world, NamedGroup exchange, GradSink* inner);
   ~GuardSink() override;
@@ -57,7 +61,10 @@ class GuardSink : public GradSink {
   bool Checking(int64_t step) const;
   Status BeginStep(int64_t step);
   Status EndStep(int64_t step);
+  bool Comparing(int64_t step) const;
   Expected<std::vector<diff::Violation>> GatherAndJudge(int64_t step, const std::string& mine);
+  Expected<std::vector<diff::Violation>> AgainstReference(int64_t step, const std::vector<std::string>& finals,
+                                                          const diff::Report& self, const diff::TraceSet& steps);
   Status Said(int64_t step, const std::vector<diff::Violation>& found);
   void Scope(const std::string& check, const std::string& why);
   void Disable(const std::string& why);
@@ -72,7 +79,10 @@ class GuardSink : public GradSink {
   std::string log_path_;
   std::ofstream log_;
   std::unique_ptr<Recorder> step_recorder_;
+  std::unique_ptr<Recorder> final_recorder_;  // FINAL in stats mode, for the reference's moments
   int64_t open_step_ = -1;
+  std::optional<diff::ReferenceRun> reference_;
+  std::optional<int64_t> left_reference_;  // the step this run first differed from the reference at
   std::optional<std::string> disabled_;
   std::set<std::pair<std::string, std::string>> said_;  // (check, message) said on stderr
   std::set<std::string> scoped_;

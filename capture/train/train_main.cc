@@ -310,10 +310,11 @@ int Run(const gc::TrainOptions& o, const gc::DistEnv& env) {
     go.on_violation = o.guard_on_violation;
     go.every = o.guard_every;
     go.timeout_s = o.guard_timeout_s;
+    go.reference = o.guard_reference;
     auto opened = gc::GuardSink::Open(go, run, env.rank, env.world, std::move(exchange), sink.get());
-    if (!opened.ok()) {
+    if (!opened.ok()) {  // a reference that cannot be read is bad input
       std::cerr << "gradtrace-train: rank " << env.rank << ": " << opened.status().message() << "\n";
-      return 1;
+      return opened.status().code() == gradtrace::Status::Code::kInvalidArgument ? 2 : 1;
     }
     guard = std::move(opened).value();
   }

@@ -92,6 +92,9 @@ void AddCaptureOptions(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"warn", "raise"}));
   app.add_option("--guard-every", o.guard_every, "after the first 4 steps the guard checks every k-th step")
       ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--guard-reference", o.guard_reference,
+                 "a trusted run's trace (stats suffice): at each step it recorded, this run's FINAL is compared with "
+                 "it as gradtrace-diff would");
   app.add_option("--guard-timeout", o.guard_timeout_s, "seconds the guard's exchange waits for a rank")
       ->check(CLI::Range(1.0, 86400.0));
   app.add_option("--capture-steps", o.capture_steps, "steps to capture, e.g. 0,2-4 (default: all)");
@@ -221,6 +224,8 @@ Status ValidateTrainOptions(const TrainOptions& o) {
     }
   }
   if (o.out.empty() && o.export_init.empty() && (!CaptureOff(o) || o.guard)) return bad("--out DIR is required");
+  if (!o.guard_reference.empty() && !o.guard)
+    return bad("--guard-reference needs the guard: --capture guard or MODE+guard");
   return Status::Ok();
 }
 

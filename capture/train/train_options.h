@@ -69,6 +69,7 @@ struct TrainOptions {
   std::string guard_on_violation = "warn";  // warn | raise (exit 1 at the violating step)
   int guard_every = 1;                      // after the first 4 steps, every k-th step
   double guard_timeout_s = 60;              // the guard's exchange waits this long for a rank
+  std::string guard_reference;              // a trusted run's trace: FINAL compared at each of its steps
 
   // Export: the initial parameters and every global batch of the run, for an
   // external run (tools/repro/ds5248/run.py --model gradtrace) to load. Without

@@ -22,8 +22,28 @@ Expected<ReferenceRun> ReferenceRun::Load(const std::string& dir) {
   return r;
 }
 
+Expected<std::map<std::string, Moments>> FinalMoments(const TraceSet& set, int64_t step) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < set.run().params_size(); ++id) ids.push_back(id);
+  Selection sel;
+  sel.step = step;
+  sel.phase = pb::FINAL;
+  std::vector<SideValues> values;
+  ReaderCache cache(0);
+  GT_RETURN_IF_ERROR(GatherParams(set, SelectFrames(set, sel), ids, Combine::kReplicas, &cache, &values));
+  std::map<std::string, Moments> out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const SideSummary s = Summarize(values[i]);
+    if (s.has_stats || s.complete()) {
+      out[set.run().params(ids[i]).name()] = s.has_stats ? values[i].moments : MomentsOf(values[i]);
+    }
+  }
+  return out;
+}
+
 Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int world,
-                                     const std::map<std::string, Moments>& mine, const Report* self) const {
+                                     const std::map<std::string, Moments>& mine, const Report* self,
+                                     const TraceSet* steps) const {
   const TraceSet& ref = *set_;
   std::vector<int32_t> ids;
   std::vector<const pb::ParamInfo*> infos;
@@ -44,6 +64,10 @@ Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int w
   report.a = SideOf(ref);
   report.b = SideOfRun(run, world);
   if (self != nullptr) report.b.reductions = EvidenceOfSelf(*self);
+  if (steps != nullptr) {  // both sides' losses, as the diff reads them, when this run's are known
+    StepLossAndTokens(ref, step, &report.a);
+    StepLossAndTokens(*steps, step, &report.b);
+  }
   report.tolerance = DefaultTolerance(ref.config(), run.config());
   const double rtol = report.tolerance.rtol;
   Verdict worst = Verdict::kMatch;

@@ -17,6 +17,11 @@
 
 namespace gradtrace::diff {
 
+// The moments of each parameter's whole FINAL at `step` in `set` (stats, or the moments of full values;
+// replicas read once), by name: a guard's own FINAL when it records it as a trace (gradtrace-train's,
+// capture/train/guard_sink.h). Parameters whose FINAL is not whole are left out.
+Expected<std::map<std::string, Moments>> FinalMoments(const TraceSet& set, int64_t step);
+
 class ReferenceRun {
  public:
   // The trace set at `dir` (one line naming it and what is wrong when it cannot be read).
@@ -30,8 +35,10 @@ class ReferenceRun {
   // moments of this run's whole FINAL gradient. Parameters of only one side are left out. `self`, when given:
   // this run's self report of the step (the guard's, explain/self_judge.h), made B's reduction evidence, so that
   // a factor is told from a loss multiple as the diff tells it.
+  // `steps`, when given: a set holding this run's StepInfo of the step (gradtrace-train's guard gathers one), whose
+  // losses and token counts are B's, as the diff reads each side's (evidence.h StepLossAndTokens).
   Expected<Report> Judge(int64_t step, const pb::RunInfo& run, int world, const std::map<std::string, Moments>& mine,
-                         const Report* self = nullptr) const;
+                         const Report* self = nullptr, const TraceSet* steps = nullptr) const;
 
  private:
   std::shared_ptr<const TraceSet> set_;

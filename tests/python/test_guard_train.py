@@ -169,3 +169,55 @@ def test_zoo_rows_1_to_3_under_the_guard(tmp_path):
                 assert (d.returncode, found) == (0, []), (name, rank, report["summary"], found)
             assert _summary(out, rank)["steps_checked"] == 1
         assert (len(_lines(p.stderr)) > 0) == name.endswith("-bug"), (name, p.stderr)
+
+
+def test_a_reference_run_is_compared_at_each_of_its_steps(tmp_path):
+    """--guard-reference: the zoo's reference (dp 1, sp 1) as a stats trace of 2 steps; the #5248 bug differs at
+    step 0 in gradtrace-diff's words (then the run has left the reference), the fixed run never differs."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    from cases import TRAIN_MODEL, TRAIN_RUNS
+
+    model = [a for a in TRAIN_MODEL]
+    model[model.index("--steps") + 1] = "2"
+    ref = tmp_path / "ref"
+    p = subprocess.run([str(TRAIN), *TRAIN_RUNS["train-ref"].split(), *model, "--out", str(ref), "--capture", "stats"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    model[model.index("--steps") + 1] = "3"
+    for name in ("train-5248-bug", "train-5248-ok"):
+        out = tmp_path / name
+        p = subprocess.run([str(TRAIN), *TRAIN_RUNS[name].split(), *model, "--out", str(out), "--capture",
+                            "full+guard", "--guard-reference", str(ref)], capture_output=True, text=True, timeout=240,
+                           env=dict(os.environ, TMPDIR=str(tmp_path)))
+        assert p.returncode == 0, p.stderr
+        for rank in (0, 1):
+            events = _events(out, rank)
+            assert events[0]["checks"][-1] == "reference" and events[0]["reference_steps"] == [0, 1]
+            against = [e for e in events if e["event"] == "violation" and e["check"] == "reference"]
+            scopes = [e["message"] for e in events if e["event"] == "scope" and e["check"] == "reference"]
+            if name.endswith("-ok"):
+                assert against == [], against
+                assert scopes == ["reference is not checked: the reference recorded FINAL at steps [0, 1]: later "
+                                  "steps are not compared"]
+                continue
+            (v,) = against
+            assert v["step"] == 0 and v["cause"] != ""
+            j = tmp_path / f"{name}.json"
+            subprocess.run([str(DIFF), str(ref), str(out), "--step", "0", "--json", str(j)], capture_output=True,
+                           timeout=120)
+            assert v["message"] == "against the reference run (A): " + json.loads(j.read_text())["groups"][0][
+                "explanation"]
+            assert v["message"].startswith("against the reference run (A): B/A = 2.000"), v["message"]
+            assert scopes == ["reference is not checked: the run differs from the reference at step 0: later steps "
+                              "start from other weights and are not compared"]
+
+
+def test_a_reference_that_cannot_be_read_is_bad_input(tmp_path):
+    p = _train(tmp_path / "g", "--capture", "guard", "--steps", "1", "--nproc", "1", "--dp", "1", "--guard-reference",
+               str(tmp_path / "nowhere"))
+    assert p.returncode == 2 and "--guard-reference: " in p.stderr and "nowhere" in p.stderr, p.stderr
+    p = _train(tmp_path / "g2", "--capture", "stats", "--steps", "1", "--nproc", "1", "--dp", "1",
+               "--guard-reference", str(tmp_path))
+    assert p.returncode == 2 and "--guard-reference needs the guard" in p.stderr, p.stderr
