@@ -7,10 +7,13 @@ releases from PyPI, each in its own environment over this interpreter (built in 
 - torchmetrics (wheels of ~0.5 MB; lightning-utilities resolved into each release's env): `--bisect 1.3.1
   1.4.1` names 1.4.0, whose CHANGELOG says "Fixed bug in computation of `ERGAS` metric (#2498)": the gradient
   through ERGAS is 1/ratio**2 = 1/16 of 1.3.x's, which gradtrace-diff measures as B/A = 0.0625;
+- torchmetrics `--transitions 1.0.0 1.6.0` with a script through ERGAS and SSIM (torchmetrics_two_changes.py)
+  names both changes, 1.4.0 (ERGAS 1/16) and 1.4.2 (SSIM), in 8 runs where a sweep runs 21; its JSON follows
+  result.schema.json and each transition's command reproduces it from the cache;
 - a second call runs nothing (the cache); bad input exits 2 with one line.
 
 The scripts (tests/python/versions_scripts/) capture with gradtrace.manual_adapter into GRADTRACE_OUT_DIR.
-Needs PyPI (the test downloads about 3 MB).
+Needs PyPI (the test downloads about 4 MB).
 """
 
 import json
@@ -19,6 +22,7 @@ import shlex
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 
 from conftest import BUILD, ROOT, deepspeed_env
@@ -191,3 +195,47 @@ def test_a_change_next_to_failed_releases_is_given_as_a_range():
     assert report.failed_between(res["rows"], "0.18.2", "0.18.5") == ["0.18.3", "0.18.4"]
     assert report.conclusion(res) == ("First release at which anything changed: **0.18.3, 0.18.4 or 0.18.5** (after "
                                       "0.18.2; 0.18.3 and 0.18.4 failed to run). Later changes: 0.19.2 -> 0.19.3.")
+
+
+# ---- --transitions on real releases: torchmetrics 1.0.0..1.6.0, two changes ----------------------------------
+
+@pytest.fixture(scope="module")
+def two_changes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("transitions")
+    args = ["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_two_changes.py"]
+    p = command(tmp, *args, "--transitions", "1.0.0", "1.6.0", "--json", tmp / "t.json", "--markdown", tmp / "t.md")
+    return tmp, args, p, json.loads((tmp / "t.json").read_text())
+
+
+def test_transitions_finds_both_torchmetrics_changes_in_fewer_runs_than_a_sweep(two_changes):
+    tmp, _, p, res = two_changes
+    assert p.returncode == 1, p.stderr[-3000:]  # changes found
+    t = res["transitions"]
+    assert [(c["before"], c["after"], c["failed_between"]) for c in t["changes"]] == [("1.3.2", "1.4.0", []),
+                                                                                      ("1.4.1", "1.4.2", [])]
+    # 21 published releases from 1.0.0 to 1.6.0 (PyPI, yanked ones left out); 8 run: the ends and 6 probes
+    assert (t["sweep_runs"], t["runs"], res["runs_executed"]) == (21, 8, 8)
+    assert t["failed"] == [] and t["not_compared"] == []
+    ergas, ssim = ({g["kind"]: g for g in c["groups"] if g["kind"] != "scale" or g["scale"] != 1.0}
+                   for c in t["changes"])
+    assert ergas["scale"]["scale"] == 0.0625 and set(ergas["scale"]["params"]) == {"ergas.weight", "ergas.bias"}
+    assert ergas["scale"]["cause"] == "unexplained"
+    assert set(ssim["mismatch"]["params"]) == {"ssim.weight", "ssim.bias"}
+    assert [u for u in t["unentered"]] == [["1.0.0", "1.3.1"], ["1.4.2", "1.6.0"]]
+    jsonschema.validate(res, json.loads((ROOT / "python" / "gradtrace" / "versions" / "result.schema.json").read_text()))
+    md = (tmp / "t.md").read_text()
+    assert "2 releases changed the gradients: **1.4.0** (after 1.3.2), **1.4.2** (after 1.4.1)." in md
+    assert "8 of the 21 releases run (a sweep runs 21)." in md
+    assert "| 1.4.0 | 1.3.2 | 0.0625 x2 (res 0.0e+00); 1.0000 = 1 x2 (res 0.0e+00) | unexplained |" in md
+    assert "## The transition 1.4.1 -> 1.4.2 (gradtrace-diff 1.4.1 1.4.2)" in md
+
+
+def test_a_transitions_reproduce_command_reproduces_it_from_the_cache(two_changes):
+    tmp, _, _, res = two_changes
+    second = res["transitions"]["changes"][1]
+    argv = shlex.split(second["command"])
+    assert argv[0] == "gradtrace-versions" and argv[-2:] == ["--releases", "1.4.1,1.4.2"]
+    p = command(tmp, *argv[1:], "--json", tmp / "r.json")  # the cache: nothing runs again
+    again = json.loads((tmp / "r.json").read_text())
+    assert p.returncode == 1 and again["runs_executed"] == 0
+    assert again["transition"]["from"] == "1.4.1" and again["transition"]["to"] == "1.4.2"

@@ -3,6 +3,7 @@ distribution: deepspeed, transformers, accelerate, torchmetrics, ...), capture e
 changed the gradients the optimizer receives.
 
     gradtrace-versions --package torchmetrics --script train.py --bisect 1.3.1 1.4.1
+    gradtrace-versions --package torchmetrics --script train.py --transitions 1.0.0 1.6.0 --markdown log.md
     gradtrace-versions --package pytorch-msssim --script train.py --releases 0.1.5,0.2.0,1.0.0 --markdown r.md
     gradtrace-versions --package deepspeed --config ds.json --model ds5248 --sp 2 --releases 0.11.1,0.11.2
     gradtrace-deepspeed-versions --config ds.json --script train.py --dp 2 --sp 1 --bisect 0.16.4 0.18.3
@@ -33,6 +34,14 @@ built in is found by itself; elsewhere give --checkout DIR.
 --bisect GOOD BAD: binary search over the published releases between GOOD and BAD (PyPI; yanked and
 pre-releases skipped, post releases kept) for the first release whose gradients differ from GOOD's; a release
 whose env or run fails is skipped as in `git bisect skip`. Only the visited releases' envs are built.
+
+--transitions GOOD BAD: every release whose gradients differ from the release before it, not only the first.
+Each range whose two ends differ is split at its middle until the change sits between two neighbours (about
+k x log2(n) runs for k changes in n releases, the cache reused); a range whose ends agree is not entered, so a
+change reverted inside it is not seen (the report lists those ranges). The report is a changelog of the
+gradients: per transition the release before and after (a range next to failed releases), the factor per
+parameter group, the diff's cause, and the command that reproduces it (--releases BEFORE,AFTER); then the runs
+made beside a sweep's count. The JSON follows gradtrace/versions/result.schema.json.
 
 Script contract (--script PATH): the command starts PATH once per rank with the release's interpreter, as
 `python PATH [--script-arg ...]`, with this environment:
@@ -71,6 +80,7 @@ import time
 from gradtrace.versions import bisection as bisect_mod
 from gradtrace.versions import cache as cache_mod
 from gradtrace.versions import envs, packages, releases, report
+from gradtrace.versions import transitions as transitions_mod
 from gradtrace.versions.study import BadInput, RunFailed, Study
 
 PROG = "gradtrace-versions"
@@ -104,6 +114,9 @@ def parse_args(argv, prog=PROG, package=None):
     which.add_argument("--releases", help="comma-separated releases, compared in the order given")
     which.add_argument("--from", dest="range_from", help="first release of a range (with --to)")
     which.add_argument("--bisect", nargs=2, metavar=("GOOD", "BAD"), help="find the first bad release")
+    which.add_argument("--transitions", nargs=2, metavar=("GOOD", "BAD"),
+                       help="find every release whose gradients differ from the release before it, splitting "
+                            "each range whose ends differ (about k x log2(n) runs for k changes in n releases)")
     ap.add_argument("--to", dest="range_to", help="last release of a range (with --from)")
     ap.add_argument("--release-list", help="comma-separated release list used for --from/--to and --bisect "
                                            "instead of PyPI's published releases")
@@ -290,6 +303,68 @@ def run_bisect(study, good, bad, universe):
     return result, 0 if found["first_bad"] else 1
 
 
+def ends_that_run(study, cands):
+    """GOOD and BAD as given, or the nearest releases inward that run (a GOOD before the entry point's API existed,
+    a BAD that fails): (runs by release, the candidates left, the releases that did not run at either end)."""
+    runs, unrunnable = {}, []
+    for end, label in ((0, "GOOD"), (-1, "BAD")):
+        while True:
+            r = study.capture(cands[end], study.layout, study.cfg, label)
+            runs[cands[end]] = r
+            if r["status"] == "ok":
+                break
+            unrunnable.append(cands.pop(end))
+            if len(cands) < 2:
+                raise RunFailed(f"fewer than two releases in the range ran: {r.get('error')}")
+            print(f"transitions: {label} {r['release']} did not run; trying {cands[end]}", file=sys.stderr, flush=True)
+    return runs, cands, sorted(unrunnable, key=releases.version_key)
+
+
+def run_transitions(study, good, bad, universe, reproduce):
+    """--transitions GOOD BAD: every change (transitions.find), each with its factors, causes and the command that
+    reproduces it (`reproduce(releases)`), the runs made and the sweep's count beside them."""
+    cands = releases.between(universe, good, bad)
+    cands = sorted(set(cands) | {good, bad}, key=releases.version_key)
+    n = len(cands)
+    print(f"transitions: {n} releases from {good} to {bad} (a sweep runs {n}); each range whose ends differ is split",
+          file=sys.stderr, flush=True)
+    runs, cands, unrunnable = ends_that_run(study, cands)
+    step = [0]
+
+    def ran(rel):
+        step[0] += 1
+        print(f"[probe {step[0]}] {study.package} {rel}", file=sys.stderr, flush=True)
+        runs[rel] = study.capture(rel, study.layout, study.cfg, f"[probe {step[0]}]")
+        return runs[rel]["status"] == "ok"
+
+    def compare(a, b):
+        cmp = study.compare(runs[a], runs[b])
+        return "not-compared" if cmp.get("error") else "same" if cmp["verdict"] == "match" else "changed"
+
+    found = transitions_mod.find(cands, ran, compare)
+    ref, desc = study.reference([cands[0], cands[-1]])
+    rows, prev = [], None
+    for rel in sorted(runs, key=releases.version_key):
+        rows.append(row_of(runs[rel], ref, study, prev))
+        if runs[rel]["status"] == "ok":
+            prev = runs[rel]
+    changes = []
+    for a, b, between in found["changes"]:
+        cmp = study.compare(runs[a], runs[b], markdown=True)
+        changes.append({"before": a, "after": b, "failed_between": between, "verdict": cmp["verdict"],
+                        "summary": cmp["summary"], "groups": cmp["groups"], "report": cmp["report"],
+                        "markdown": cmp.get("markdown"), "command": reproduce([a, *between, b])})
+    result = {"rows": rows, "reference": desc, "transitions": {
+        "good": cands[0], "bad": cands[-1], "candidates": cands, "unrunnable_ends": unrunnable,
+        "changes": changes,
+        "not_compared": [{"before": a, "after": b, "failed_between": f, "command": reproduce([a, *f, b])}
+                         for a, b, f in found["not_compared"]],
+        "unentered": [list(p) for p in found["unentered"]], "failed": found["failed"],
+        "runs": len(runs), "sweep_runs": n}}
+    rc = 1 if changes or found["not_compared"] or found["failed"] or unrunnable else 0
+    return result, rc
+
+
 def main(argv=None, prog=PROG, package=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog, package)
@@ -305,6 +380,12 @@ def main(argv=None, prog=PROG, package=None):
             if releases.version_key(good) >= releases.version_key(bad):
                 raise BadInput(f"--bisect {good} {bad}: GOOD must be older than BAD")
             result, rc = run_bisect(study, good, bad, release_universe(args))
+        elif args.transitions:
+            good, bad = (check_release(v, "--transitions") for v in args.transitions)
+            if releases.version_key(good) >= releases.version_key(bad):
+                raise BadInput(f"--transitions {good} {bad}: GOOD must be older than BAD")
+            result, rc = run_transitions(study, good, bad, release_universe(args),
+                                         lambda rels: reproduce_command(prog, argv, rels))
         else:
             if args.releases is not None:  # given, even as '' (issue 42: a traceback before)
                 todo = [check_release(v.strip(), "--releases") for v in args.releases.split(",") if v.strip()]
@@ -337,6 +418,9 @@ def main(argv=None, prog=PROG, package=None):
     print(report.text_table(result["rows"], report.against(result)))
     print()
     print(report.conclusion(result).replace("**", ""))
+    if result.get("transitions"):
+        print()
+        print(report.changelog_text(result["transitions"]))
     tr = result.get("transition")
     if tr and tr.get("markdown"):
         print(f"\ngradtrace-diff {tr['from']} {tr['to']}:\n{tr['markdown'].rstrip()}")
@@ -348,6 +432,22 @@ def main(argv=None, prog=PROG, package=None):
           f"({sum(1 for r in result['rows'] if r.get('cached'))} rows from the cache), "
           f"{time.time() - t0:.0f} s", file=sys.stderr)
     return rc
+
+
+def reproduce_command(prog, argv, rels) -> str:
+    """This command with --transitions GOOD BAD replaced by --releases R1,R2,... (the transition's releases) and
+    without its output files: what reproduces one transition."""
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+        elif a == "--transitions":
+            skip = 2
+        elif a in ("--json", "--markdown"):
+            skip = 1
+        elif not a.startswith(("--json=", "--markdown=", "--transitions=")):
+            out.append(a)
+    return f"{prog} " + " ".join(shlex.quote(a) for a in [*out, "--releases", ",".join(rels)])
 
 
 def alias_main(argv=None, prog=None):

@@ -123,8 +123,72 @@ def md_table(rows, versus: str = "vs previous") -> str:
     return "\n".join(out)
 
 
+def _range(before, after, failed) -> str:
+    """``1.4.0`` or, next to failed releases, ``1.3.3, 1.3.4 or 1.4.0``: the release that brought a change."""
+    names = [md_text(x) for x in [*failed, after]]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def causes_text(groups) -> str:
+    """The diff's causes of a transition's groups (those that differ: a matching group's cause is "none"), once
+    each."""
+    seen = []
+    for g in groups:
+        c = g.get("cause") or ("" if g["kind"] == "match" else g["kind"])
+        if c and c != "none" and c not in seen:
+            seen.append(c)
+    return ", ".join(seen) or "-"
+
+
+def changelog_rows(t) -> list:
+    """One row per change of a --transitions result: [release, after, scale per group, causes, reproduce]."""
+    out = []
+    for c in t["changes"]:
+        failed = c.get("failed_between") or []
+        out.append([_range(c["before"], c["after"], failed), c["before"], groups_text(c), causes_text(c["groups"]),
+                    c["command"]])
+    return out
+
+
+def changelog_text(t) -> str:
+    """The changelog of the gradients as a text table, then what was run and what could not be seen."""
+    head = ["changed in", "after", "B/A per group (vs the release before)", "cause", "reproduce"]
+    body = changelog_rows(t)
+    lines = [f"Changelog of the gradients, {t['good']} to {t['bad']}:"]
+    if body:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+        line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        lines += [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    else:
+        lines.append("no release changed the gradients measurably")
+    return "\n".join(lines + [runs_text(t)]).replace("**", "")
+
+
+def runs_text(t) -> str:
+    """The runs made against a sweep's, the failed and not-compared releases, and the blind spot."""
+    out = [f"{t['runs']} of the {t['sweep_runs']} releases run (a sweep runs {t['sweep_runs']})."]
+    if t.get("failed") or t.get("unrunnable_ends"):
+        out.append("Failed to run: " + ", ".join(md_text(x) for x in [*t.get("unrunnable_ends", []), *t["failed"]])
+                   + " (never counted as changes).")
+    for n in t.get("not_compared", []):
+        out.append(f"Not compared (the diff refused the pair, nothing measured): {md_text(n['before'])} -> "
+                   f"{md_text(n['after'])}.")
+    if t.get("unentered"):
+        out.append("Not seen: a change that a later release reverts inside a range whose ends agree; ranges judged by "
+                   "their ends alone: " + ", ".join(f"{md_text(a)}..{md_text(b)}" for a, b in t["unentered"]) + ".")
+    return " ".join(out)
+
+
 def conclusion(result) -> str:
-    """One or two sentences: the first change (or the bisect's answer)."""
+    """One or two sentences: the first change (or the bisect's answer, or every transition)."""
+    t = result.get("transitions")
+    if t:
+        cs = t["changes"]
+        if not cs:
+            return f"No release from {md_text(t['good'])} to {md_text(t['bad'])} changed the gradients measurably."
+        said = ", ".join(f"**{_range(c['before'], c['after'], c.get('failed_between') or [])}** (after "
+                         f"{md_text(c['before'])})" for c in cs)
+        return f"{len(cs)} release{'s' * (len(cs) != 1)} changed the gradients: {said}."
     b = result.get("bisect")
     if b:
         if b.get("first_bad"):
@@ -172,6 +236,18 @@ def markdown(result) -> str:
         lines += [f"{a.get('config_title') or 'Config'}:", "", fence + "json",
                   json.dumps(a["config"], indent=2), fence, ""]
     lines += ["## Results", "", md_table(result["rows"], against(result)), "", conclusion(result), ""]
+    t = result.get("transitions")
+    if t:
+        head = ["changed in", "after", "B/A per group (vs the release before)", "cause", "reproduce"]
+        lines += ["## Changelog of the gradients", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join([*(md_text(x) for x in r[:4]), f"`{r[4].replace('`', chr(39))}`"]) + " |"
+                  for r in changelog_rows(t)]
+        lines += ["", runs_text(t), ""]
+        for c in t["changes"]:
+            if c.get("markdown"):
+                lines += [f"## The transition {md_text(c['before'])} -> {md_text(c['after'])} "
+                          f"(gradtrace-diff {md_text(c['before'])} {md_text(c['after'])})", "",
+                          c["markdown"].rstrip(), ""]
     tr = result.get("transition")
     if tr and tr.get("markdown"):
         lines += [f"## The transition {md_text(tr['from'])} -> {md_text(tr['to'])} "

@@ -203,7 +203,8 @@ def diff(a: pathlib.Path, b: pathlib.Path, json_path: pathlib.Path, markdown_pat
 
 
 def scale_groups(report: dict) -> list:
-    """The report's groups as table cells: kind, scale, count, expression and the worst residual in it."""
+    """The report's groups as table cells: kind, scale, count, expression, the worst residual in it, its
+    parameters, and the diff's cause and sentence."""
     if "error" in report:
         return []
     resid = {p["name"]: p.get("residual") for p in report.get("params", [])}
@@ -212,7 +213,8 @@ def scale_groups(report: dict) -> list:
         rs = [resid.get(n) for n in g.get("params", []) if resid.get(n) is not None]
         out.append({"kind": g["kind"], "scale": g.get("scale"), "count": g.get("count"),
                     "expression": g.get("expression", ""), "residual": max(rs) if rs else None,
-                    "params": g.get("params", [])})
+                    "params": g.get("params", []), "cause": g.get("cause", ""),
+                    "explanation": g.get("explanation", "")})
     return out
 
 
