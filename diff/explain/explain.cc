@@ -8,6 +8,7 @@
 #include <set>
 
 #include "cause.h"
+#include "explain/localise.h"
 #include "factor_finding.h"
 
 namespace gradtrace::diff {
@@ -264,6 +265,8 @@ void AddProblemGroups(const std::vector<ParamResult>& params, const TraceSide& a
       g.dimension = f.dimension;
       g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)" +
                       FindingWords(f, f.side == "A" ? a : b);
+      g.localisation = LocateMismatch(params);  // `params` in the model's order (the alignment's)
+      if (g.localisation) g.explanation += LocalisationWords(*g.localisation);
     }
     if (v == Verdict::kMissing) g.explanation = n + " could not be compared (absent, shape differs, or incomplete)";
     if (v == Verdict::kNonfinite) g.explanation = n + " hold NaN or Inf";

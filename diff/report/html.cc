@@ -140,7 +140,17 @@ std::string AggregatedMarks(const std::vector<Point>& pts, bool self, const X& x
   return s;
 }
 
-std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
+// The ring and label that mark where a mismatch enters the model (Group::localisation) on its parameter's mark.
+std::string BoundaryMark(double cx, double cy, const Localisation& where) {
+  return "<circle class=\"boundary\" cx=\"" + F(cx) + "\" cy=\"" + F(cy) +
+         "\" r=\"10\" fill=\"none\" stroke=\"#6a1b9a\" stroke-width=\"2\"><title>differences enter at " +
+         Esc(where.module) + "</title></circle>\n<text class=\"boundary\" x=\"" + F(cx) + "\" y=\"" + F(cy - 14) +
+         "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#6a1b9a\">enters at " +
+         Esc(ShortName(where.module, kNameBytes)) + "</text>\n";
+}
+
+std::string Chart(const std::vector<Point>& pts, double rtol, bool self,
+                  const std::optional<Localisation>& boundary = std::nullopt) {
   // bottom: room for the parameter names under the axis (rotated, at most kMaxTicks of them).
   const double W = 960, H = 650, left = 84, right = 20, top = 30, mid = 270, gap = 40, bottom = 166;
   const double ph1 = mid - top, ph2 = H - bottom - (mid + gap);
@@ -214,6 +224,9 @@ std::string Chart(const std::vector<Point>& pts, double rtol, bool self) {
     } else {
       s += "<rect class=\"mark scale nan\" data-param=\"" + name + "\" x=\"" + F(x(i) - 4) + "\" y=\"" + F(mid - 8) +
            "\" width=\"8\" height=\"8\" fill=\"" + colour + "\">" + title + "</rect>\n";
+    }
+    if (boundary && p.name == boundary->param) {
+      s += BoundaryMark(x(i), Plottable(p.scale) ? ys(p.scale) : mid - 4, *boundary);
     }
     double r = std::isfinite(p.residual) ? p.residual : 1.0;
     s += "<rect class=\"mark residual\" data-param=\"" + name + "\" x=\"" + F(x(i) - 3) + "\" y=\"" + F(yr(r) - 3) +
@@ -414,7 +427,11 @@ std::string RenderHtml(const Report& r, size_t top) {
   const bool self = r.mode == "self";
   const ShownRows shown = RowsForPeople(r, top, kHtmlRows);
   std::string h = PageHead(r, self);
-  h += Chart(ChartPoints(r), r.tolerance.rtol, self);
+  std::optional<Localisation> boundary;  // where a mismatch enters the model, ringed on its parameter's mark
+  for (const Group& g : r.groups) {
+    if (g.localisation) boundary = g.localisation;
+  }
+  h += Chart(ChartPoints(r), r.tolerance.rtol, self, boundary);
   if (!r.bucket_view.empty()) h += BucketViewHeading() + BucketView(r.bucket_view, "bucket-view");
   if (!self) h += SideBucketViews(r);
   h += GroupsTable(r, self);

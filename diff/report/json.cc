@@ -58,6 +58,19 @@ Json GroupJson(const Group& g) {
                                {"rerun_predicts", c.rerun_predicts ? NumberOrNull(*c.rerun_predicts) : Json(nullptr)}});
   }
   j["rerun"] = g.rerun;
+  if (g.localisation) {
+    const Localisation& w = *g.localisation;
+    j["localisation"] = {{"module", w.module},
+                         {"within", w.within},
+                         {"param", w.param},
+                         {"differ_module", w.differ_module},
+                         {"differ_within", w.differ_within},
+                         {"agree_within", w.agree_within},
+                         {"differ", w.differ},
+                         {"agree", w.agree}};
+  } else {
+    j["localisation"] = nullptr;
+  }
   return j;
 }
 

@@ -16,7 +16,7 @@
 namespace gradtrace::diff {
 
 // The report JSON's schema_version (REPORT_SCHEMA.md: minor adds fields).
-inline constexpr char kReportSchemaVersion[] = "1.8";
+inline constexpr char kReportSchemaVersion[] = "1.9";
 
 // diff(1) convention: 0 no differences, 1 differences found; 3 the runs'
 // setup differs (different initial weights or data: not a gradient verdict).
@@ -50,6 +50,19 @@ struct CandidateCause {
   std::optional<double> rerun_predicts;  // the B/A it predicts after the group's rerun
 };
 
+// Where a mismatch enters the model (since schema 1.9; explain/localise.h): the deepest module whose parameters
+// both differ and agree with A, and its child that differs.
+struct Localisation {
+  std::string module;     // where the difference enters: the differing child of `within`
+  std::string within;     // the deepest module holding both differing and agreeing parameters
+  std::string param;      // the last differing parameter of `module` in the model's recorded order
+  int differ_module = 0;  // parameters of `module` that differ (1 when `module` is the parameter itself)
+  int differ_within = 0;  // parameters of `within` that differ (those of `module` among them)
+  int agree_within = 0;   // parameters of `within` that agree with A (no mismatch)
+  int differ = 0;         // in the whole model
+  int agree = 0;
+};
+
 // Parameters sharing a scale factor (or a problem), and what explains it.
 struct Group {
   std::string kind;             // "scale", "mismatch", "missing", "nonfinite"
@@ -69,6 +82,7 @@ struct Group {
   // several, else the one left and those they rule out); empty otherwise.
   std::vector<CandidateCause> candidates;
   std::string rerun;  // cause "ambiguous": the rerun that would tell the candidates left apart; "" otherwise
+  std::optional<Localisation> localisation;  // kind "mismatch": where it enters, when a parameter after it agrees
 };
 
 // A problem that is not one parameter's verdict: truncated file, replicas disagreeing.

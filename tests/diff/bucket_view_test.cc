@@ -25,7 +25,7 @@ Report Self(const std::string& dir) {
   return r.ok() ? std::move(*r) : Report{};
 }
 
-int Count(const std::string& hay, const std::string& needle) {
+int Occurrences(const std::string& hay, const std::string& needle) {
   int n = 0;
   for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + needle.size())) ++n;
   return n;
@@ -63,9 +63,9 @@ TEST(BucketView, OneCellPerRankAndBucketWithTheGroupSizeAsDivisor) {
   EXPECT_EQ(j["bucket_view"][0]["divisor"].get<double>(), r.bucket_view[0].divisor);
   EXPECT_EQ(j["bucket_view"][0]["verdict"], "ok");
   std::string h = RenderHtml(r);
-  EXPECT_EQ(Count(h, "<table id=\"bucket-view\">"), 1);
-  EXPECT_EQ(Count(h, "class=\"cell\""), static_cast<int>(r.bucket_view.size()));
-  EXPECT_EQ(Count(h, "data-verdict=\"ok\""), static_cast<int>(r.bucket_view.size()));
+  EXPECT_EQ(Occurrences(h, "<table id=\"bucket-view\">"), 1);
+  EXPECT_EQ(Occurrences(h, "class=\"cell\""), static_cast<int>(r.bucket_view.size()));
+  EXPECT_EQ(Occurrences(h, "data-verdict=\"ok\""), static_cast<int>(r.bucket_view.size()));
   EXPECT_NE(h.find("<span class=\"post\">" + FormatNumber(r.bucket_view[0].post_norm, 5) + "</span>"),
             std::string::npos);
 }
@@ -77,7 +77,7 @@ TEST(BucketView, ZeroPartitionsAreJudgedPerReduction) {
     EXPECT_NEAR(c.divisor, 2.0, 1e-4);  // dp only, where the group of 4 needs 4 (#5248)
     EXPECT_EQ(c.verdict, SelfVerdict::kWrongDivisor);
   }
-  EXPECT_EQ(Count(RenderHtml(r), "data-verdict=\"wrong-divisor\""), static_cast<int>(r.bucket_view.size()));
+  EXPECT_EQ(Occurrences(RenderHtml(r), "data-verdict=\"wrong-divisor\""), static_cast<int>(r.bucket_view.size()));
 }
 
 TEST(BucketView, MicroStepsWhoseFinalIsTheirSumDoNotAccumulate) {
@@ -144,13 +144,13 @@ TEST(BucketView, ATwoSetDiffCarriesEachSidesCells) {
     }
   }
   const std::string h = RenderHtml(*r);
-  EXPECT_EQ(Count(h, "<table id=\"bucket-view-a\">"), 1);
-  EXPECT_EQ(Count(h, "<table id=\"bucket-view-b\">"), 1);
-  EXPECT_EQ(Count(h, "<table id=\"bucket-view\">"), 0);
-  EXPECT_EQ(Count(h, "class=\"cell\""), static_cast<int>(r->a.bucket_view.size() + r->b.bucket_view.size()));
-  EXPECT_EQ(Count(h, "data-verdict=\"wrong-divisor\""), static_cast<int>(r->b.bucket_view.size()));
-  EXPECT_EQ(Count(h, "<h3 class=\"side\">A (reference)"), 1);
-  EXPECT_EQ(Count(h, "<h3 class=\"side\">B"), 1);
+  EXPECT_EQ(Occurrences(h, "<table id=\"bucket-view-a\">"), 1);
+  EXPECT_EQ(Occurrences(h, "<table id=\"bucket-view-b\">"), 1);
+  EXPECT_EQ(Occurrences(h, "<table id=\"bucket-view\">"), 0);
+  EXPECT_EQ(Occurrences(h, "class=\"cell\""), static_cast<int>(r->a.bucket_view.size() + r->b.bucket_view.size()));
+  EXPECT_EQ(Occurrences(h, "data-verdict=\"wrong-divisor\""), static_cast<int>(r->b.bucket_view.size()));
+  EXPECT_EQ(Occurrences(h, "<h3 class=\"side\">A (reference)"), 1);
+  EXPECT_EQ(Occurrences(h, "<h3 class=\"side\">B"), 1);
   EXPECT_NE(h.find("ds-4530"), std::string::npos);
 }
 
@@ -178,8 +178,8 @@ TEST(BucketView, ASideWithoutReductionsHasNoView) {
   EXPECT_TRUE(r->a.bucket_view.empty());
   EXPECT_FALSE(r->b.bucket_view.empty());
   const std::string h = RenderHtml(*r);
-  EXPECT_EQ(Count(h, "bucket-view-a"), 0);
-  EXPECT_EQ(Count(h, "<table id=\"bucket-view-b\">"), 1);
+  EXPECT_EQ(Occurrences(h, "bucket-view-a"), 0);
+  EXPECT_EQ(Occurrences(h, "<table id=\"bucket-view-b\">"), 1);
 }
 
 TEST(BucketView, FinishCellJudgesOneReduction) {

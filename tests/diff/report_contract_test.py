@@ -48,13 +48,15 @@ def outputs():
              "sp4": ["--dp", "2", "--sp", "4", "--zero-stage", "2", "--scaling", "ds-4530", "--loss", "local-mean",
                      "--steps", "2"],
              "norm": ["--reported-grad-norm", "1.5", "--steps", "2"], "bad": ["--dp", "2", "--scramble", "head.weight"],
-             "amb": ["--dp", "2", "--gas", "2", "--loss-multiplier", "2"]}
+             "amb": ["--dp", "2", "--gas", "2", "--loss-multiplier", "2"],
+             "loc": ["--dp", "2", "--scramble", "layers.0.mlp.fc2.weight"]}
     for name, args in synth.items():
         run(SYNTH, w / name, *args, expect={0})
     run(DIFF, w / "ref", w / "sp2", "--json", w / "diff.json", "--html", w / "diff.html", expect={1})
     run(DIFF, "--self", w / "sp4", "--json", w / "self.json", expect={0, 1})
     run(DIFF, w / "ref", w / "norm", "--json", w / "norm.json", expect={0, 1})
     run(DIFF, w / "ref", w / "amb", "--json", w / "amb.json", expect={1})  # dp = gas: candidates and a rerun
+    run(DIFF, w / "ref", w / "loc", "--json", w / "loc.json", expect={1})  # a mismatch inside: its localisation
     run(DIFF, w / "ref", w / "bad", "--noise", w / "ref2", "--json", w / "noise.json", expect={1})
     run(DIFF, w / "norm", w / "norm", "--step", "all", "--json", w / "steps.json", expect={0})
     run(DIFF, "--self", w / "sp4", "--step", "all", "--json", w / "self-steps.json", expect={0, 1})
@@ -64,7 +66,7 @@ def outputs():
     run(DIFF, "--merge", w / "part-0.json", w / "part-1.json", "--json", w / "merged.json", expect={1})
     load = lambda f: (f, json.loads((w / f).read_text()))
     return {"report": [load(f) for f in ("diff.json", "self.json", "norm.json", "noise.json", "merged.json",
-                                         "amb.json")],
+                                         "amb.json", "loc.json")],
             "steps": [load("steps.json"), load("self-steps.json")],
             "partial": [load("part-0.json"), load("part-1.json")]}
 
@@ -192,6 +194,7 @@ DOCUMENTED = {
     "report.schema.json#/$defs/param": ("`params[]`", ("table", 0)),
     "report.schema.json#/$defs/group": ("`groups[]`", ("prose",)),
     "report.schema.json#/$defs/candidate_cause": ("`groups[]`", ("row", "candidates")),
+    "report.schema.json#/$defs/localisation": ("`groups[]`", ("row", "localisation")),
     "report.schema.json#/$defs/self_param": ("`self_params[]`", ("prose",)),
     "report.schema.json#/$defs/bucket_cell": ("Per-rank x per-bucket view", ("table", 0)),
     "steps.schema.json#": ("Every step", ("table", 0)),
