@@ -8,7 +8,7 @@ releases from PyPI, each in its own environment over this interpreter (built in 
   1.4.1` names 1.4.0, whose CHANGELOG says "Fixed bug in computation of `ERGAS` metric (#2498)": the gradient
   through ERGAS is 1/ratio**2 = 1/16 of 1.3.x's, which gradtrace-diff measures as B/A = 0.0625;
 - torchmetrics `--transitions 1.0.0 1.6.0` with a script through ERGAS and SSIM (torchmetrics_two_changes.py)
-  names both changes, 1.4.0 (ERGAS 1/16) and 1.4.2 (SSIM), in 8 runs where a sweep runs 21; its JSON follows
+  names both changes, 1.4.0 (ERGAS 1/16) and 1.4.2 (SSIM), in 10 runs where a sweep runs 21; its JSON follows
   result.schema.json and each transition's command reproduces it from the cache;
 - a second call runs nothing (the cache); bad input exits 2 with one line.
 
@@ -213,19 +213,22 @@ def test_transitions_finds_both_torchmetrics_changes_in_fewer_runs_than_a_sweep(
     t = res["transitions"]
     assert [(c["before"], c["after"], c["failed_between"]) for c in t["changes"]] == [("1.3.2", "1.4.0", []),
                                                                                       ("1.4.1", "1.4.2", [])]
-    # 21 published releases from 1.0.0 to 1.6.0 (PyPI, yanked ones left out); 8 run: the ends and 6 probes
-    assert (t["sweep_runs"], t["runs"], res["runs_executed"]) == (21, 8, 8)
+    # 21 published releases from 1.0.0 to 1.6.0 (PyPI, yanked ones left out); 10 run: the ends, 4 on the grid of
+    # every 4th release, 4 splitting the two segments whose ends differ
+    assert (t["sweep_runs"], t["runs"], res["runs_executed"], t["every"]) == (21, 10, 10, 4)
     assert t["failed"] == [] and t["not_compared"] == []
     ergas, ssim = ({g["kind"]: g for g in c["groups"] if g["kind"] != "scale" or g["scale"] != 1.0}
                    for c in t["changes"])
     assert ergas["scale"]["scale"] == 0.0625 and set(ergas["scale"]["params"]) == {"ergas.weight", "ergas.bias"}
     assert ergas["scale"]["cause"] == "unexplained"
     assert set(ssim["mismatch"]["params"]) == {"ssim.weight", "ssim.bias"}
-    assert [u for u in t["unentered"]] == [["1.0.0", "1.3.1"], ["1.4.2", "1.6.0"]]
+    assert t["unentered"] == [["1.0.0", "1.1.0"], ["1.1.0", "1.2.1"], ["1.2.1", "1.3.1"], ["1.4.0", "1.4.1"],
+                              ["1.4.3", "1.6.0"]]
     jsonschema.validate(res, json.loads((ROOT / "python" / "gradtrace" / "versions" / "result.schema.json").read_text()))
     md = (tmp / "t.md").read_text()
     assert "2 releases changed the gradients: **1.4.0** (after 1.3.2), **1.4.2** (after 1.4.1)." in md
-    assert "8 of the 21 releases run (a sweep runs 21)." in md
+    assert "10 of the 21 releases run (a sweep runs 21); probed every 4 releases, then each range whose ends " \
+           "differ split." in md
     assert "| 1.4.0 | 1.3.2 | 0.0625 x2 (res 0.0e+00); 1.0000 = 1 x2 (res 0.0e+00) | unexplained |" in md
     assert "## The transition 1.4.1 -> 1.4.2 (gradtrace-diff 1.4.1 1.4.2)" in md
 

@@ -45,8 +45,8 @@ def test_every_change_is_found_in_about_k_log_n_runs():
     found, ran = search(rels, level)
     assert [(a, b, f) for a, b, f in found["changes"]] == [("1.10.0", "1.11.0", []), ("1.11.0", "1.12.0", []),
                                                            ("1.39.0", "1.40.0", []), ("1.62.0", "1.63.0", [])]
-    assert len(found["probed"]) == len(ran) + 2 == 19  # the ends, then 17 probes: 4 changes x about log2(64)
-    assert len(found["probed"]) < len(rels) // 3
+    # the ends, 15 grid probes (every 4th), 6 splitting the 4 changes' segments: 23 of the sweep's 64
+    assert len(found["probed"]) == len(ran) + 2 == 23
     assert found["failed"] == [] and found["not_compared"] == []
     # the ranges the search did not enter (ends equal): where a reverted change would hide
     assert found["unentered"] and all(level(a) == level(b) for a, b in found["unentered"])
@@ -59,17 +59,24 @@ def test_a_change_next_to_failed_releases_is_a_range_and_never_a_change_of_its_o
     assert found["failed"] == ["1.3.0", "1.4.0"]
 
 
-def test_a_change_reverted_inside_a_range_whose_ends_agree_is_not_seen_and_said():
+def test_a_change_reverted_a_few_releases_later_is_found_by_the_grid():
+    rels = line(9)  # grid: 1.0.0, 1.4.0, 1.8.0
+    found, _ = search(rels, lambda r: r in ("1.3.0", "1.4.0"))  # changed at 1.3.0, undone at 1.5.0
+    assert [c[:2] for c in found["changes"]] == [("1.2.0", "1.3.0"), ("1.4.0", "1.5.0")]
+
+
+def test_a_change_undone_between_two_probes_is_not_seen_and_said():
     rels = line(9)
-    found, _ = search(rels, lambda r: r in ("1.3.0", "1.4.0"))  # changed at 1.3.0, reverted at 1.5.0
-    assert found["changes"] == [] and found["unentered"] == [("1.0.0", "1.8.0")]
-    t = {"good": "1.0.0", "bad": "1.8.0", "changes": [], "runs": 2, "sweep_runs": 9, "failed": [],
+    found, _ = search(rels, lambda r: r == "1.2.0")  # lives one release, between the probes 1.0.0 and 1.4.0
+    assert found["changes"] == [] and found["unentered"] == [("1.0.0", "1.4.0"), ("1.4.0", "1.8.0")]
+    t = {"good": "1.0.0", "bad": "1.8.0", "changes": [], "runs": 3, "sweep_runs": 9, "every": 4, "failed": [],
          "not_compared": [], "unentered": [list(p) for p in found["unentered"]]}
     text = report.changelog_text(t)
     assert "no release changed the gradients measurably" in text
-    assert "2 of the 9 releases run (a sweep runs 9)." in text
+    assert "3 of the 9 releases run (a sweep runs 9); probed every 4 releases, then each range whose ends differ " \
+           "split." in text
     assert "Not seen: a change that a later release reverts inside a range whose ends agree; ranges judged by " \
-           "their ends alone: 1.0.0..1.8.0." in text
+           "their ends alone: 1.0.0..1.4.0, 1.4.0..1.8.0." in text
 
 
 def test_a_pair_the_diff_refuses_is_not_compared():
@@ -82,6 +89,7 @@ def test_the_changelog_and_markdown_of_a_result():
     groups = [{"kind": "scale", "scale": 0.0625, "count": 2, "expression": "", "residual": 1e-15, "params": ["w", "b"],
                "cause": "unexplained", "explanation": "B/A = 0.0625"}]
     t = {"good": "1.0.0", "bad": "1.8.0", "candidates": line(9), "unrunnable_ends": [], "runs": 7, "sweep_runs": 9,
+         "every": 4,
          "failed": ["1.3.0"], "not_compared": [], "unentered": [["1.4.0", "1.8.0"]],
          "changes": [{"before": "1.2.0", "after": "1.4.0", "failed_between": ["1.3.0"], "verdict": "scaled",
                       "summary": "B is 0.0625 x A", "groups": groups, "report": "r.json", "markdown": "# diff\n",
@@ -95,7 +103,8 @@ def test_the_changelog_and_markdown_of_a_result():
     assert report.conclusion(result) == "1 release changed the gradients: **1.3.0 or 1.4.0** (after 1.2.0)."
     text = report.changelog_text(t)
     assert "1.3.0 or 1.4.0  1.2.0  0.0625 x2 (res 1.0e-15)" in text and "unexplained" in text
-    assert "7 of the 9 releases run (a sweep runs 9). Failed to run: 1.3.0 (never counted as changes)." in text
+    assert "7 of the 9 releases run (a sweep runs 9); probed every 4 releases, then each range whose ends differ " \
+           "split. Failed to run: 1.3.0 (never counted as changes)." in text
     md = report.markdown(result)
     assert "## Changelog of the gradients" in md
     assert ("| 1.3.0 or 1.4.0 | 1.2.0 | 0.0625 x2 (res 1.0e-15) | unexplained | `gradtrace-versions --package p "
@@ -107,6 +116,6 @@ def test_the_reproduce_command_replaces_the_range_and_drops_output_files():
     from gradtrace.versions.command import reproduce_command
 
     argv = ["--package", "torchmetrics", "--script", "my train.py", "--transitions", "1.0.0", "1.6.0", "--json",
-            "r.json", "--markdown=r.md"]
+            "r.json", "--markdown=r.md", "--probe-every", "2"]
     assert reproduce_command("gradtrace-versions", argv, ["1.3.2", "1.4.0"]) == \
         "gradtrace-versions --package torchmetrics --script 'my train.py' --releases 1.3.2,1.4.0"

@@ -36,9 +36,10 @@ pre-releases skipped, post releases kept) for the first release whose gradients 
 whose env or run fails is skipped as in `git bisect skip`. Only the visited releases' envs are built.
 
 --transitions GOOD BAD: every release whose gradients differ from the release before it, not only the first.
-Each range whose two ends differ is split at its middle until the change sits between two neighbours (about
-k x log2(n) runs for k changes in n releases, the cache reused); a range whose ends agree is not entered, so a
-change reverted inside it is not seen (the report lists those ranges). The report is a changelog of the
+The range is probed every --probe-every K releases (default 4), then each range whose two ends differ is split at
+its middle until the change sits between two neighbours (about n/K + k x log2(K) runs for k changes in n
+releases, the cache reused); a range whose ends agree is not entered, so a change undone within fewer than K
+releases can be missed (the report lists those ranges). The report is a changelog of the
 gradients: per transition the release before and after (a range next to failed releases), the factor per
 parameter group, the diff's cause, and the command that reproduces it (--releases BEFORE,AFTER); then the runs
 made beside a sweep's count. The JSON follows gradtrace/versions/result.schema.json.
@@ -115,8 +116,11 @@ def parse_args(argv, prog=PROG, package=None):
     which.add_argument("--from", dest="range_from", help="first release of a range (with --to)")
     which.add_argument("--bisect", nargs=2, metavar=("GOOD", "BAD"), help="find the first bad release")
     which.add_argument("--transitions", nargs=2, metavar=("GOOD", "BAD"),
-                       help="find every release whose gradients differ from the release before it, splitting "
-                            "each range whose ends differ (about k x log2(n) runs for k changes in n releases)")
+                       help="find every release whose gradients differ from the release before it: probe every "
+                            "--probe-every releases, then split each range whose ends differ")
+    ap.add_argument("--probe-every", type=int, default=4, metavar="K",
+                    help="--transitions: probe every K-th release before splitting (default 4); a change undone "
+                         "within fewer than K releases can fall between two probes that agree")
     ap.add_argument("--to", dest="range_to", help="last release of a range (with --from)")
     ap.add_argument("--release-list", help="comma-separated release list used for --from/--to and --bisect "
                                            "instead of PyPI's published releases")
@@ -341,7 +345,7 @@ def run_transitions(study, good, bad, universe, reproduce):
         cmp = study.compare(runs[a], runs[b])
         return "not-compared" if cmp.get("error") else "same" if cmp["verdict"] == "match" else "changed"
 
-    found = transitions_mod.find(cands, ran, compare)
+    found = transitions_mod.find(cands, ran, compare, study.args.probe_every)
     ref, desc = study.reference([cands[0], cands[-1]])
     rows, prev = [], None
     for rel in sorted(runs, key=releases.version_key):
@@ -360,7 +364,7 @@ def run_transitions(study, good, bad, universe, reproduce):
         "not_compared": [{"before": a, "after": b, "failed_between": f, "command": reproduce([a, *f, b])}
                          for a, b, f in found["not_compared"]],
         "unentered": [list(p) for p in found["unentered"]], "failed": found["failed"],
-        "runs": len(runs), "sweep_runs": n}}
+        "runs": len(runs), "sweep_runs": n, "every": study.args.probe_every}}
     rc = 1 if changes or found["not_compared"] or found["failed"] or unrunnable else 0
     return result, rc
 
@@ -384,6 +388,8 @@ def main(argv=None, prog=PROG, package=None):
             good, bad = (check_release(v, "--transitions") for v in args.transitions)
             if releases.version_key(good) >= releases.version_key(bad):
                 raise BadInput(f"--transitions {good} {bad}: GOOD must be older than BAD")
+            if args.probe_every < 1:
+                raise BadInput(f"--probe-every {args.probe_every}: expected an integer >= 1")
             result, rc = run_transitions(study, good, bad, release_universe(args),
                                          lambda rels: reproduce_command(prog, argv, rels))
         else:
@@ -443,9 +449,11 @@ def reproduce_command(prog, argv, rels) -> str:
             skip -= 1
         elif a == "--transitions":
             skip = 2
+        elif a == "--probe-every":
+            skip = 1
         elif a in ("--json", "--markdown"):
             skip = 1
-        elif not a.startswith(("--json=", "--markdown=", "--transitions=")):
+        elif not a.startswith(("--json=", "--markdown=", "--transitions=", "--probe-every=")):
             out.append(a)
     return f"{prog} " + " ".join(shlex.quote(a) for a in [*out, "--releases", ",".join(rels)])
 

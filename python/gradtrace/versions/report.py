@@ -166,7 +166,9 @@ def changelog_text(t) -> str:
 
 def runs_text(t) -> str:
     """The runs made against a sweep's, the failed and not-compared releases, and the blind spot."""
-    out = [f"{t['runs']} of the {t['sweep_runs']} releases run (a sweep runs {t['sweep_runs']})."]
+    every = t.get("every", 1)
+    out = [f"{t['runs']} of the {t['sweep_runs']} releases run (a sweep runs {t['sweep_runs']})"
+           + (f"; probed every {every} releases, then each range whose ends differ split." if every > 1 else ".")]
     if t.get("failed") or t.get("unrunnable_ends"):
         out.append("Failed to run: " + ", ".join(md_text(x) for x in [*t.get("unrunnable_ends", []), *t["failed"]])
                    + " (never counted as changes).")
