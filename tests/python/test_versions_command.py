@@ -148,6 +148,10 @@ def test_second_call_runs_nothing(ergas):
      "--releases '': no release given (e.g. --releases 1.3.1,1.4.0)"),
     (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--releases", " , "],
      "--releases ' , ': no release given"),
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--transitions", "1.4.0", "1.3.0"],
+     "--transitions 1.4.0 1.3.0: GOOD must be older than BAD"),
+    (["--package", "torchmetrics", "--script", SCRIPTS / "torchmetrics_ergas.py", "--transitions", "1.3.0", "1.4.0",
+      "--probe-every", "0"], "--probe-every 0: expected an integer >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     p = command(tmp_path, *args)
