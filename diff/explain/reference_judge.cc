@@ -22,15 +22,27 @@ Expected<ReferenceRun> ReferenceRun::Load(const std::string& dir) {
   return r;
 }
 
-Expected<std::map<std::string, Moments>> FinalMoments(const TraceSet& set, int64_t step) {
-  std::vector<int32_t> ids;
-  for (int32_t id = 0; id < set.run().params_size(); ++id) ids.push_back(id);
+namespace {
+
+// Parameters `ids` of `set`'s FINAL at `step`, their replicas read once.
+Expected<std::vector<SideValues>> FinalOf(const TraceSet& set, int64_t step, const std::vector<int32_t>& ids) {
   Selection sel;
   sel.step = step;
   sel.phase = pb::FINAL;
   std::vector<SideValues> values;
   ReaderCache cache(0);
   GT_RETURN_IF_ERROR(GatherParams(set, SelectFrames(set, sel), ids, Combine::kReplicas, &cache, &values));
+  return values;
+}
+
+}  // namespace
+
+Expected<std::map<std::string, Moments>> FinalMoments(const TraceSet& set, int64_t step) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < set.run().params_size(); ++id) ids.push_back(id);
+  auto gathered = FinalOf(set, step, ids);
+  if (!gathered.ok()) return gathered.status();
+  const std::vector<SideValues>& values = *gathered;
   std::map<std::string, Moments> out;
   for (size_t i = 0; i < ids.size(); ++i) {
     const SideSummary s = Summarize(values[i]);
@@ -50,12 +62,9 @@ Expected<Report> ReferenceRun::Judge(int64_t step, const pb::RunInfo& run, int w
   for (int32_t id = 0; id < ref.run().params_size(); ++id) {
     if (mine.count(ref.run().params(id).name())) ids.push_back(id), infos.push_back(&ref.run().params(id));
   }
-  Selection sel;
-  sel.step = step;
-  sel.phase = pb::FINAL;
-  std::vector<SideValues> values;
-  ReaderCache cache(0);
-  GT_RETURN_IF_ERROR(GatherParams(ref, SelectFrames(ref, sel), ids, Combine::kReplicas, &cache, &values));
+  auto gathered = FinalOf(ref, step, ids);
+  if (!gathered.ok()) return gathered.status();
+  const std::vector<SideValues>& values = *gathered;
 
   Report report;
   report.mode = "diff";
