@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "archive.h"
 #include "compare/diff_engine.h"
@@ -21,6 +24,7 @@
 #include "compare/step_table.h"
 #include "evidence/self_check.h"
 #include "load/packed_run.h"
+#include "load/term_set.h"
 #include "report/atomic_file.h"
 #include "report/partial_report.h"
 #include "report/report.h"
@@ -105,6 +109,7 @@ int EmitTable(gradtrace::Expected<gradtrace::diff::StepTable> table, const std::
 // Everything the command line says.
 struct CommandLine {
   std::string a_dir, b_dir, self_dir, phase = "final", noise, json_path, md_path, html_path, shard_text, step_text;
+  std::string baseline, baseline_b;  // --baseline C [--baseline-b CB]: the term's part, each side minus its baseline
   std::vector<std::string> merge_paths, renames;
   std::optional<double> rtol;
   int threads = 0;
@@ -127,6 +132,12 @@ void AddOptions(CLI::App& app, CommandLine* cl) {
                  "reporting the first that differs; --shard: the first step both recorded)");
   app.add_option("--rtol", cl->rtol, "relative tolerance (overrides the dtype/summand bound and --noise)");
   app.add_option("--noise", cl->noise, "second reference trace set: measure the tolerance as the A-vs-A2 difference");
+  app.add_option("--baseline", cl->baseline,
+                 "the same run with a suspected loss term switched off (its coefficient 0): compare the term's part, "
+                 "A - BASELINE against B - BASELINE (full traces)");
+  app.add_option("--baseline-b", cl->baseline_b,
+                 "B's own baseline when B's configuration differs from A's: B - BASELINE_B; the main parts, BASELINE "
+                 "against BASELINE_B, are compared too");
   app.add_option("--rename", cl->renames,
                  "rename rule 'REGEX=REPL' applied to both sides' parameter names (repeatable)");
   app.add_option("--shard", cl->shard_text,
@@ -243,6 +254,50 @@ int RunSelf(const CommandLine& cl) {
   return EmitReport(diff::RunSelfCheckSteps(cl.self_dir, o), cl);
 }
 
+// A B --baseline C [--baseline-b CB]: the diff of the term's parts (each side minus its baseline, written by
+// load/term_set.h into a private directory), the main parts' verdict said in a note.
+int RunDecomposed(const CommandLine& cl, const gradtrace::diff::DiffOptions& o) {
+  using namespace gradtrace;
+  if (!cl.shard_text.empty() || cl.all_steps || !cl.noise.empty() || cl.phase != "final") {
+    return Fail("--baseline compares FINAL of one diff: no --shard, --step all, --noise or --phase");
+  }
+  const std::string base_b = cl.baseline_b.empty() ? cl.baseline : cl.baseline_b;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gradtrace-terms-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) return Fail(dir + ": cannot create a directory for the term's traces");
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  std::fprintf(stderr, "gradtrace-diff: the term's part: A - %s, B - %s\n", TerminalSafe(cl.baseline).c_str(),
+               TerminalSafe(base_b).c_str());
+  diff::DiffOptions terms = o;  // each parameter's tolerance scaled by its cancellation (term_set.h)
+  for (const auto& [side, base, out] :
+       {std::tuple{cl.a_dir, cl.baseline, dir + "/a"}, std::tuple{cl.b_dir, base_b, dir + "/b"}}) {
+    auto ratios = diff::WriteTermSet(side, base, out);
+    if (!ratios.ok()) return Fail(ratios.status().message());
+    for (const auto& [name, r] : *ratios) terms.rtol_scale[name] = std::max(terms.rtol_scale[name], r);
+  }
+  auto report = diff::RunDiffSteps(dir + "/a", dir + "/b", terms);
+  if (!report.ok()) return Fail(report.status().message());
+  report->a.dir = cl.a_dir + " - " + cl.baseline;
+  report->b.dir = cl.b_dir + " - " + base_b;
+  std::string main_part = "the main part is the baseline " + cl.baseline + " on both sides";
+  if (!cl.baseline_b.empty()) {
+    auto main = diff::RunDiffSteps(cl.baseline, cl.baseline_b, o);
+    if (!main.ok()) return Fail(main.status().message());
+    main_part = "the main part (" + cl.baseline + " against " + cl.baseline_b + "): " + main->summary;
+  }
+  report->findings.push_back({"note",
+                              "decomposition: this report compares the term's part of each side (the side "
+                              "minus its baseline, the same run with the term switched off); " +
+                                  main_part});
+  return EmitReport(std::move(report), cl);
+}
+
 // A B: the whole diff, one shard of it, or its step table.
 int RunTwoSets(const CommandLine& cl) {
   using namespace gradtrace;
@@ -262,6 +317,8 @@ int RunTwoSets(const CommandLine& cl) {
   // Each side's bucket view is a full --self pass per side: only for the HTML report (--step all: of the step
   // it draws; --shard sets its own).
   o.bucket_view = !cl.html_path.empty();
+  if (!cl.baseline.empty()) return RunDecomposed(cl, o);
+  if (!cl.baseline_b.empty()) return Fail("--baseline-b goes with --baseline");
   if (!cl.shard_text.empty()) {
     return RunShard(cl.a_dir, cl.b_dir, cl.shard_text, cl.json_path, cl.md_path, cl.html_path, cl.bucket_views, o);
   }

@@ -290,9 +290,30 @@ ComparedParam MakeCompared(size_t index, const ParamPair& pp, const Compared& c,
 }
 
 // Tolerance: --rtol, else measured noise, else the dtype/summand bound. Per parameter.
+// --baseline: each parameter's rtol times its cancellation (DiffOptions::rtol_scale), at most 0.05 (tolerance.h's
+// cap); the largest is the report's.
+std::vector<double> ScaledForTerms(const Comparison& c, Tolerance* tolerance, std::vector<double>* rtol) {
+  const double base = tolerance->rtol;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    auto it = c.rtol_scale.find(c.params[i].name);
+    if (it != c.rtol_scale.end()) (*rtol)[i] = std::min(0.05, base * std::max(1.0, it->second));
+  }
+  tolerance->rtol = *std::max_element(rtol->begin(), rtol->end());
+  char buf[200];
+  std::snprintf(
+      buf, sizeof(buf),
+      "rtol_p = min(0.05, %.3g x ||side_p|| / ||side_p - baseline_p||): the term's part is a difference of two "
+      "runs; largest %.3g",
+      base, tolerance->rtol);
+  tolerance->bound = buf;
+  tolerance->source = "baseline";
+  return *rtol;
+}
+
 std::vector<double> JudgeTolerance(const Comparison& c, Tolerance* tolerance) {
   *tolerance = c.rtol ? FixedTolerance(*c.rtol) : DefaultTolerance(c.a.config, c.b.config);
   std::vector<double> rtol(c.params.size(), tolerance->rtol);
+  if (!c.rtol_scale.empty() && !c.rtol) return ScaledForTerms(c, tolerance, &rtol);
   if (c.noise_dir.empty() || c.params.empty()) return rtol;
   double worst = 0;  // for parameters the noise run lacks
   for (const ComparedParam& p : c.params) {
@@ -531,6 +552,7 @@ Expected<Comparison> CompareSets(const TraceSet& a, const TraceSet& b, const Dif
   c.step = al.step;
   c.phase = PhaseName(al.phase);
   c.rtol = options.rtol;
+  c.rtol_scale = options.rtol_scale;
   if (noise != nullptr) c.noise_dir = noise->dir();
   c.param_count = al.params.size();
   c.shard = options.shard;

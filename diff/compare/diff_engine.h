@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct DiffOptions {
   // Each side's per-rank x per-bucket view (TraceSide.bucket_view): a full --self pass over each side, so only
   // when the HTML report will draw it (--html; shard 0 of a sharded diff, which carries it to the merge).
   bool bucket_view = false;
+  // --baseline (load/term_set.h): per parameter name, how much the term's part's rounding exceeds a run's, the
+  // part being a difference of two runs: ||side|| / ||side - baseline||. Multiplies that parameter's rtol.
+  std::map<std::string, double> rtol_scale;
 };
 
 // One aligned parameter after the compare phase.
@@ -71,12 +75,13 @@ struct ComparedParam {
 struct Comparison {
   TraceSide a, b;
   int64_t step = 0;
-  std::string phase;                     // "final", "post", "pre"
-  std::vector<std::string> notes;        // from the alignment (which step was picked)
-  std::vector<std::string> truncations;  // one message per truncated file of A then B
-  std::optional<double> rtol;            // --rtol
-  std::string noise_dir;                 // --noise, when it sets the tolerance (empty otherwise)
-  size_t param_count = 0;                // aligned parameters, all shards together
+  std::string phase;                         // "final", "post", "pre"
+  std::vector<std::string> notes;            // from the alignment (which step was picked)
+  std::vector<std::string> truncations;      // one message per truncated file of A then B
+  std::optional<double> rtol;                // --rtol
+  std::string noise_dir;                     // --noise, when it sets the tolerance (empty otherwise)
+  std::map<std::string, double> rtol_scale;  // DiffOptions::rtol_scale
+  size_t param_count = 0;                    // aligned parameters, all shards together
   Shard shard;
   std::string fingerprint;  // identity of the inputs and options (shard.h)
   // What setup_check.h found: "" (nothing), "different-start" or "different-data"; the

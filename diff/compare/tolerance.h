@@ -69,7 +69,7 @@ namespace gradtrace::diff {
 
 struct Tolerance {
   double rtol = 0;
-  std::string source;  // "default", "noise", "rtol"
+  std::string source;  // "default", "noise", "rtol", "baseline" (--baseline: scaled per parameter, diff_engine.h)
   std::string bound;   // the bound in words, for reports
   double atol = 0;     // the absolute floor per element (0: none)
   // The coarse precision the bound allows for ("bf16", "fp16"; "" for fp32/fp64) and in words whose it is:
