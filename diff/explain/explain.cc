@@ -265,7 +265,9 @@ void AddProblemGroups(const std::vector<ParamResult>& params, const TraceSide& a
       g.dimension = f.dimension;
       g.explanation = n + " of B" + are + " not a multiple of A (residual above tolerance)" +
                       FindingWords(f, f.side == "A" ? a : b);
-      g.localisation = LocateMismatch(params);  // `params` in the model's order (the alignment's)
+      std::vector<std::pair<std::string, bool>> order;  // the model's order (the alignment's)
+      for (const auto& p : params) order.emplace_back(p.name, p.verdict == Verdict::kMismatch);
+      g.localisation = LocateMismatch(order);
       if (g.localisation) g.explanation += LocalisationWords(*g.localisation);
     }
     if (v == Verdict::kMissing) g.explanation = n + " could not be compared (absent, shape differs, or incomplete)";

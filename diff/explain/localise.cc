@@ -23,7 +23,7 @@ size_t Depth(const std::string& module) {
 
 }  // namespace
 
-std::optional<Localisation> LocateMismatch(const std::vector<ParamResult>& params) {
+std::optional<Localisation> LocateMismatch(const std::vector<std::pair<std::string, bool>>& params) {
   struct Counts {
     int differ = 0, agree = 0;
     size_t last_differ = 0;  // index of its last differing parameter
@@ -31,9 +31,9 @@ std::optional<Localisation> LocateMismatch(const std::vector<ParamResult>& param
   std::map<std::string, Counts> modules;
   Localisation where;
   for (size_t i = 0; i < params.size(); ++i) {
-    const bool differs = params[i].verdict == Verdict::kMismatch;
+    const bool differs = params[i].second;
     (differs ? where.differ : where.agree) += 1;
-    for (const std::string& m : ModulesOf(params[i].name)) {
+    for (const std::string& m : ModulesOf(params[i].first)) {
       Counts& c = modules[m];
       (differs ? c.differ : c.agree) += 1;
       if (differs) c.last_differ = i;
@@ -52,7 +52,7 @@ std::optional<Localisation> LocateMismatch(const std::vector<ParamResult>& param
   if (within == nullptr) return std::nullopt;
   const Counts& c = modules[*within];
   where.within = *within;
-  where.param = params[c.last_differ].name;
+  where.param = params[c.last_differ].first;
   const size_t next = where.param.find('.', within->size() + 1);
   where.module = next == std::string::npos ? where.param : where.param.substr(0, next);
   where.differ_module = where.module == where.param ? 1 : modules[where.module].differ;

@@ -11,6 +11,7 @@
 #include "compare/metrics.h"
 #include "compare/tolerance.h"
 #include "dimension.h"
+#include "explain/localise.h"
 #include "gradtrace.pb.h"
 
 namespace gradtrace::diff {
@@ -48,19 +49,6 @@ struct CandidateCause {
   std::string explanation;               // its sentence
   std::string ruled_out_by;              // the evidence in the traces that rules it out; "" when nothing does
   std::optional<double> rerun_predicts;  // the B/A it predicts after the group's rerun
-};
-
-// Where a mismatch enters the model (since schema 1.9; explain/localise.h): the deepest module whose parameters
-// both differ and agree with A, and its child that differs.
-struct Localisation {
-  std::string module;     // where the difference enters: the differing child of `within`
-  std::string within;     // the deepest module holding both differing and agreeing parameters
-  std::string param;      // the last differing parameter of `module` in the model's recorded order
-  int differ_module = 0;  // parameters of `module` that differ (1 when `module` is the parameter itself)
-  int differ_within = 0;  // parameters of `within` that differ (those of `module` among them)
-  int agree_within = 0;   // parameters of `within` that agree with A (no mismatch)
-  int differ = 0;         // in the whole model
-  int agree = 0;
 };
 
 // Parameters sharing a scale factor (or a problem), and what explains it.

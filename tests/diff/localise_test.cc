@@ -3,17 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include "report/report.h"  // Verdict
+
 namespace gradtrace::diff {
 namespace {
 
-std::vector<ParamResult> Params(const std::vector<std::pair<std::string, Verdict>>& v) {
-  std::vector<ParamResult> out;
-  for (const auto& [name, verdict] : v) {
-    ParamResult p;
-    p.name = name;
-    p.verdict = verdict;
-    out.push_back(p);
-  }
+// (name, is a mismatch) from verdicts, as explain.cc hands them over.
+std::vector<std::pair<std::string, bool>> Params(const std::vector<std::pair<std::string, Verdict>>& v) {
+  std::vector<std::pair<std::string, bool>> out;
+  for (const auto& [name, verdict] : v) out.emplace_back(name, verdict == Verdict::kMismatch);
   return out;
 }
 
@@ -22,7 +20,7 @@ constexpr Verdict kM = Verdict::kMismatch, kOk = Verdict::kMatch, kS = Verdict::
 // A Mixtral-like model as transformers registers it: a layer's norms after its MLP, the experts fused. An
 // auxiliary loss on the routers changes every parameter that feeds the last router (its layer's attention and
 // norms included) and none after: the last layer's experts, the final norm and the head agree.
-std::vector<ParamResult> AuxLossOnTheRouters() {
+std::vector<std::pair<std::string, bool>> AuxLossOnTheRouters() {
   std::vector<std::pair<std::string, Verdict>> v = {{"model.embed_tokens.weight", kM}};
   for (int layer : {0, 1}) {
     const std::string l = "model.layers." + std::to_string(layer) + ".";
