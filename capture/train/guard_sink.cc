@@ -166,10 +166,7 @@ Status GuardSink::OnBucket(const BucketMeta& meta, const std::vector<SliceRef>& 
   Status st = open_step_ == meta.step ? Status::Ok() : BeginStep(meta.step);
   if (st.ok()) st = step_recorder_->RecordBucket(meta, slices);
   if (st.ok() && final_recorder_ && meta.phase == pb::FINAL) st = final_recorder_->RecordBucket(meta, slices);
-  if (st.ok()) return st;
-  if (options_.on_violation == "raise") return st;
-  Disable("internal error: " + st.message());
-  return Status::Ok();
+  return Contained(st);
 }
 
 Status GuardSink::OnStep(const pb::StepInfo& info) {
@@ -179,8 +176,12 @@ Status GuardSink::OnStep(const pb::StepInfo& info) {
   if (st.ok()) st = step_recorder_->RecordStep(info);
   if (st.ok() && final_recorder_) st = final_recorder_->RecordStep(info);
   if (st.ok() && info.optimizer_step()) st = EndStep(info.step());
-  if (st.ok() || st.code() == Status::Code::kMismatch) return st;  // a violation under "raise"
-  if (options_.on_violation == "raise") return st;
+  return Contained(st);
+}
+
+Status GuardSink::Contained(const Status& st) {
+  // Ok, a violation under "raise" (Mismatch), or any error under "raise" goes to the training; else the guard stops.
+  if (st.ok() || st.code() == Status::Code::kMismatch || options_.on_violation == "raise") return st;
   Disable("internal error: " + st.message());
   return Status::Ok();
 }
@@ -188,9 +189,8 @@ Status GuardSink::OnStep(const pb::StepInfo& info) {
 Status GuardSink::BeginStep(int64_t step) {
   RecorderOptions ro;
   ro.path = (fs::path(tmp_dir_) / RankFileName(rank_)).string();
-  auto mode = ParseCaptureMode("sketch:" + std::to_string(options_.sketch_k));
-  if (!mode.ok()) return mode.status();
-  ro.mode = *mode;
+  ro.mode.kind = CaptureMode::Kind::kSketch;
+  ro.mode.k = options_.sketch_k;
   ro.steps = std::set<int64_t>{step};
   ro.on_error = OnCaptureError::kAbort;
   ro.overwrite = true;

@@ -61,6 +61,9 @@ class GuardSink : public GradSink {
   bool Checking(int64_t step) const;
   Status BeginStep(int64_t step);
   Status EndStep(int64_t step);
+  // What an error of the guard's own does: returned to the training under "raise" (or a violation), else the
+  // guard is disabled with one warning and Ok returned.
+  Status Contained(const Status& st);
   bool Comparing(int64_t step) const;
   Expected<std::vector<diff::Violation>> GatherAndJudge(int64_t step, const std::string& mine);
   Expected<std::vector<diff::Violation>> AgainstReference(int64_t step, const std::vector<std::string>& finals,
